@@ -1,0 +1,211 @@
+"""Device meshes with named axes and machine profiles (datasheet constants, never measured).
+
+Profiles are read from the datasheet table ``shared/reference/hardware.csv`` (path configurable),
+from a user JSON file, or are the built-in ``symbolic`` profile (unit bandwidth on every axis,
+no latency, compute ignored: strategies ranked by communication volume alone, as in SMSG).
+
+Mesh specs: ``8``, ``8x8``, ``4x8x8`` (axes named ``node``/``gpu`` or ``a0``, ``a1``, ...) or
+``node=8,gpu=8``. An axis is intra-node (NVLink bandwidth) while the product of it and the axes
+after it fits in one node, and inter-node (per-GPU network bandwidth) otherwise.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from planner.errors import MeshError, ProfileError
+
+DEFAULT_HARDWARE_CSV = Path(__file__).resolve().parents[2] / "shared" / "reference" / "hardware.csv"
+# Latencies are not in the datasheet table: documented assumptions (NCCL-scale per-hop latency).
+INTRA_NODE_LATENCY_S = 2e-6
+INTER_NODE_LATENCY_S = 8e-6
+# Sustained fraction of peak FLOP/s; Megatron-LM measures 44-52% (SC'21 Table 1). Fitted in experiments/fidelity.py.
+DEFAULT_EFFICIENCY = 0.5
+SYMBOLIC_BANDWIDTH = 1e9  # 1 byte costs 1 ns: the integer objective of the symbolic profile is in bytes.
+
+
+@dataclass(frozen=True, slots=True)
+class MachineProfile:
+    """Datasheet constants of one device type and its interconnects."""
+
+    name: str
+    peak_flops: float
+    memory_bytes: float
+    intra_node_bandwidth: float
+    inter_node_bandwidth: float
+    gpus_per_node: int
+    efficiency: float = DEFAULT_EFFICIENCY
+    intra_node_latency: float = INTRA_NODE_LATENCY_S
+    inter_node_latency: float = INTER_NODE_LATENCY_S
+    compute_weight: float = 1.0  # 0 for the symbolic profile: compute balanced, ignored
+
+    def __post_init__(self) -> None:
+        for name in ("peak_flops", "memory_bytes", "intra_node_bandwidth", "inter_node_bandwidth", "efficiency"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ProfileError(f"profile {self.name}: field '{name}' must be a positive finite number, got {value!r}")
+        if not isinstance(self.gpus_per_node, int) or self.gpus_per_node <= 0:
+            raise ProfileError(f"profile {self.name}: field 'gpus_per_node' must be a positive integer")
+        for name in ("intra_node_latency", "inter_node_latency", "compute_weight"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ProfileError(f"profile {self.name}: field '{name}' must be a non-negative number")
+
+    @property
+    def flops_per_second(self) -> float:
+        return self.peak_flops * self.efficiency
+
+    def with_overrides(self, **changes: float) -> "MachineProfile":
+        fields = {f: getattr(self, f) for f in self.__slots__}
+        fields.update(changes)
+        return MachineProfile(**fields)
+
+
+SYMBOLIC = MachineProfile("symbolic", peak_flops=1e15, memory_bytes=1e15, intra_node_bandwidth=SYMBOLIC_BANDWIDTH,
+                          inter_node_bandwidth=SYMBOLIC_BANDWIDTH, gpus_per_node=1, efficiency=1.0,
+                          intra_node_latency=0.0, inter_node_latency=0.0, compute_weight=0.0)
+
+
+def load_profiles(path: Path | str = DEFAULT_HARDWARE_CSV) -> dict[str, MachineProfile]:
+    """Read every device row of a datasheet table in the format of ``hardware.csv``."""
+    path = Path(path)
+    if not path.is_file():
+        raise ProfileError(f"hardware table {path}: file not found (pass --hardware PATH)")
+    lines = [line for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    profiles = {}
+    for row in csv.DictReader(lines):
+        try:
+            profiles[row["device"]] = MachineProfile(
+                name=row["device"], peak_flops=float(row["peak_bf16_flops"]), memory_bytes=float(row["hbm_bytes"]),
+                intra_node_bandwidth=float(row["intra_node_bandwidth"]),
+                inter_node_bandwidth=float(row["inter_node_bandwidth_per_gpu"]),
+                gpus_per_node=int(row["gpus_per_node"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProfileError(f"hardware table {path}: row {row.get('device')!r} is malformed ({exc})") from None
+    return profiles
+
+
+def profile_from_json(path: Path | str) -> MachineProfile:
+    """A user profile: a JSON object with the fields of ``MachineProfile``."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ProfileError(f"profile file {path}: cannot be read as JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ProfileError(f"profile file {path}: must hold a JSON object")
+    known = set(MachineProfile.__slots__)
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ProfileError(f"profile file {path}: unknown field {unknown[0]!r}")
+    data.setdefault("name", Path(path).stem)
+    try:
+        return MachineProfile(**data)
+    except TypeError as exc:
+        raise ProfileError(f"profile file {path}: {exc}") from None
+
+
+def get_profile(name: str, hardware_csv: Path | str = DEFAULT_HARDWARE_CSV) -> MachineProfile:
+    """A profile by name (``symbolic``, a row of the hardware table) or by path to a JSON file."""
+    if name == "symbolic":
+        return SYMBOLIC
+    if name.endswith(".json"):
+        return profile_from_json(name)
+    profiles = load_profiles(hardware_csv)
+    if name not in profiles:
+        import difflib
+        close = difflib.get_close_matches(name, list(profiles) + ["symbolic"], n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ProfileError(f"--device: unknown device profile {name!r}{hint} (known: symbolic, {', '.join(sorted(profiles))})")
+    return profiles[name]
+
+
+@dataclass(frozen=True, slots=True)
+class MeshAxis:
+    name: str
+    size: int
+    bandwidth: float  # bytes/s, one direction, per device
+    latency: float  # seconds per ring step
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.name or ""):
+            raise MeshError(f"--mesh: axis name {self.name!r} is not an identifier")
+        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
+            raise MeshError(f"--mesh: axis {self.name} needs a positive integer size, got {self.size!r}")
+        if not self.bandwidth > 0 or self.latency < 0:
+            raise MeshError(f"--mesh: axis {self.name} needs positive bandwidth and non-negative latency")
+
+
+@dataclass(frozen=True, slots=True)
+class Mesh:
+    """A device mesh: named axes, outermost first."""
+
+    axes: tuple[MeshAxis, ...]
+
+    def __post_init__(self) -> None:
+        if not self.axes:
+            raise MeshError("--mesh: needs at least one axis")
+        names = [a.name for a in self.axes]
+        if len(set(names)) != len(names):
+            raise MeshError(f"--mesh: axis names repeat: {names}")
+
+    @property
+    def num_devices(self) -> int:
+        return math.prod(a.size for a in self.axes)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(a.size for a in self.axes)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(a.name for a in self.axes)
+
+    @property
+    def spec(self) -> str:
+        return ",".join(f"{a.name}={a.size}" for a in self.axes)
+
+    def sub_mesh(self, sizes: tuple[int, ...]) -> "Mesh":
+        """The same axes with smaller sizes (a pipeline stage's share); size-1 axes are dropped."""
+        axes = tuple(MeshAxis(a.name, s, a.bandwidth, a.latency) for a, s in zip(self.axes, sizes) if s > 1)
+        return Mesh(axes or (MeshAxis(self.axes[-1].name, 1, self.axes[-1].bandwidth, self.axes[-1].latency),))
+
+
+def _parse_sizes(spec: str) -> list[tuple[str | None, int]]:
+    if not isinstance(spec, str) or not spec.strip():
+        raise MeshError(f"--mesh: empty mesh spec {spec!r}")
+    text = spec.replace(" ", "")
+    parts = text.split(",") if "=" in text else text.split("x")
+    out: list[tuple[str | None, int]] = []
+    for part in parts:
+        name, _, size = part.rpartition("=") if "=" in part else (None, "", part)
+        if not size.isdigit() or int(size) < 1:
+            raise MeshError(f"--mesh: cannot parse {spec!r} (size {size!r} is not a positive integer; use 8, 8x8 or node=8,gpu=8)")
+        out.append((name, int(size)))
+    return out
+
+
+def parse_mesh(spec: str, profile: MachineProfile, devices: int | None = None) -> Mesh:
+    """Parse a mesh spec and attach link constants from the profile (innermost axes intra-node)."""
+    sizes = _parse_sizes(spec)
+    if all(n is None for n, _ in sizes):
+        default = ["node", "gpu"] if len(sizes) == 2 else [f"a{i}" for i in range(len(sizes))]
+        names = ["gpu"] if len(sizes) == 1 else default
+        sizes = [(n, s) for n, (_, s) in zip(names, sizes)]
+    elif any(n is None for n, _ in sizes):
+        raise MeshError(f"--mesh: {spec!r} mixes named and unnamed axes")
+    axes = []
+    inner = 1
+    for name, size in reversed(sizes):
+        inner *= size
+        intra = inner <= profile.gpus_per_node
+        axes.append(MeshAxis(name, size, profile.intra_node_bandwidth if intra else profile.inter_node_bandwidth,
+                             profile.intra_node_latency if intra else profile.inter_node_latency))
+    mesh = Mesh(tuple(reversed(axes)))
+    if devices is not None and mesh.num_devices != devices:
+        raise MeshError(f"--mesh: {spec!r} has {mesh.num_devices} devices but --devices is {devices}")
+    return mesh

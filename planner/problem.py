@@ -1,0 +1,196 @@
+"""The costed problem: per operator its valid strategies with integer costs, per edge a layout table.
+
+Every search method (brute force, CP-SAT, the decomposition, the heuristics) works on this one
+object, so differences between methods come from the search alone.
+
+Integer units: a cost in seconds becomes ``round(seconds / unit_s)`` with ``unit_s = 1e-9`` by
+default (1 ns; under the ``symbolic`` profile 1 unit = 1 byte). Every term is rounded once, so the
+integer objective of a plan differs from its float time by at most (number of terms) * unit / 2;
+all exact methods optimise the same integer objective, so they agree to the integer unit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from planner.cost import (CostRecord, OperandInfo, TrainingSettings, edge_cost, input_layouts, op_cost,
+                          operand_infos, output_layouts, seconds)
+from planner.graph import Graph, Operator
+from planner.mesh import MachineProfile, Mesh
+from planner.strategy import Layout, Strategy, enumerate_strategies
+
+DEFAULT_UNIT_S = 1e-9
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class OpTable:
+    """One operator's candidate strategies with integer cost and memory (bytes) each."""
+
+    op: Operator
+    inputs: tuple[OperandInfo, ...]
+    strategies: tuple[Strategy, ...]
+    cost: np.ndarray
+    memory: np.ndarray
+    out_layouts: tuple[tuple[Layout, ...], ...]  # [strategy][output slot]
+    in_layouts: tuple[tuple[Layout, ...], ...]  # [strategy][input slot]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class EdgeTable:
+    """A tensor from a producer output slot to a consumer input slot, costed per layout pair."""
+
+    tensor: str
+    src: int
+    src_slot: int
+    dst: int
+    dst_slot: int
+    src_layouts: tuple[Layout, ...]
+    dst_layouts: tuple[Layout, ...]
+    cost: np.ndarray  # [len(src_layouts), len(dst_layouts)]
+    src_index: np.ndarray  # producer strategy -> row
+    dst_index: np.ndarray  # consumer strategy -> column
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Problem:
+    graph: Graph
+    mesh: Mesh
+    profile: MachineProfile
+    settings: TrainingSettings
+    unit_s: float
+    ops: tuple[OpTable, ...]
+    edges: tuple[EdgeTable, ...]
+
+    def op_index(self, name: str) -> int:
+        for i, table in enumerate(self.ops):
+            if table.op.name == name:
+                return i
+        raise KeyError(name)
+
+    def objective(self, choice: Sequence[int]) -> int:
+        """Integer objective of a choice of strategy index per operator."""
+        total = sum(int(t.cost[c]) for t, c in zip(self.ops, choice))
+        for e in self.edges:
+            total += int(e.cost[e.src_index[choice[e.src]], e.dst_index[choice[e.dst]]])
+        return total
+
+    def memory(self, choice: Sequence[int]) -> int:
+        return sum(int(t.memory[c]) for t, c in zip(self.ops, choice))
+
+    def record(self, choice: Sequence[int]) -> CostRecord:
+        """The symbolic cost record of a whole plan (for breakdowns)."""
+        total = CostRecord()
+        mesh_shape = self.mesh.shape
+        for t, c in zip(self.ops, choice):
+            total = total + op_cost(t.op, t.strategies[c], self.mesh, self.settings, t.inputs)
+        for e in self.edges:
+            info = self.ops[e.dst].inputs[e.dst_slot]
+            total = total + edge_cost(info.shape, info.elem_bytes, e.src_layouts[e.src_index[choice[e.src]]],
+                                      e.dst_layouts[e.dst_index[choice[e.dst]]], mesh_shape, info.needs_grad)
+        return total
+
+
+def _op_key(op: Operator, infos: tuple[OperandInfo, ...]) -> tuple:
+    return (op.kind, op.dims, tuple((o.dims, o.saved) for o in op.inputs), tuple(o.dims for o in op.outputs),
+            op.flops, op.backward_factor, op.unsplittable, op.norm_dims, op.norm_stats, infos)
+
+
+def _to_units(value_s: float, unit_s: float) -> int:
+    return int(round(value_s / unit_s))
+
+
+def _build_op_table(op: Operator, infos: tuple[OperandInfo, ...], mesh: Mesh, profile: MachineProfile,
+                    settings: TrainingSettings, unit_s: float) -> OpTable:
+    candidates = []
+    for strategy in enumerate_strategies(op, mesh):
+        record = op_cost(op, strategy, mesh, settings, infos)
+        signature = (output_layouts(op, strategy), input_layouts(op, strategy, infos))
+        candidates.append((signature, _to_units(seconds(record, mesh, profile), unit_s),
+                           int(round(record.memory.total)), strategy))
+    kept = _prune_dominated(candidates)
+    return OpTable(op, infos, tuple(c[3] for c in kept), np.array([c[1] for c in kept], dtype=np.int64),
+                   np.array([c[2] for c in kept], dtype=np.int64), tuple(c[0][0] for c in kept),
+                   tuple(c[0][1] for c in kept))
+
+
+def _prune_dominated(candidates: list[tuple]) -> list[tuple]:
+    """Drop a strategy when another has the same layouts everywhere and no more cost nor memory.
+
+    Edge costs depend on layouts only, so such a strategy can never be needed by an optimum.
+    """
+    by_signature: dict[tuple, list[tuple]] = {}
+    for c in candidates:
+        by_signature.setdefault(c[0], []).append(c)
+    kept_ids = set()
+    for group in by_signature.values():
+        for c in group:
+            dominated = any((o[1] <= c[1] and o[2] <= c[2]) and (o[1], o[2]) != (c[1], c[2]) for o in group)
+            tie_lost = any((o[1], o[2]) == (c[1], c[2]) and candidates.index(o) < candidates.index(c) for o in group)
+            if not dominated and not tie_lost:
+                kept_ids.add(id(c))
+    return [c for c in candidates if id(c) in kept_ids]
+
+
+def build_problem(graph: Graph, mesh: Mesh, profile: MachineProfile, settings: TrainingSettings | None = None,
+                  unit_s: float = DEFAULT_UNIT_S) -> Problem:
+    """Enumerate and cost every operator strategy and every edge layout pair."""
+    settings = settings or TrainingSettings()
+    infos = operand_infos(graph, settings)
+    op_cache: dict[tuple, OpTable] = {}
+    tables = []
+    for op in graph.operators:
+        key = _op_key(op, infos[op.name])
+        if key not in op_cache:
+            op_cache[key] = _build_op_table(op, infos[op.name], mesh, profile, settings, unit_s)
+        cached = op_cache[key]
+        tables.append(OpTable(op, cached.inputs, cached.strategies, cached.cost, cached.memory,
+                              cached.out_layouts, cached.in_layouts))
+    edges = _build_edges(graph, tables, mesh, profile, unit_s)
+    return Problem(graph, mesh, profile, settings, unit_s, tuple(tables), edges)
+
+
+def _layout_index(layouts: Sequence[Layout]) -> tuple[tuple[Layout, ...], np.ndarray]:
+    distinct = tuple(sorted(set(layouts)))
+    position = {lay: i for i, lay in enumerate(distinct)}
+    return distinct, np.array([position[lay] for lay in layouts], dtype=np.int64)
+
+
+def _build_edges(graph: Graph, tables: list[OpTable], mesh: Mesh, profile: MachineProfile,
+                 unit_s: float) -> tuple[EdgeTable, ...]:
+    position = {t.op.name: i for i, t in enumerate(tables)}
+    out_slot = {o.tensor: (position[t.op.name], k) for t in tables for k, o in enumerate(t.op.outputs)}
+    matrix_cache: dict[tuple, np.ndarray] = {}
+    edges = []
+    for dst, table in enumerate(tables):
+        for slot, operand in enumerate(table.op.inputs):
+            if operand.tensor not in out_slot:
+                continue  # parameters and data inputs: no producer
+            src, src_slot = out_slot[operand.tensor]
+            info = table.inputs[slot]
+            src_layouts, src_index = _layout_index([lay[src_slot] for lay in tables[src].out_layouts])
+            dst_layouts, dst_index = _layout_index([lay[slot] for lay in table.in_layouts])
+            key = (info.shape, info.elem_bytes, info.needs_grad, src_layouts, dst_layouts)
+            if key not in matrix_cache:
+                matrix_cache[key] = np.array(
+                    [[_to_units(seconds(edge_cost(info.shape, info.elem_bytes, a, b, mesh.shape, info.needs_grad),
+                                        mesh, profile), unit_s) for b in dst_layouts] for a in src_layouts],
+                    dtype=np.int64)
+            edges.append(EdgeTable(operand.tensor, src, src_slot, dst, slot, src_layouts, dst_layouts,
+                                   matrix_cache[key], src_index, dst_index))
+    return tuple(edges)
+
+
+def brute_force(problem: Problem, memory_limit: float | None = None) -> tuple[int, tuple[int, ...]] | None:
+    """Exhaustive minimum over all strategy combinations (small problems only, for tests)."""
+    import itertools
+    best: tuple[int, tuple[int, ...]] | None = None
+    for choice in itertools.product(*(range(len(t.strategies)) for t in problem.ops)):
+        if memory_limit is not None and problem.memory(choice) > memory_limit:
+            continue
+        value = problem.objective(choice)
+        if best is None or value < best[0]:
+            best = (value, choice)
+    return best

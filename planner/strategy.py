@@ -1,0 +1,100 @@
+"""Sharding strategies of an operator and the layouts they imply.
+
+A *strategy* gives, for each mesh axis, the op dim it splits or ``None``. A *layout* of a tensor
+gives its placement on every mesh axis, encoded as small integers so layouts hash fast:
+
+    Shard(i)  -> i >= 0   (tensor dimension i is split over the axis)
+    REPLICATE -> -1
+    PARTIAL   -> -2       (partial sums still to be reduced over the axis)
+    GRAD_PARTIAL -> -3    (an input layout only: replicated in the forward pass, but the op
+                           splits a dim absent from the input, so its gradient is Partial)
+
+GRAD_PARTIAL is what makes one backward rule cover data-parallel gradient sync (a parameter)
+and Megatron's ``f`` all-reduce (an activation): both are a Partial gradient to be reduced.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Sequence
+
+from planner.graph import Operand, Operator
+from planner.mesh import Mesh
+
+REPLICATE = -1
+PARTIAL = -2
+GRAD_PARTIAL = -3
+
+Strategy = tuple[str | None, ...]
+Layout = tuple[int, ...]
+
+
+def placement_name(p: int) -> str:
+    return {REPLICATE: "R", PARTIAL: "P", GRAD_PARTIAL: "R*"}.get(p, f"S({p})")
+
+
+def layout_name(layout: Layout) -> str:
+    return "[" + ",".join(placement_name(p) for p in layout) + "]"
+
+
+def splittable_dims(op: Operator) -> list[str]:
+    """Dims a mesh axis may split: not unsplittable, and never a non-leading dim of a merged group."""
+    inner = {d for operand in op.inputs + op.outputs for group in operand.dims for d in group[1:]}
+    return [d for d, _ in op.dims if d not in op.unsplittable and d not in inner]
+
+
+def enumerate_strategies(op: Operator, mesh: Mesh) -> list[Strategy]:
+    """Every valid strategy, in a fixed order (replicated first). Size-1 axes never split."""
+    sizes = op.sizes
+    dims = splittable_dims(op)
+    choices = [[None] + (dims if axis.size > 1 else []) for axis in mesh.axes]
+    out = []
+    for strategy in itertools.product(*choices):
+        factor: dict[str, int] = {}
+        for axis, dim in zip(mesh.axes, strategy):
+            if dim is not None:
+                factor[dim] = factor.get(dim, 1) * axis.size
+        if all(sizes[d] % f == 0 for d, f in factor.items()):
+            out.append(tuple(strategy))
+    return out
+
+
+def parallel_degree(strategy: Strategy, mesh: Mesh) -> int:
+    return math.prod(axis.size for axis, dim in zip(mesh.axes, strategy) if dim is not None)
+
+
+def operand_layout(operand: Operand, strategy: Strategy, *, output: bool, needs_grad: bool = True) -> Layout:
+    """The layout the strategy implies for one operand (output or input)."""
+    leading = {group[0]: i for i, group in enumerate(operand.dims)}
+    layout = []
+    for dim in strategy:
+        if dim is None:
+            layout.append(REPLICATE)
+        elif dim in leading:
+            layout.append(leading[dim])
+        elif output:
+            layout.append(PARTIAL)
+        else:
+            layout.append(GRAD_PARTIAL if needs_grad else REPLICATE)
+    return tuple(layout)
+
+
+def shard_factor(layout: Layout, mesh_shape: Sequence[int]) -> int:
+    """How many pieces the tensor is cut into by its Shard placements."""
+    return math.prod(size for p, size in zip(layout, mesh_shape) if p >= 0)
+
+
+def forward_layout(layout: Layout) -> Layout:
+    """An input layout as seen in the forward pass (GRAD_PARTIAL is replicated)."""
+    return tuple(REPLICATE if p == GRAD_PARTIAL else p for p in layout)
+
+
+def gradient_layout(input_layout: Layout) -> Layout:
+    """The layout of the gradient a consumer produces for one of its inputs."""
+    return tuple(PARTIAL if p == GRAD_PARTIAL else p for p in input_layout)
+
+
+def gradient_target(output_layout: Layout) -> Layout:
+    """The layout in which a producer needs the gradient of its output (Partial -> Replicate)."""
+    return tuple(REPLICATE if p == PARTIAL else p for p in output_layout)

@@ -1,0 +1,87 @@
+"""The model zoo: ``load_model("gpt2-small")``, parametric ``gpt:layers=4,hidden=512,heads=8``.
+
+``batch`` (global batch) and ``seq`` (sequence length, language models only) override defaults.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from planner.errors import ModelError
+from planner.graph import Graph
+from planner.zoo.transformers import LM_BATCH, GPTConfig, bert, gpt, mlp, transformer_block
+from planner.zoo.vision import VISION_BATCH, resnet, vgg16
+
+GPT_PRESETS: dict[str, GPTConfig] = {
+    "gpt2-small": GPTConfig(12, 768, 12, 1024),
+    "gpt2-medium": GPTConfig(24, 1024, 16, 1024),
+    "gpt2-large": GPTConfig(36, 1280, 20, 1024),
+    "gpt2-xl": GPTConfig(48, 1600, 25, 1024),
+    "gpt3-1.3b": GPTConfig(24, 2048, 16, 2048, 51200),
+    "gpt3-2.7b": GPTConfig(32, 2560, 32, 2048, 51200),
+    "gpt3-6.7b": GPTConfig(32, 4096, 32, 2048, 51200),
+    "gpt3-13b": GPTConfig(40, 5120, 40, 2048, 51200),
+    "gpt3-175b": GPTConfig(96, 12288, 96, 2048, 51200),
+    "moe-gpt": GPTConfig(12, 768, 12, 1024, experts=8),
+}
+BERT_PRESETS = {"bert-base": (12, 768, 12), "bert-large": (24, 1024, 16)}
+VISION = {
+    "resnet50": lambda b: resnet((3, 4, 6, 3), b, name="resnet50"),
+    "resnet101": lambda b: resnet((3, 4, 23, 3), b, name="resnet101"),
+    "resnet152": lambda b: resnet((3, 8, 36, 3), b, name="resnet152"),
+    "wide-resnet50-2": lambda b: resnet((3, 4, 6, 3), b, width_factor=2, name="wide-resnet50-2"),
+    "vgg16": lambda b: vgg16(b),
+}
+OTHER = ("mlp", "transformer-block")
+PARAMETRIC = {"gpt": GPTConfig(12, 768, 12, 1024), "moe-gpt": GPT_PRESETS["moe-gpt"]}
+
+
+def model_names() -> list[str]:
+    return list(OTHER) + list(GPT_PRESETS) + list(BERT_PRESETS) + list(VISION)
+
+
+def _parse_params(spec: str, base: GPTConfig) -> GPTConfig:
+    fields = {}
+    for item in filter(None, spec.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or key not in GPTConfig.__slots__:
+            raise ModelError(f"--model: cannot parse parameter {item!r} (known: {', '.join(GPTConfig.__slots__)})")
+        try:
+            fields[key] = float(value) if key == "capacity_factor" else int(value)
+        except ValueError:
+            raise ModelError(f"--model: parameter {key!r} needs a number, got {value!r}") from None
+    return replace(base, **fields)
+
+
+def _check_positive(name: str, value: int | None) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+        raise ModelError(f"--{name}: must be a positive integer, got {value!r}")
+
+
+def load_model(name: str, batch: int | None = None, seq: int | None = None) -> Graph:
+    """Build a zoo model by name (or parametric spec) with optional global batch and sequence length."""
+    _check_positive("batch", batch)
+    _check_positive("seq", seq)
+    if not isinstance(name, str):
+        raise ModelError(f"--model: must be a string, got {name!r}")
+    family, sep, params = name.partition(":")
+    if sep and family in PARAMETRIC:
+        cfg = _parse_params(params, PARAMETRIC[family])
+        cfg = replace(cfg, seq=seq) if seq else cfg
+        return gpt(cfg, batch or LM_BATCH, name=name)
+    if name in GPT_PRESETS:
+        cfg = replace(GPT_PRESETS[name], seq=seq) if seq else GPT_PRESETS[name]
+        return gpt(cfg, batch or LM_BATCH, name=name)
+    if name in BERT_PRESETS:
+        return bert(*BERT_PRESETS[name], batch=batch or LM_BATCH, seq=seq or 512, name=name)
+    if name in VISION:
+        return VISION[name](batch or VISION_BATCH)
+    if name == "mlp":
+        return mlp(batch or 4096)
+    if name == "transformer-block":
+        return transformer_block(batch or LM_BATCH, seq or 1024)
+    close = difflib.get_close_matches(name, model_names() + ["gpt:", "moe-gpt:"], n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise ModelError(f"--model: unknown model {name!r}{hint} (see `planner models`)")
