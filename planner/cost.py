@@ -289,9 +289,11 @@ def _param_cost(numel: float, layout: Layout, mesh_shape: tuple[int, ...], setti
         buffer = nbytes
         for ax in dp_axes:
             comm.append(Collective("bwd", "reduce_scatter", ax, buffer))
-            comm.append(Collective("opt", "all_gather", ax, buffer))
-            if settings.zero == 3:
+            if settings.zero == 3:  # parameters gathered before use, in both passes
                 comm.append(Collective("fwd", "all_gather", ax, buffer))
+                comm.append(Collective("bwd", "all_gather", ax, buffer))
+            else:  # updated shards gathered after the optimizer step
+                comm.append(Collective("opt", "all_gather", ax, buffer))
             buffer /= mesh_shape[ax]
     if not counts_memory:
         return comm, Memory()

@@ -1,0 +1,15 @@
+"""planner: exact, profiling-free parallelisation plans for deep-learning training."""
+
+from planner.api import Cluster, evaluate, make_cluster, make_problem, plan, plan_problem
+from planner.cost import TrainingSettings
+from planner.errors import GraphError, MeshError, ModelError, PlannerError, ProfileError, SettingsError
+from planner.graph import Graph, Operator, Tensor
+from planner.mesh import Mesh, MachineProfile, get_profile, parse_mesh
+from planner.ops import REGISTRY, GraphBuilder
+from planner.plan import Plan
+from planner.zoo import load_model, model_names
+
+__all__ = ["Cluster", "Graph", "GraphBuilder", "GraphError", "MachineProfile", "Mesh", "MeshError", "ModelError",
+           "Operator", "Plan", "PlannerError", "ProfileError", "REGISTRY", "SettingsError", "Tensor",
+           "TrainingSettings", "evaluate", "get_profile", "load_model", "make_cluster", "make_problem",
+           "model_names", "parse_mesh", "plan", "plan_problem"]

@@ -1,0 +1,126 @@
+"""The public Python API: plan, evaluate and compare models on a cluster.
+
+    from planner import plan
+    result = plan("gpt2-small", mesh="2x4", device="a100-80g")
+    print(result.estimated_step_time_s, result.status)
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from planner.cost import TrainingSettings
+from planner.errors import PlannerError, SettingsError
+from planner.graph import Graph
+from planner.heuristics import data_parallel, megatron
+from planner.mesh import DEFAULT_HARDWARE_CSV, MachineProfile, Mesh, get_profile, parse_mesh
+from planner.plan import Plan, make_plan, strategies_from_choice, strategies_from_mapping
+from planner.problem import Problem, build_problem
+from planner.solver import solve
+from planner.zoo import load_model
+
+METHODS = ("exact", "whole", "dp", "megatron")
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    """A mesh on a machine profile, with the per-device memory limit (bytes, None: unlimited)."""
+
+    mesh: Mesh
+    profile: MachineProfile
+    memory_limit: float | None
+
+
+def make_cluster(mesh: str | Mesh, device: str | MachineProfile = "a100-80g", memory: float | None = None,
+                 devices: int | None = None, hardware_csv: Path | str = DEFAULT_HARDWARE_CSV) -> Cluster:
+    profile = device if isinstance(device, MachineProfile) else get_profile(device, hardware_csv)
+    mesh_obj = mesh if isinstance(mesh, Mesh) else parse_mesh(str(mesh), profile, devices)
+    if memory is not None and (not isinstance(memory, (int, float)) or not math.isfinite(memory) or memory <= 0):
+        raise SettingsError(f"--memory: must be a positive number of bytes, got {memory!r}")
+    limit = memory if memory is not None else (None if profile.name == "symbolic" else profile.memory_bytes)
+    return Cluster(mesh_obj, profile, limit)
+
+
+def resolve_model(model: str | Graph, batch: int | None = None, seq: int | None = None) -> Graph:
+    if isinstance(model, Graph):
+        return model
+    if isinstance(model, str) and model.endswith(".json"):
+        from planner.io import load_graph
+        return load_graph(model)
+    return load_model(model, batch, seq)
+
+
+def make_problem(model: str | Graph, cluster: Cluster, settings: TrainingSettings | None = None,
+                 batch: int | None = None, seq: int | None = None) -> Problem:
+    return build_problem(resolve_model(model, batch, seq), cluster.mesh, cluster.profile, settings or TrainingSettings())
+
+
+def plan(model: str | Graph, mesh: str | Mesh = "8", device: str | MachineProfile = "a100-80g", *,
+         method: str = "exact", batch: int | None = None, seq: int | None = None, memory: float | None = None,
+         settings: TrainingSettings | None = None, time_limit_s: float = 60.0, seed: int = 0) -> Plan:
+    """Plan a model on a cluster with one search method (see ``METHODS``)."""
+    cluster = make_cluster(mesh, device, memory)
+    problem = make_problem(model, cluster, settings, batch, seq)
+    return plan_problem(problem, cluster.memory_limit, method, time_limit_s, seed)
+
+
+def plan_problem(problem: Problem, memory_limit: float | None, method: str = "exact",
+                 time_limit_s: float = 60.0, seed: int = 0) -> Plan:
+    start = time.perf_counter()
+    if method in ("exact", "whole"):
+        result = solve(problem, memory_limit, time_limit_s, seed)
+        notes = ("whole-graph integer program",)
+        if result.choice is None:
+            return _failed_plan(problem, method, result.status, time.perf_counter() - start, memory_limit,
+                                result.explanation)
+        strategies = strategies_from_choice(problem, result.choice)
+        return make_plan(problem, strategies, method=method, status=result.status, memory_limit=memory_limit,
+                         search_time_s=time.perf_counter() - start, notes=notes)
+    if method == "dp":
+        strategies = data_parallel(problem)
+    elif method == "megatron":
+        strategies = megatron(problem)
+    else:
+        raise SettingsError(f"--method: unknown method {method!r} (known: {', '.join(METHODS)})")
+    status = "HEURISTIC"
+    plan_obj = make_plan(problem, strategies, method=method, status=status, memory_limit=memory_limit,
+                         search_time_s=time.perf_counter() - start)
+    return plan_obj
+
+
+def _failed_plan(problem: Problem, method: str, status: str, elapsed: float, memory_limit: float | None,
+                 explanation: str) -> Plan:
+    replicated = tuple(tuple(None for _ in problem.mesh.axes) for _ in problem.ops)
+    plan_obj = make_plan(problem, replicated, method=method, status=status, memory_limit=memory_limit,
+                         search_time_s=elapsed, explanation=explanation)
+    return plan_obj
+
+
+def evaluate(model: str | Graph, mesh: str | Mesh, device: str | MachineProfile = "a100-80g", *,
+             assignment: dict | None = None, tp: int | None = None, dp: int | None = None, pp: int = 1,
+             batch: int | None = None, seq: int | None = None, memory: float | None = None,
+             settings: TrainingSettings | None = None) -> Plan:
+    """Cost a user plan: an ``{op: {axis: dim}}`` assignment, or Megatron degrees ``tp`` x ``dp``."""
+    if assignment is None:
+        if pp != 1:
+            raise SettingsError("--pp: pipeline degrees > 1 are evaluated by the pipeline planner (`planner pipeline`)")
+        tp, dp = tp or 1, dp or 1
+        mesh = f"dp={dp},tp={tp}" if tp > 1 and dp > 1 else f"{'tp' if tp > 1 else 'dp'}={tp * dp}"
+    cluster = make_cluster(mesh, device, memory)
+    problem = make_problem(model, cluster, settings, batch, seq)
+    start = time.perf_counter()
+    if assignment is not None:
+        strategies = strategies_from_mapping(problem, assignment)
+    elif tp and tp > 1:
+        strategies = megatron(problem, tensor_axis=-1)
+    else:
+        strategies = data_parallel(problem)
+    return make_plan(problem, strategies, method="evaluate", status="GIVEN", memory_limit=cluster.memory_limit,
+                     search_time_s=time.perf_counter() - start)
+
+
+def describe_error(exc: Exception) -> str:
+    return str(exc) if isinstance(exc, PlannerError) else f"{type(exc).__name__}: {exc}"

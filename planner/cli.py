@@ -1,0 +1,184 @@
+"""Command line: ``planner models | plan | evaluate``.
+
+Exit codes: 0 a plan was found, 2 bad input (one line on stderr naming the field), 3 infeasible.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import sys
+from collections import Counter
+from typing import Sequence
+
+from planner import api
+from planner.cost import TrainingSettings
+from planner.errors import PlannerError, SettingsError
+from planner.plan import Plan
+
+EXIT_OK, EXIT_BAD_INPUT, EXIT_INFEASIBLE = 0, 2, 3
+log = logging.getLogger("planner")
+
+
+def _bytes(text: str) -> float:
+    match = re.fullmatch(r"\s*([0-9.eE+-]+)\s*([KMGT]i?B?|B)?\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"cannot parse byte size {text!r} (e.g. 80e9, 40GiB, 16GB)")
+    value = float(match.group(1))
+    unit = (match.group(2) or "B").rstrip("B") or ""
+    scale = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}[unit]
+    return value * scale
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="zoo name, parametric spec (gpt:layers=4,hidden=512,heads=8) or graph .json")
+    p.add_argument("--mesh", default="8", help="mesh spec: 8, 2x4, node=8,gpu=8 (default 8)")
+    p.add_argument("--device", default="a100-80g", help="machine profile: symbolic, a hardware.csv row, or a .json file")
+    p.add_argument("--batch", type=int, help="global batch (zoo default if omitted)")
+    p.add_argument("--seq", type=int, help="sequence length (language models)")
+    p.add_argument("--memory", type=_bytes, help="memory limit per device in bytes (default: the device's memory)")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    p.add_argument("--optimizer", default="adam", choices=["adam", "sgd"])
+    p.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3])
+    p.add_argument("--recompute", default="none", choices=["none", "full"])
+    p.add_argument("--json", help="write the plan as JSON here")
+    p.add_argument("--csv", help="write one summary row as CSV here")
+    p.add_argument("--no-timings", action="store_true", help="drop search times from the JSON (byte-identical reruns)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="planner", description="Exact, profiling-free parallelisation planner.")
+    parser.add_argument("-v", "--verbose", action="count", default=0)
+    parser.add_argument("-q", "--quiet", action="store_true")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("models", help="list the model zoo")
+    p = sub.add_parser("plan", help="search a plan")
+    _add_common(p)
+    p.add_argument("--method", default="exact", choices=list(api.METHODS))
+    p.add_argument("--time-limit", type=float, default=60.0, help="solver time limit in seconds (default 60)")
+    p.add_argument("--seed", type=int, default=0)
+    e = sub.add_parser("evaluate", help="cost a given plan (plan JSON or Megatron degrees)")
+    _add_common(e)
+    e.add_argument("--plan", help="plan JSON whose 'operators' give the strategies")
+    e.add_argument("--tp", type=int, help="tensor-parallel degree (Megatron pattern)")
+    e.add_argument("--dp", type=int, help="data-parallel degree")
+    e.add_argument("--pp", type=int, default=1, help="pipeline degree (1 here; see `planner pipeline`)")
+    e.add_argument("--micro-batch", type=int, help="micro-batch size (must equal the per-replica batch when pp=1)")
+    return parser
+
+
+def _settings(args: argparse.Namespace) -> TrainingSettings:
+    return TrainingSettings(args.dtype, args.optimizer, args.zero, args.recompute == "full")
+
+
+def _group(name: str) -> str:
+    return re.sub(r"(?<=[a-z])\d+(?=\.)", "*", name)
+
+
+def format_plan(plan: Plan) -> str:
+    gib = 2**30
+    lines = [f"model {plan.model} on mesh {plan.mesh} ({plan.device}), method {plan.method}: {plan.status}",
+             f"estimated step time {plan.estimated_step_time_s * 1e3:.3f} ms "
+             f"(compute {plan.compute_s * 1e3:.3f} ms, communication {plan.comm_s * 1e3:.3f} ms); "
+             f"objective {plan.objective} x {plan.unit_s:g} s"]
+    if plan.comm_by_kind_s:
+        lines.append("communication: " + ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in plan.comm_by_kind_s if v))
+    mem = ", ".join(f"{k} {v / gib:.2f}" for k, v in plan.memory_breakdown)
+    limit = f" of {plan.memory_limit_bytes / gib:.2f} GiB" if plan.memory_limit_bytes else ""
+    lines.append(f"memory per device {plan.memory_per_device_bytes / gib:.2f} GiB{limit} ({mem} GiB)")
+    lines.append(f"search time {plan.search_time_s:.2f} s")
+    for note in plan.notes:
+        lines.append(f"note: {note}")
+    if plan.explanation:
+        lines.append(f"why: {plan.explanation}")
+    groups: dict[str, Counter] = {}
+    for a in plan.operators:
+        text = ",".join(f"{axis}:{dim or '-'}" for axis, dim in a.strategy)
+        groups.setdefault(_group(a.name), Counter())[text] += 1
+    lines.append("strategies (mesh axis: split dim, '-' replicated):")
+    for group, counts in groups.items():
+        lines.append(f"  {group:32s} " + "; ".join(f"{s}" + (f" x{n}" if n > 1 else "") for s, n in counts.most_common()))
+    return "\n".join(lines)
+
+
+def _write_outputs(plan: Plan, args: argparse.Namespace) -> None:
+    from planner import io
+    if args.json:
+        io.write_json(args.json, plan.to_dict(timings=not args.no_timings))
+    if args.csv:
+        io.write_csv(args.csv, [plan.summary_row(timings=not args.no_timings)])
+
+
+def _finish(plan: Plan, args: argparse.Namespace) -> int:
+    if not args.quiet:
+        print(format_plan(plan))
+    _write_outputs(plan, args)
+    if plan.status == "INFEASIBLE":
+        print(f"planner: infeasible: {plan.explanation}", file=sys.stderr)
+        return EXIT_INFEASIBLE
+    if plan.status == "UNKNOWN":
+        print("planner: the solver found no plan within the time limit; raise --time-limit", file=sys.stderr)
+        return EXIT_INFEASIBLE
+    return EXIT_OK
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from planner.zoo import load_model, model_names
+    print(f"{'model':20s} {'parameters':>14s} {'operators':>10s} {'GFLOPs/sample':>14s}")
+    for name in model_names():
+        graph = load_model(name)
+        samples = graph.tensors[0].shape[0]
+        print(f"{name:20s} {graph.num_params:14,d} {len(graph.operators):10d} {graph.flops / samples / 1e9:14.2f}")
+    return EXIT_OK
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    plan = api.plan(args.model, args.mesh, args.device, method=args.method, batch=args.batch, seq=args.seq,
+                    memory=args.memory, settings=_settings(args), time_limit_s=args.time_limit, seed=args.seed)
+    return _finish(plan, args)
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    assignment = None
+    if args.plan:
+        try:
+            with open(args.plan) as handle:
+                data = json.load(handle)
+            assignment = {o["name"]: o["strategy"] for o in data["operators"]}
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise SettingsError(f"--plan: cannot read operators from {args.plan} ({exc})") from None
+    elif args.tp is None and args.dp is None:
+        raise SettingsError("evaluate: give --plan PATH or --tp/--dp degrees")
+    if args.micro_batch is not None and args.pp == 1 and args.batch and args.micro_batch * (args.dp or 1) != args.batch:
+        raise SettingsError("--micro-batch: with --pp 1 it must equal the per-replica batch (batch / dp)")
+    plan = api.evaluate(args.model, args.mesh if args.plan else None, args.device, assignment=assignment,
+                        tp=args.tp, dp=args.dp, pp=args.pp, batch=args.batch, seq=args.seq, memory=args.memory,
+                        settings=_settings(args))
+    return _finish(plan, args)
+
+
+COMMANDS = {"models": cmd_models, "plan": cmd_plan, "evaluate": cmd_evaluate}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = logging.WARNING - 10 * args.verbose if not args.quiet else logging.ERROR
+    logging.basicConfig(level=max(level, logging.DEBUG), format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return COMMANDS[args.command](args)
+    except PlannerError as exc:
+        if args.debug:
+            raise
+        print(f"planner: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("planner: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""All file output of the planner (atomic: temporary file, then rename) and the graph JSON format.
+
+Graph JSON schema (``planner plan --model graph.json``)::
+
+    {"name": str,
+     "tensors": [{"name": str, "shape": [int, ...], "role": "activation"|"param"|"data",
+                  "integer": bool (optional), "checkpoint": bool (optional)}],
+     "operators": [{"name": str, "kind": str (a registry kind), "equation": "bsh,hf->bsf",
+                    "inputs": [tensor names], "outputs": [tensor names], "sizes": {dim: int},
+                    "norm": "dims" (optional), "unsplittable": "dims" (optional),
+                    "saved": [bool per input] (optional), "layer": int|null (optional)}]}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from planner.errors import GraphError
+from planner.graph import Graph, Operator, Tensor
+from planner.ops import make_operator
+
+
+def _atomic_write(path: Path | str, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path | str, data: Any) -> None:
+    _atomic_write(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def write_csv(path: Path | str, rows: Iterable[Mapping[str, Any]]) -> None:
+    import pandas as pd
+    _atomic_write(path, pd.DataFrame(list(rows)).to_csv(index=False))
+
+
+def equation_of(op: Operator) -> str:
+    def operand(groups: tuple[tuple[str, ...], ...]) -> str:
+        return "".join(g[0] if len(g) == 1 else "(" + "".join(g) + ")" for g in groups)
+    return ",".join(operand(o.dims) for o in op.inputs) + "->" + ",".join(operand(o.dims) for o in op.outputs)
+
+
+def graph_to_dict(graph: Graph) -> dict:
+    return {
+        "name": graph.name,
+        "tensors": [{"name": t.name, "shape": list(t.shape), "role": t.role, "integer": t.integer,
+                     "checkpoint": t.checkpoint} for t in graph.tensors],
+        "operators": [{"name": op.name, "kind": op.kind, "equation": equation_of(op),
+                       "inputs": [o.tensor for o in op.inputs], "outputs": [o.tensor for o in op.outputs],
+                       "sizes": dict(op.dims), "norm": "".join(sorted(op.norm_dims)),
+                       "unsplittable": "".join(sorted(op.unsplittable)), "saved": [o.saved for o in op.inputs],
+                       "layer": op.layer} for op in graph.operators],
+    }
+
+
+def save_graph(graph: Graph, path: Path | str) -> None:
+    write_json(path, graph_to_dict(graph))
+
+
+def _field(obj: Mapping, key: str, kind: type | tuple, where: str, default: Any = ...) -> Any:
+    if key not in obj:
+        if default is ...:
+            raise GraphError(f"{where}: missing field '{key}'")
+        return default
+    value = obj[key]
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool and bool not in (kind if isinstance(kind, tuple) else (kind,))):
+        raise GraphError(f"{where}: field '{key}' has the wrong type ({type(value).__name__})")
+    return value
+
+
+def _int_list(values: Any, where: str, key: str) -> list[int]:
+    if not isinstance(values, list):
+        raise GraphError(f"{where}: field '{key}' must be a list")
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise GraphError(f"{where}: field '{key}' needs integers, got {v!r}")
+        if v <= 0 or v > 2**48:
+            raise GraphError(f"{where}: field '{key}' needs positive sizes below 2^48, got {v!r}")
+    return values
+
+
+def graph_from_dict(data: Any, source: str = "graph") -> Graph:
+    """Validate and build a graph from its JSON form; errors name the file, operator and field."""
+    if not isinstance(data, dict):
+        raise GraphError(f"{source}: must hold a JSON object")
+    tensors = []
+    for i, t in enumerate(_field(data, "tensors", list, source)):
+        where = f"{source}: tensor #{i}"
+        if not isinstance(t, dict):
+            raise GraphError(f"{where}: must be an object")
+        name = _field(t, "name", str, where)
+        where = f"{source}: tensor {name}"
+        tensors.append(Tensor(name, tuple(_int_list(_field(t, "shape", list, where), where, "shape")),
+                              _field(t, "role", str, where, "activation"), _field(t, "integer", bool, where, False),
+                              _field(t, "checkpoint", bool, where, False)))
+    ops = []
+    for i, o in enumerate(_field(data, "operators", list, source)):
+        where = f"{source}: operator #{i}"
+        if not isinstance(o, dict):
+            raise GraphError(f"{where}: must be an object")
+        name = _field(o, "name", str, where)
+        where = f"{source}: operator {name}"
+        sizes = _field(o, "sizes", dict, where)
+        for dim, size in sizes.items():
+            _int_list([size], where, f"sizes.{dim}")
+        inputs = _field(o, "inputs", list, where)
+        outputs = _field(o, "outputs", list, where)
+        if not all(isinstance(x, str) for x in inputs + outputs):
+            raise GraphError(f"{where}: fields 'inputs'/'outputs' must list tensor names")
+        saved = _field(o, "saved", list, where, None)
+        layer = _field(o, "layer", (int, type(None)), where, None)
+        try:
+            ops.append(make_operator(_field(o, "kind", str, where), name, _field(o, "equation", str, where), inputs,
+                                     outputs, sizes, norm=_field(o, "norm", str, where, ""),
+                                     unsplittable=_field(o, "unsplittable", str, where, ""), saved=saved, layer=layer))
+        except GraphError as exc:
+            raise GraphError(f"{source}: {exc}") from None
+    try:
+        return Graph(_field(data, "name", str, source, Path(source).stem), tuple(tensors), tuple(ops))
+    except GraphError as exc:
+        raise GraphError(f"{source}: {exc}") from None
+
+
+def load_graph(path: Path | str) -> Graph:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise GraphError(f"--model: cannot read graph file {path} ({exc.strerror})") from None
+    try:
+        data = json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(GraphError(f"{path}: non-finite number {c}")))
+    except json.JSONDecodeError as exc:
+        raise GraphError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    return graph_from_dict(data, str(path))

@@ -1,0 +1,149 @@
+"""The plan: a strategy per operator, its cost breakdown, memory per device and the search status.
+
+``plan_from_strategies`` costs any assignment of strategies (found by a search or given by a
+user), so every method is compared by the same cost model and the same integer objective.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from planner.cost import CostRecord, breakdown, edge_cost, input_layouts, op_cost, output_layouts, seconds
+from planner.errors import PlannerError
+from planner.problem import Problem
+from planner.strategy import Strategy, enumerate_strategies
+
+
+@dataclass(frozen=True, slots=True)
+class OpAssignment:
+    name: str
+    kind: str
+    strategy: tuple[tuple[str, str | None], ...]  # (mesh axis, dim it splits or None)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A costed plan. ``objective`` is in integer units of ``unit_s`` seconds."""
+
+    model: str
+    method: str
+    status: str
+    objective: int
+    unit_s: float
+    estimated_step_time_s: float
+    compute_s: float
+    comm_s: float
+    comm_by_kind_s: tuple[tuple[str, float], ...]
+    comm_by_axis_s: tuple[tuple[str, float], ...]
+    memory_per_device_bytes: float
+    memory_breakdown: tuple[tuple[str, float], ...]
+    memory_limit_bytes: float | None
+    mesh: str
+    device: str
+    settings: tuple[tuple[str, object], ...]
+    operators: tuple[OpAssignment, ...]
+    search_time_s: float = 0.0
+    notes: tuple[str, ...] = ()
+    explanation: str = ""
+    choice: tuple[int, ...] = field(default=(), compare=False, repr=False)
+
+    @property
+    def fits_memory(self) -> bool:
+        return self.memory_limit_bytes is None or self.memory_per_device_bytes <= self.memory_limit_bytes
+
+    def strategy_of(self, op_name: str) -> dict[str, str | None]:
+        for a in self.operators:
+            if a.name == op_name:
+                return dict(a.strategy)
+        raise KeyError(op_name)
+
+    def to_dict(self, timings: bool = True) -> dict:
+        data = {
+            "model": self.model, "method": self.method, "status": self.status, "objective": self.objective,
+            "objective_unit_s": self.unit_s, "estimated_step_time_s": self.estimated_step_time_s,
+            "compute_s": self.compute_s, "comm_s": self.comm_s, "comm_by_kind_s": dict(self.comm_by_kind_s),
+            "comm_by_axis_s": dict(self.comm_by_axis_s), "memory_per_device_bytes": self.memory_per_device_bytes,
+            "memory_breakdown_bytes": dict(self.memory_breakdown), "memory_limit_bytes": self.memory_limit_bytes,
+            "fits_memory": self.fits_memory, "mesh": self.mesh, "device": self.device,
+            "settings": dict(self.settings), "notes": list(self.notes), "explanation": self.explanation,
+            "operators": [{"name": a.name, "kind": a.kind, "strategy": dict(a.strategy)} for a in self.operators],
+        }
+        if timings:
+            data["search_time_s"] = self.search_time_s
+        return data
+
+    def summary_row(self, timings: bool = True) -> dict:
+        """One flat CSV row: configuration and headline figures."""
+        row = {k: v for k, v in self.to_dict(timings).items() if not isinstance(v, (dict, list))}
+        row.update({f"setting_{k}": v for k, v in self.settings})
+        row.update({f"comm_{k}_s": v for k, v in self.comm_by_kind_s})
+        row.update({f"memory_{k}_bytes": v for k, v in self.memory_breakdown})
+        return row
+
+
+def strategies_from_choice(problem: Problem, choice: Sequence[int]) -> tuple[Strategy, ...]:
+    return tuple(t.strategies[c] for t, c in zip(problem.ops, choice))
+
+
+def integer_objective(problem: Problem, strategies: Sequence[Strategy]) -> tuple[int, CostRecord]:
+    """The integer objective (each term rounded once, as in the problem) and the summed record."""
+    mesh, profile, unit = problem.mesh, problem.profile, problem.unit_s
+    total = CostRecord()
+    objective = 0
+    for table, strategy in zip(problem.ops, strategies):
+        record = op_cost(table.op, strategy, mesh, problem.settings, table.inputs)
+        objective += int(round(seconds(record, mesh, profile) / unit))
+        total = total + record
+    outs = [output_layouts(t.op, s) for t, s in zip(problem.ops, strategies)]
+    ins = [input_layouts(t.op, s, t.inputs) for t, s in zip(problem.ops, strategies)]
+    for e in problem.edges:
+        info = problem.ops[e.dst].inputs[e.dst_slot]
+        record = edge_cost(info.shape, info.elem_bytes, outs[e.src][e.src_slot], ins[e.dst][e.dst_slot], mesh.shape,
+                           info.needs_grad)
+        objective += int(round(seconds(record, mesh, profile) / unit))
+        total = total + record
+    return objective, total
+
+
+def make_plan(problem: Problem, strategies: Sequence[Strategy], *, method: str, status: str,
+              search_time_s: float = 0.0, memory_limit: float | None = None, notes: Sequence[str] = (),
+              explanation: str = "") -> Plan:
+    """Cost an assignment of strategies (one per operator, in the problem's order) into a Plan."""
+    objective, record = integer_objective(problem, strategies)
+    times = breakdown(record, problem.mesh, problem.profile)
+    mem = record.memory
+    axes = problem.mesh.names
+    ops = tuple(OpAssignment(t.op.name, t.op.kind, tuple(zip(axes, s))) for t, s in zip(problem.ops, strategies))
+    settings = problem.settings
+    return Plan(
+        model=problem.graph.name, method=method, status=status, objective=objective, unit_s=problem.unit_s,
+        estimated_step_time_s=times.total_s, compute_s=times.compute_s, comm_s=times.comm_s,
+        comm_by_kind_s=times.comm_by_kind_s, comm_by_axis_s=times.comm_by_axis_s,
+        memory_per_device_bytes=mem.total,
+        memory_breakdown=(("params", mem.params), ("grads", mem.grads), ("optimizer", mem.optimizer),
+                          ("activations", mem.activations)),
+        memory_limit_bytes=memory_limit, mesh=problem.mesh.spec, device=problem.profile.name,
+        settings=(("dtype", settings.dtype), ("optimizer", settings.optimizer), ("zero", settings.zero),
+                  ("recompute", "full" if settings.recompute else "none")),
+        operators=ops, search_time_s=search_time_s, notes=tuple(notes), explanation=explanation)
+
+
+def strategies_from_mapping(problem: Problem, assignment: Mapping[str, Mapping[str, str | None]],
+                            where: str = "plan") -> tuple[Strategy, ...]:
+    """Turn ``{op: {axis: dim}}`` (e.g. a plan JSON) into validated strategies; missing ops replicate."""
+    axes = problem.mesh.names
+    unknown_ops = set(assignment) - {t.op.name for t in problem.ops}
+    if unknown_ops:
+        raise PlannerError(f"{where}: field 'operators' names unknown operator {sorted(unknown_ops)[0]!r}")
+    out = []
+    for table in problem.ops:
+        given = assignment.get(table.op.name, {})
+        bad_axes = set(given) - set(axes)
+        if bad_axes:
+            raise PlannerError(f"{where}: operator {table.op.name}: field 'strategy' names unknown mesh axis {sorted(bad_axes)[0]!r}")
+        strategy = tuple(given.get(axis) for axis in axes)
+        if strategy not in enumerate_strategies(table.op, problem.mesh):
+            raise PlannerError(f"{where}: operator {table.op.name}: field 'strategy' {dict(zip(axes, strategy))} is not a valid strategy")
+        out.append(strategy)
+    return tuple(out)

@@ -1,0 +1,108 @@
+"""Symbolic costs against hand-computed numbers (DESIGN section 4)."""
+
+import pytest
+
+from planner.cost import TrainingSettings, edge_cost, op_cost, operand_infos, seconds
+from planner.mesh import parse_mesh
+from planner.ops import GraphBuilder
+from planner.strategy import GRAD_PARTIAL, PARTIAL, REPLICATE, enumerate_strategies, operand_layout
+
+B, K, N = 64, 128, 256
+P = 8
+BF16 = 2
+
+
+def matmul_graph():
+    gb = GraphBuilder("mm")
+    x0 = gb.data("x0", (B, K))
+    x = gb.op("gelu", "act", "bk->bk", [x0])  # x is an activation: it needs a gradient
+    w = gb.param("w", (K, N))
+    y = gb.op("matmul", "mm", "bk,kn->bn", [x, w])
+    gb.op("gelu", "consumer", "bn->bn", [y])
+    return gb.build()
+
+
+@pytest.fixture(scope="module")
+def setup(a100):
+    graph = matmul_graph()
+    mesh = parse_mesh("8", a100)
+    settings = TrainingSettings()
+    infos = operand_infos(graph, settings)
+    return graph, mesh, settings, infos
+
+
+def ring(kind, nbytes, bw=300e9, lat=2e-6, p=P):
+    factor = 2 if kind == "all_reduce" else 1
+    return factor * ((p - 1) * lat + (p - 1) / p * nbytes / bw)
+
+
+def test_enumeration_respects_divisibility(setup):
+    graph, mesh, _, _ = setup
+    op = graph.operator("mm")
+    assert enumerate_strategies(op, mesh) == [(None,), ("b",), ("k",), ("n",)]
+    gb = GraphBuilder("odd")
+    x = gb.data("x", (6, 8))
+    gb.op("matmul", "mm", "bk,kn->bn", [x, gb.param("w", (8, 12))])
+    assert enumerate_strategies(gb.build().operator("mm"), mesh) == [(None,), ("k",)]
+
+
+def test_split_batch_costs_compute_over_8_and_weight_allreduce(setup, a100):
+    graph, mesh, settings, infos = setup
+    op = graph.operator("mm")
+    full = op_cost(op, (None,), mesh, settings, infos["mm"])
+    rec = op_cost(op, ("b",), mesh, settings, infos["mm"])
+    assert full.fwd_flops == 2 * B * K * N
+    assert rec.fwd_flops == 2 * B * K * N / 8
+    assert rec.bwd_flops == 2 * rec.fwd_flops
+    assert [(c.kind, c.phase, c.nbytes) for c in rec.comm] == [("all_reduce", "bwd", K * N * BF16)]
+    expected = 3 * 2 * B * K * N / 8 / (312e12 * 0.5) + ring("all_reduce", K * N * BF16)
+    assert seconds(rec, mesh, a100) == pytest.approx(expected, rel=1e-12)
+
+
+def test_split_n_makes_input_gradient_partial(setup, a100):
+    graph, mesh, settings, infos = setup
+    op = graph.operator("mm")
+    rec = op_cost(op, ("n",), mesh, settings, infos["mm"])
+    assert rec.comm == ()  # the weight is sharded, nothing to sync
+    x_layout = operand_layout(op.inputs[0], ("n",), output=False, needs_grad=True)
+    assert x_layout == (GRAD_PARTIAL,)
+    edge = edge_cost((B, K), BF16, (REPLICATE,), x_layout, mesh.shape, True)
+    assert [(c.kind, c.phase, c.nbytes) for c in edge.comm] == [("all_reduce", "bwd", B * K * BF16)]
+    assert seconds(edge, mesh, a100) == pytest.approx(ring("all_reduce", B * K * BF16))
+
+
+def test_split_k_leaves_output_partial(setup, a100):
+    graph, mesh, settings, infos = setup
+    op = graph.operator("mm")
+    assert operand_layout(op.outputs[0], ("k",), output=True) == (PARTIAL,)
+    rec = op_cost(op, ("k",), mesh, settings, infos["mm"])
+    assert rec.comm == ()
+    edge = edge_cost((B, N), BF16, (PARTIAL,), (REPLICATE,), mesh.shape, True)
+    assert [(c.kind, c.phase, c.nbytes) for c in edge.comm] == [("all_reduce", "fwd", B * N * BF16)]
+    assert seconds(edge, mesh, a100) == pytest.approx(ring("all_reduce", B * N * BF16))
+
+
+def test_memory_of_strategies(setup):
+    graph, mesh, settings, infos = setup
+    op = graph.operator("mm")
+    rec = op_cost(op, ("n",), mesh, settings, infos["mm"])
+    assert rec.memory.params == K * N * BF16 / 8
+    assert rec.memory.grads == K * N * BF16 / 8
+    assert rec.memory.optimizer == K * N * 12 / 8
+    assert rec.memory.activations == B * K * BF16  # x saved, replicated
+    zero = op_cost(op, ("b",), mesh, TrainingSettings(zero=3), infos["mm"])
+    assert zero.memory.params == K * N * BF16 / 8 and zero.memory.optimizer == K * N * 12 / 8
+    kinds = sorted((c.kind, c.phase) for c in zero.comm)
+    assert kinds == [("all_gather", "bwd"), ("all_gather", "fwd"), ("reduce_scatter", "bwd")]
+
+
+def test_layernorm_split_of_normalised_dim_allreduces_statistics(a100):
+    gb = GraphBuilder("ln")
+    x = gb.data("x", (4, 16, 64))
+    gb.op("layernorm", "ln", "bsh,h,h->bsh", [x, gb.param("g", (64,)), gb.param("b", (64,))], norm="h")
+    graph = gb.build()
+    mesh = parse_mesh("8", a100)
+    infos = operand_infos(graph, TrainingSettings())
+    rec = op_cost(graph.operator("ln"), ("h",), mesh, TrainingSettings(), infos["ln"])
+    stats = 2 * 4 * 16 * BF16
+    assert sorted((c.kind, c.phase, c.nbytes) for c in rec.comm) == [("all_reduce", "bwd", stats), ("all_reduce", "fwd", stats)]
