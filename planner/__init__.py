@@ -6,7 +6,7 @@ from planner.errors import GraphError, MeshError, ModelError, PlannerError, Prof
 from planner.graph import Graph, Operator, Tensor
 from planner.mesh import Mesh, MachineProfile, get_profile, parse_mesh
 from planner.ops import REGISTRY, GraphBuilder
-from planner.plan import Plan
+from planner.plans import Plan
 from planner.zoo import load_model, model_names
 
 __all__ = ["Cluster", "Graph", "GraphBuilder", "GraphError", "MachineProfile", "Mesh", "MeshError", "ModelError",

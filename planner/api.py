@@ -17,7 +17,7 @@ from planner.errors import PlannerError, SettingsError
 from planner.graph import Graph
 from planner.heuristics import data_parallel, megatron
 from planner.mesh import DEFAULT_HARDWARE_CSV, MachineProfile, Mesh, get_profile, parse_mesh
-from planner.plan import Plan, make_plan, strategies_from_choice, strategies_from_mapping
+from planner.plans import Plan, make_plan, strategies_from_choice, strategies_from_mapping
 from planner.problem import Problem, build_problem
 from planner.solver import solve
 from planner.zoo import load_model

@@ -16,7 +16,7 @@ from typing import Sequence
 from planner import api
 from planner.cost import TrainingSettings
 from planner.errors import PlannerError, SettingsError
-from planner.plan import Plan
+from planner.plans import Plan
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_INFEASIBLE = 0, 2, 3
 log = logging.getLogger("planner")

@@ -25,7 +25,8 @@ from planner.errors import SettingsError
 from planner.graph import Graph, Operator
 from planner.mesh import MachineProfile, Mesh
 from planner.strategy import (GRAD_PARTIAL, PARTIAL, REPLICATE, Layout, Strategy, forward_layout,
-                              gradient_layout, gradient_target, operand_layout, parallel_degree, shard_factor)
+                              gradient_layout, gradient_target, input_layout, operand_layout, parallel_degree,
+                              shard_factor)
 
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "p2p")
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -262,8 +263,8 @@ def op_cost(op: Operator, strategy: Strategy, mesh: Mesh, settings: TrainingSett
                 comm.append(Collective("fwd", "all_reduce", ax, local))
                 comm.append(Collective("bwd", "all_reduce", ax, local))
     memory = Memory()
-    for operand, info in zip(op.inputs, inputs):
-        layout = operand_layout(operand, strategy, output=False, needs_grad=info.needs_grad)
+    for slot, info in enumerate(inputs):
+        layout = input_layout(op, slot, strategy, info.needs_grad)
         numel = 1.0
         for s in info.shape:
             numel *= s
@@ -311,4 +312,4 @@ def output_layouts(op: Operator, strategy: Strategy) -> tuple[Layout, ...]:
 
 
 def input_layouts(op: Operator, strategy: Strategy, inputs: tuple[OperandInfo, ...]) -> tuple[Layout, ...]:
-    return tuple(operand_layout(o, strategy, output=False, needs_grad=i.needs_grad) for o, i in zip(op.inputs, inputs))
+    return tuple(input_layout(op, slot, strategy, info.needs_grad) for slot, info in enumerate(inputs))

@@ -64,8 +64,13 @@ def parallel_degree(strategy: Strategy, mesh: Mesh) -> int:
     return math.prod(axis.size for axis, dim in zip(mesh.axes, strategy) if dim is not None)
 
 
-def operand_layout(operand: Operand, strategy: Strategy, *, output: bool, needs_grad: bool = True) -> Layout:
-    """The layout the strategy implies for one operand (output or input)."""
+def operand_layout(operand: Operand, strategy: Strategy, *, output: bool, needs_grad: bool = True,
+                   exact_grad_dims: frozenset[str] = frozenset()) -> Layout:
+    """The layout the strategy implies for one operand (output or input).
+
+    ``exact_grad_dims``: dims absent from an input whose split still leaves its gradient complete
+    on every device (see ``bias_exact_dims``).
+    """
     leading = {group[0]: i for i, group in enumerate(operand.dims)}
     layout = []
     for dim in strategy:
@@ -76,8 +81,29 @@ def operand_layout(operand: Operand, strategy: Strategy, *, output: bool, needs_
         elif output:
             layout.append(PARTIAL)
         else:
-            layout.append(GRAD_PARTIAL if needs_grad else REPLICATE)
+            layout.append(GRAD_PARTIAL if needs_grad and dim not in exact_grad_dims else REPLICATE)
     return tuple(layout)
+
+
+def bias_exact_dims(op: Operator, operand: Operand) -> frozenset[str]:
+    """Reduction dims whose split leaves this input's gradient complete.
+
+    A bias-like input (all its dims are output dims) is added after the reduction, so its
+    gradient is a sum of the output gradient, which is replicated over an axis that splits a
+    reduction dim (the gradient of a Partial output is Replicate). Megatron's row-parallel bias.
+    """
+    out_dims = {d for o in op.outputs for d in o.op_dims()}
+    own = set(operand.op_dims())
+    if not own <= out_dims:
+        return frozenset()
+    in_dims = {d for o in op.inputs for d in o.op_dims()}
+    return frozenset(in_dims - out_dims)
+
+
+def input_layout(op: Operator, slot: int, strategy: Strategy, needs_grad: bool) -> Layout:
+    operand = op.inputs[slot]
+    return operand_layout(operand, strategy, output=False, needs_grad=needs_grad,
+                          exact_grad_dims=bias_exact_dims(op, operand))
 
 
 def shard_factor(layout: Layout, mesh_shape: Sequence[int]) -> int:

@@ -1,0 +1,65 @@
+"""The command line through a subprocess: plan with JSON and CSV, evaluate, exit codes."""
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "planner", *args], capture_output=True, text=True, timeout=600)
+
+
+def test_plan_writes_json_and_csv(tmp_path):
+    out_json, out_csv = tmp_path / "plan.json", tmp_path / "plan.csv"
+    proc = run("plan", "--model", "gpt2-small", "--mesh", "8", "--device", "a100-80g", "--json", str(out_json),
+               "--csv", str(out_csv))
+    assert proc.returncode == 0, proc.stderr
+    assert "OPTIMAL" in proc.stdout and "estimated step time" in proc.stdout
+    data = json.loads(out_json.read_text())
+    for key in ("status", "method", "objective", "estimated_step_time_s", "search_time_s",
+                "memory_per_device_bytes", "mesh", "device", "operators"):
+        assert key in data
+    assert data["status"] == "OPTIMAL" and data["method"] == "exact"
+    assert {"name", "strategy"} <= set(data["operators"][0])
+    row = pd.read_csv(out_csv)
+    assert len(row) == 1 and row["objective"][0] == data["objective"]
+
+
+def test_evaluate_plan_file_reproduces_objective(tmp_path):
+    out_json = tmp_path / "plan.json"
+    assert run("plan", "--model", "mlp", "--mesh", "2x4", "--json", str(out_json)).returncode == 0
+    again = tmp_path / "again.json"
+    proc = run("evaluate", "--model", "mlp", "--mesh", "2x4", "--plan", str(out_json), "--json", str(again))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(again.read_text())["objective"] == json.loads(out_json.read_text())["objective"]
+
+
+def test_evaluate_megatron_degrees(tmp_path):
+    out_csv = tmp_path / "m.csv"
+    proc = run("evaluate", "--model", "gpt2-small", "--tp", "4", "--dp", "2", "--csv", str(out_csv))
+    assert proc.returncode == 0, proc.stderr
+    row = pd.read_csv(out_csv)
+    assert row["mesh"][0] == "dp=2,tp=4" and row["estimated_step_time_s"][0] > 0
+
+
+@pytest.mark.parametrize("args,field", [
+    (("plan", "--model", "gpt2-smal"), "--model"),
+    (("plan", "--model", "mlp", "--device", "a100"), "--device"),
+    (("plan", "--model", "mlp", "--mesh", "8y"), "--mesh"),
+    (("plan", "--model", "mlp", "--memory", "-5"), "--memory"),
+    (("plan", "--model", "mlp", "--batch", "0"), "--batch"),
+])
+def test_bad_input_exits_2_with_one_line(args, field):
+    proc = run(*args)
+    assert proc.returncode == 2
+    assert field in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_infeasible_exits_3():
+    proc = run("plan", "--model", "gpt2-small", "--memory", "1MiB")
+    assert proc.returncode == 3
+    assert "memory" in proc.stderr

@@ -1,0 +1,72 @@
+"""The CP-SAT program against brute force, and plan re-evaluation through the cost model."""
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings, seed
+from hypothesis import strategies as st
+
+from planner.cost import TrainingSettings
+from planner.plans import make_plan, strategies_from_choice
+from planner.problem import brute_force, build_problem
+from planner.solver import build_model, solve
+from strategies_gen import graphs, meshes, profiles
+
+MAX_COMBINATIONS = 2_000_000
+
+
+def _small(problem):
+    return np.prod([len(t.strategies) for t in problem.ops], dtype=np.float64) <= MAX_COMBINATIONS
+
+
+@seed(20261130)
+@settings(max_examples=220, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(graph=graphs(), mesh=meshes(), profile=profiles(), zero=st.sampled_from((0, 1, 3)))
+def test_solver_equals_brute_force(graph, mesh, profile, zero):
+    problem = build_problem(graph, mesh, profile, TrainingSettings(zero=zero))
+    if not _small(problem):
+        mesh = mesh.sub_mesh(mesh.shape[:1])
+        problem = build_problem(graph, mesh, profile, TrainingSettings(zero=zero))
+    best, _ = brute_force(problem)
+    result = solve(problem, time_limit_s=30)
+    assert result.status == "OPTIMAL"
+    assert result.objective == best
+    assert problem.objective(result.choice) == best
+    plan = make_plan(problem, strategies_from_choice(problem, result.choice), method="exact", status=result.status)
+    assert plan.objective == best
+
+
+@seed(7)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graph=graphs(max_ops=5), mesh=meshes(max_axes=2), fraction=st.floats(0.0, 1.0))
+def test_solver_equals_brute_force_under_a_memory_limit(graph, mesh, fraction):
+    from planner.mesh import SYMBOLIC
+    problem = build_problem(graph, mesh, SYMBOLIC)
+    if not _small(problem):
+        return
+    low = sum(int(t.memory.min()) for t in problem.ops)
+    high = sum(int(t.memory.max()) for t in problem.ops)
+    limit = low + fraction * (high - low)
+    expected = brute_force(problem, memory_limit=limit)
+    result = solve(problem, memory_limit=limit, time_limit_s=30)
+    assert result.status == "OPTIMAL"
+    assert result.objective == expected[0]
+    assert problem.memory(result.choice) <= limit
+
+
+def test_infeasible_memory_is_explained(a100):
+    from planner.mesh import parse_mesh
+    from planner.zoo import load_model
+    problem = build_problem(load_model("gpt2-small"), parse_mesh("8", a100), a100)
+    result = solve(problem, memory_limit=1e6)
+    assert result.status == "INFEASIBLE"
+    assert "memory" in result.explanation and "GiB" in result.explanation and "--zero" in result.explanation
+
+
+def test_build_model_exposes_typed_variable_maps(a100):
+    from planner.mesh import parse_mesh
+    from planner.zoo.transformers import mlp
+    problem = build_problem(mlp(batch=64, hidden=64), parse_mesh("2x4", a100), a100)
+    built = build_model(problem)
+    assert len(built.x) == len(problem.ops)
+    assert [len(r) for r in built.x] == [len(t.strategies) for t in problem.ops]
+    assert len(built.y) == len(problem.edges)
+    assert built.num_booleans == sum(len(r) for r in built.x) + sum(len(m) for m in built.y)
