@@ -60,9 +60,10 @@ def make_problem(model: str | Graph, cluster: Cluster, settings: TrainingSetting
 
 def plan(model: str | Graph, mesh: str | Mesh = "8", device: str | MachineProfile = "a100-80g", *,
          method: str = "exact", batch: int | None = None, seq: int | None = None, memory: float | None = None,
-         settings: TrainingSettings | None = None, time_limit_s: float = 60.0, seed: int = 0) -> Plan:
+         settings: TrainingSettings | None = None, time_limit_s: float = 60.0, seed: int = 0,
+         hardware_csv: Path | str = DEFAULT_HARDWARE_CSV) -> Plan:
     """Plan a model on a cluster with one search method (see ``METHODS``)."""
-    cluster = make_cluster(mesh, device, memory)
+    cluster = make_cluster(mesh, device, memory, hardware_csv=hardware_csv)
     problem = make_problem(model, cluster, settings, batch, seq)
     return plan_problem(problem, cluster.memory_limit, method, time_limit_s, seed)
 
@@ -102,14 +103,14 @@ def _failed_plan(problem: Problem, method: str, status: str, elapsed: float, mem
 def evaluate(model: str | Graph, mesh: str | Mesh, device: str | MachineProfile = "a100-80g", *,
              assignment: dict | None = None, tp: int | None = None, dp: int | None = None, pp: int = 1,
              batch: int | None = None, seq: int | None = None, memory: float | None = None,
-             settings: TrainingSettings | None = None) -> Plan:
+             settings: TrainingSettings | None = None, hardware_csv: Path | str = DEFAULT_HARDWARE_CSV) -> Plan:
     """Cost a user plan: an ``{op: {axis: dim}}`` assignment, or Megatron degrees ``tp`` x ``dp``."""
     if assignment is None:
         if pp != 1:
             raise SettingsError("--pp: pipeline degrees > 1 are evaluated by the pipeline planner (`planner pipeline`)")
         tp, dp = tp or 1, dp or 1
         mesh = f"dp={dp},tp={tp}" if tp > 1 and dp > 1 else f"{'tp' if tp > 1 else 'dp'}={tp * dp}"
-    cluster = make_cluster(mesh, device, memory)
+    cluster = make_cluster(mesh, device, memory, hardware_csv=hardware_csv)
     problem = make_problem(model, cluster, settings, batch, seq)
     start = time.perf_counter()
     if assignment is not None:

@@ -16,6 +16,7 @@ from typing import Sequence
 from planner import api
 from planner.cost import TrainingSettings
 from planner.errors import PlannerError, SettingsError
+from planner.mesh import DEFAULT_HARDWARE_CSV
 from planner.plans import Plan
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_INFEASIBLE = 0, 2, 3
@@ -36,6 +37,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="zoo name, parametric spec (gpt:layers=4,hidden=512,heads=8) or graph .json")
     p.add_argument("--mesh", default="8", help="mesh spec: 8, 2x4, node=8,gpu=8 (default 8)")
     p.add_argument("--device", default="a100-80g", help="machine profile: symbolic, a hardware.csv row, or a .json file")
+    p.add_argument("--hardware", default=str(DEFAULT_HARDWARE_CSV), help="datasheet table (default: ../shared/reference/hardware.csv)")
     p.add_argument("--batch", type=int, help="global batch (zoo default if omitted)")
     p.add_argument("--seq", type=int, help="sequence length (language models)")
     p.add_argument("--memory", type=_bytes, help="memory limit per device in bytes (default: the device's memory)")
@@ -137,7 +139,8 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     plan = api.plan(args.model, args.mesh, args.device, method=args.method, batch=args.batch, seq=args.seq,
-                    memory=args.memory, settings=_settings(args), time_limit_s=args.time_limit, seed=args.seed)
+                    memory=args.memory, settings=_settings(args), time_limit_s=args.time_limit, seed=args.seed,
+                    hardware_csv=args.hardware)
     return _finish(plan, args)
 
 
@@ -156,7 +159,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         raise SettingsError("--micro-batch: with --pp 1 it must equal the per-replica batch (batch / dp)")
     plan = api.evaluate(args.model, args.mesh if args.plan else None, args.device, assignment=assignment,
                         tp=args.tp, dp=args.dp, pp=args.pp, batch=args.batch, seq=args.seq, memory=args.memory,
-                        settings=_settings(args))
+                        settings=_settings(args), hardware_csv=args.hardware)
     return _finish(plan, args)
 
 

@@ -20,7 +20,18 @@ from pathlib import Path
 
 from planner.errors import MeshError, ProfileError
 
-DEFAULT_HARDWARE_CSV = Path(__file__).resolve().parents[2] / "shared" / "reference" / "hardware.csv"
+HARDWARE_CSV_NAME = Path("shared") / "reference" / "hardware.csv"
+
+
+def default_hardware_csv() -> Path:
+    """The datasheet table beside the checkout (``../shared/reference/hardware.csv``), else beside the CWD."""
+    for base in (Path(__file__).resolve().parents[2], Path.cwd().parent, Path.cwd()):
+        if (base / HARDWARE_CSV_NAME).is_file():
+            return base / HARDWARE_CSV_NAME
+    return Path(__file__).resolve().parents[2] / HARDWARE_CSV_NAME
+
+
+DEFAULT_HARDWARE_CSV = default_hardware_csv()
 # Latencies are not in the datasheet table: documented assumptions (NCCL-scale per-hop latency).
 INTRA_NODE_LATENCY_S = 2e-6
 INTER_NODE_LATENCY_S = 8e-6
