@@ -70,6 +70,13 @@ class Problem:
                 return i
         raise KeyError(name)
 
+    def producer_layout_index(self, tensor: str) -> np.ndarray:
+        """For the producer of ``tensor``: its strategy -> index of the tensor's layout (edge rows)."""
+        for e in self.edges:
+            if e.tensor == tensor:
+                return e.src_index
+        raise KeyError(tensor)
+
     def objective(self, choice: Sequence[int]) -> int:
         """Integer objective of a choice of strategy index per operator."""
         total = sum(int(t.cost[c]) for t, c in zip(self.ops, choice))

@@ -57,7 +57,7 @@ class SolveResult:
 
 
 def build_model(problem: Problem, memory_limit: float | None = None,
-                allowed: Mapping[int, Sequence[int]] | None = None) -> BuiltModel:
+                allowed: Mapping[int, Sequence[int]] | None = None, lower_bound: int | None = None) -> BuiltModel:
     """Build the program. ``allowed`` restricts some operators to a subset of their strategies."""
     model = cp_model.CpModel()
     x = _add_exactly_one(model, problem, allowed or {})
@@ -65,6 +65,8 @@ def build_model(problem: Problem, memory_limit: float | None = None,
     y = _add_marginals(model, problem, x, objective)
     if memory_limit is not None:
         _add_memory(model, problem, x, memory_limit)
+    if lower_bound is not None:
+        model.add(sum(objective) >= int(lower_bound))
     model.minimize(sum(objective))
     count = sum(len(r) for r in x) + sum(len(m) for m in y)
     return BuiltModel(model, x, tuple(y), count)
@@ -158,15 +160,20 @@ def explain_infeasible(problem: Problem, memory_limit: float) -> str:
 
 
 def solve(problem: Problem, memory_limit: float | None = None, time_limit_s: float = 60.0, seed: int = 0,
-          workers: int = 1, allowed: Mapping[int, Sequence[int]] | None = None) -> SolveResult:
-    """Solve the program with CP-SAT. Deterministic for a fixed seed and worker count."""
+          workers: int = 1, allowed: Mapping[int, Sequence[int]] | None = None,
+          hint: Sequence[int] | None = None, lower_bound: int | None = None) -> SolveResult:
+    """Solve the program with CP-SAT. Deterministic for a fixed seed and worker count.
+
+    ``hint`` replaces the greedy solution hint; ``lower_bound`` (a proven bound on the optimum,
+    e.g. a Lagrangian one) is added as a cut on the objective.
+    """
     start = time.perf_counter()
     if memory_limit is not None and min_memory(problem) > memory_limit:
         return SolveResult("INFEASIBLE", None, None, None, time.perf_counter() - start, 0,
                            explain_infeasible(problem, memory_limit))
-    built = build_model(problem, memory_limit, allowed)
+    built = build_model(problem, memory_limit, allowed, lower_bound)
     if not allowed:
-        for row, s in zip(built.x, greedy_choice(problem, memory_limit)):
+        for row, s in zip(built.x, hint or greedy_choice(problem, memory_limit)):
             for k, var in enumerate(row):
                 built.model.add_hint(var, k == s)
     solver = cp_model.CpSolver()
