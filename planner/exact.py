@@ -27,6 +27,7 @@ from planner.solver import SolveResult, explain_infeasible, min_memory, solve
 
 Progress = Callable[[int, int, str], None]
 LAGRANGE_ITERATIONS = 40
+MAX_WHOLE_PROGRAM = 2_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,10 +113,13 @@ def _lagrangian(problem: Problem, segments: Sequence[Segment], memory_limit: flo
     mems = [t.memory.astype(np.float64) for t in problem.ops]
     best: tuple[int, tuple[int, ...]] | None = None
     bound = -math.inf
+    seen: list[set[int]] = [set() for _ in problem.ops]
 
     def at(lam: float) -> bool:
         nonlocal best, bound
         sol = solve_unary(problem, segments, [c + lam * m for c, m in zip(costs, mems)], jobs)
+        for i, s in enumerate(sol.choice):
+            seen[i].add(s)
         memory = problem.memory(sol.choice)
         bound = max(bound, sol.value - lam * memory_limit)
         if memory <= memory_limit:
@@ -125,6 +129,38 @@ def _lagrangian(problem: Problem, segments: Sequence[Segment], memory_limit: flo
             return True
         return False
 
+    _bisect_price(at, costs, mems, lambda: best is not None and _certified(best[0], bound))
+    lower = _ceil_bound(bound)
+    if best is not None and _certified(best[0], bound):
+        notes += (f"memory binds: Lagrangian certificate (bound {lower} = objective)",)
+        return SolveResult("OPTIMAL", best[0], lower, best[1], time.perf_counter() - start, 0), notes
+    # Restricted master: the whole program over the strategies the priced solutions used, so that
+    # CP-SAT can mix them layer by layer under the memory limit.
+    remaining = lambda: max(1.0, time_limit_s - (time.perf_counter() - start))
+    master = solve(problem, memory_limit, min(remaining(), time_limit_s / 2), seed, hint=best[1] if best else None,
+                   allowed={i: sorted(s) for i, s in enumerate(seen)})
+    if master.choice is not None and (best is None or master.objective < best[0]):
+        best = (master.objective, master.choice)
+    if best is not None and _certified(best[0], bound):
+        notes += (f"memory binds: restricted master certified by the Lagrangian bound {lower}",)
+        return SolveResult("OPTIMAL", best[0], lower, best[1], time.perf_counter() - start, 0), notes
+    if program_size(problem) > MAX_WHOLE_PROGRAM:
+        notes += (f"memory binds: best plan within {_gap(best, lower)} of the Lagrangian bound {lower}; the whole "
+                  f"program ({program_size(problem)} Booleans) is too large to close the gap",)
+        return SolveResult("FEASIBLE" if best else "UNKNOWN", best[0] if best else None, lower,
+                           best[1] if best else None, time.perf_counter() - start, 0), notes
+    result = solve(problem, memory_limit, remaining(), seed, hint=best[1] if best else None, lower_bound=lower)
+    notes += (f"memory binds: gap to the Lagrangian bound {lower} closed by CP-SAT on the whole program",)
+    if result.choice is None or (best is not None and result.objective > best[0]):
+        status = "OPTIMAL" if result.status == "OPTIMAL" else ("FEASIBLE" if best else result.status)
+        result = SolveResult(status, best[0] if best else None, lower, best[1] if best else None,
+                             result.search_time_s, result.num_booleans)
+    return SolveResult(result.status, result.objective, result.bound, result.choice, time.perf_counter() - start,
+                       result.num_booleans, result.explanation), notes
+
+
+def _bisect_price(at: Callable[[float], bool], costs, mems, done: Callable[[], bool]) -> None:
+    """Find a feasible price by doubling, then bisect between infeasible and feasible prices."""
     scale = max(1.0, sum(float(c.max()) for c in costs)) / max(1.0, sum(float(m.max()) for m in mems))
     low, high = 0.0, scale
     for _ in range(80):
@@ -132,24 +168,24 @@ def _lagrangian(problem: Problem, segments: Sequence[Segment], memory_limit: flo
             break
         low, high = high, high * 4
     for _ in range(LAGRANGE_ITERATIONS):
-        if best is not None and _certified(best[0], bound):
-            break
+        if done():
+            return
         mid = 0.5 * (low + high)
         if at(mid):
             high = mid
         else:
             low = mid
-    lower = _ceil_bound(bound)
-    if best is not None and _certified(best[0], bound):
-        notes += (f"memory binds: Lagrangian certificate (bound {lower} = objective)",)
-        return SolveResult("OPTIMAL", best[0], lower, best[1], time.perf_counter() - start, 0), notes
-    remaining = max(1.0, time_limit_s - (time.perf_counter() - start))
-    result = solve(problem, memory_limit, remaining, seed, hint=best[1] if best else None, lower_bound=lower)
-    notes += (f"memory binds: Lagrangian gap closed by CP-SAT on the whole program (bound {lower})",)
-    if result.choice is None and best is not None:
-        result = SolveResult("FEASIBLE", best[0], lower, best[1], result.search_time_s, result.num_booleans)
-    return SolveResult(result.status, result.objective, result.bound, result.choice, time.perf_counter() - start,
-                       result.num_booleans, result.explanation), notes
+
+
+def program_size(problem: Problem) -> int:
+    """Booleans of the whole-graph program (strategies plus layout pairs of multi-layout edges)."""
+    pairs = sum(len(e.src_layouts) * len(e.dst_layouts) for e in problem.edges
+                if len(e.src_layouts) > 1 and len(e.dst_layouts) > 1)
+    return pairs + sum(len(t.strategies) for t in problem.ops)
+
+
+def _gap(best: tuple[int, tuple[int, ...]] | None, lower: int) -> str:
+    return f"{100.0 * (best[0] - lower) / max(1, lower):.2f}%" if best else "n/a"
 
 
 def _ceil_bound(bound: float) -> int:

@@ -37,10 +37,13 @@ STATUS_NAMES = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE", cp_m
 
 @dataclass(frozen=True, slots=True, eq=False)
 class BuiltModel:
-    """A CP-SAT model with typed variable maps: ``x[op][strategy]`` and ``y[edge][(a, b)]``."""
+    """A CP-SAT model with typed variable maps: ``x[op][strategy]`` and ``y[edge][(a, b)]``.
+
+    Only candidate strategies (all, or the ``allowed`` ones) and the layouts they reach get variables.
+    """
 
     model: cp_model.CpModel
-    x: tuple[tuple[cp_model.IntVar, ...], ...]
+    x: tuple[Mapping[int, cp_model.IntVar], ...]
     y: tuple[Mapping[tuple[int, int], cp_model.IntVar], ...]
     num_booleans: int
 
@@ -61,7 +64,8 @@ def build_model(problem: Problem, memory_limit: float | None = None,
     """Build the program. ``allowed`` restricts some operators to a subset of their strategies."""
     model = cp_model.CpModel()
     x = _add_exactly_one(model, problem, allowed or {})
-    objective = [int(c) * var for table, row in zip(problem.ops, x) for c, var in zip(table.cost, row) if c]
+    objective = [int(problem.ops[i].cost[s]) * var for i, row in enumerate(x) for s, var in row.items()
+                 if problem.ops[i].cost[s]]
     y = _add_marginals(model, problem, x, objective)
     if memory_limit is not None:
         _add_memory(model, problem, x, memory_limit)
@@ -73,57 +77,54 @@ def build_model(problem: Problem, memory_limit: float | None = None,
 
 
 def _add_exactly_one(model: cp_model.CpModel, problem: Problem,
-                     allowed: Mapping[int, Sequence[int]]) -> tuple[tuple[cp_model.IntVar, ...], ...]:
+                     allowed: Mapping[int, Sequence[int]]) -> tuple[dict[int, cp_model.IntVar], ...]:
     x = []
     for i, table in enumerate(problem.ops):
-        row = tuple(model.new_bool_var(f"x[{i},{s}]") for s in range(len(table.strategies)))
-        model.add_exactly_one(row)
-        if i in allowed:
-            keep = set(allowed[i])
-            for s, var in enumerate(row):
-                if s not in keep:
-                    model.add(var == 0)
+        candidates = sorted(set(allowed[i])) if i in allowed else range(len(table.strategies))
+        row = {s: model.new_bool_var(f"x[{i},{s}]") for s in candidates}
+        model.add_exactly_one(row.values())
         x.append(row)
     return tuple(x)
 
 
-def _layout_sums(rows: Sequence[cp_model.IntVar], index: np.ndarray, count: int) -> list[list[cp_model.IntVar]]:
-    groups: list[list[cp_model.IntVar]] = [[] for _ in range(count)]
-    for s, k in enumerate(index):
-        groups[int(k)].append(rows[s])
+def _layout_sums(row: Mapping[int, cp_model.IntVar], index: np.ndarray) -> dict[int, list[cp_model.IntVar]]:
+    groups: dict[int, list[cp_model.IntVar]] = {}
+    for s, var in row.items():
+        groups.setdefault(int(index[s]), []).append(var)
     return groups
 
 
 def _add_marginals(model: cp_model.CpModel, problem: Problem, x, objective: list) -> list[dict]:
     y_maps = []
     for e_idx, edge in enumerate(problem.edges):
-        src_groups = _layout_sums(x[edge.src], edge.src_index, len(edge.src_layouts))
-        dst_groups = _layout_sums(x[edge.dst], edge.dst_index, len(edge.dst_layouts))
+        src_groups = _layout_sums(x[edge.src], edge.src_index)
+        dst_groups = _layout_sums(x[edge.dst], edge.dst_index)
         y: dict[tuple[int, int], cp_model.IntVar] = {}
         if len(src_groups) == 1 or len(dst_groups) == 1:
             # One side has a single layout: the pair is fixed by the other side's choice.
-            for a, ga in enumerate(src_groups):
-                for b, gb in enumerate(dst_groups):
+            for a, ga in src_groups.items():
+                for b, gb in dst_groups.items():
                     c = int(edge.cost[a, b])
                     if c:
                         objective.extend(c * v for v in (gb if len(src_groups) == 1 else ga))
         else:
-            for a in range(len(src_groups)):
-                for b in range(len(dst_groups)):
+            for a in src_groups:
+                for b in dst_groups:
                     y[(a, b)] = model.new_bool_var(f"y[{e_idx},{a},{b}]")
                     c = int(edge.cost[a, b])
                     if c:
                         objective.append(c * y[(a, b)])
-            for a, ga in enumerate(src_groups):
-                model.add(sum(y[(a, b)] for b in range(len(dst_groups))) == sum(ga))
-            for b, gb in enumerate(dst_groups):
-                model.add(sum(y[(a, b)] for a in range(len(src_groups))) == sum(gb))
+            for a, ga in src_groups.items():
+                model.add(sum(y[(a, b)] for b in dst_groups) == sum(ga))
+            for b, gb in dst_groups.items():
+                model.add(sum(y[(a, b)] for a in src_groups) == sum(gb))
         y_maps.append(y)
     return y_maps
 
 
 def _add_memory(model: cp_model.CpModel, problem: Problem, x, memory_limit: float) -> None:
-    terms = [int(m) * var for table, row in zip(problem.ops, x) for m, var in zip(table.memory, row) if m]
+    terms = [int(problem.ops[i].memory[s]) * var for i, row in enumerate(x) for s, var in row.items()
+             if problem.ops[i].memory[s]]
     model.add(sum(terms) <= int(memory_limit))
 
 
@@ -172,9 +173,10 @@ def solve(problem: Problem, memory_limit: float | None = None, time_limit_s: flo
         return SolveResult("INFEASIBLE", None, None, None, time.perf_counter() - start, 0,
                            explain_infeasible(problem, memory_limit))
     built = build_model(problem, memory_limit, allowed, lower_bound)
-    if not allowed:
-        for row, s in zip(built.x, hint or greedy_choice(problem, memory_limit)):
-            for k, var in enumerate(row):
+    start_hint = hint or (None if allowed else greedy_choice(problem, memory_limit))
+    if start_hint is not None:
+        for row, s in zip(built.x, start_hint):
+            for k, var in row.items():
                 built.model.add_hint(var, k == s)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = float(time_limit_s)
@@ -189,6 +191,6 @@ def solve(problem: Problem, memory_limit: float | None = None, time_limit_s: flo
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         why = explain_infeasible(problem, memory_limit) if code == cp_model.INFEASIBLE and memory_limit else ""
         return SolveResult(status, None, None, None, elapsed, built.num_booleans, why)
-    choice = tuple(next(k for k, var in enumerate(row) if solver.boolean_value(var)) for row in built.x)
+    choice = tuple(next(k for k, var in row.items() if solver.boolean_value(var)) for row in built.x)
     return SolveResult(status, int(round(solver.objective_value)), int(round(solver.best_objective_bound)),
                        choice, elapsed, built.num_booleans)
