@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from planner.cost import TrainingSettings
@@ -19,6 +19,7 @@ from planner.heuristics import data_parallel, megatron
 from planner.mesh import DEFAULT_HARDWARE_CSV, MachineProfile, Mesh, get_profile, parse_mesh
 from planner.plans import Plan, make_plan, strategies_from_choice, strategies_from_mapping
 from planner.problem import Problem, build_problem
+from planner.exact import Progress, solve_exact
 from planner.solver import solve
 from planner.zoo import load_model
 
@@ -61,22 +62,28 @@ def make_problem(model: str | Graph, cluster: Cluster, settings: TrainingSetting
 def plan(model: str | Graph, mesh: str | Mesh = "8", device: str | MachineProfile = "a100-80g", *,
          method: str = "exact", batch: int | None = None, seq: int | None = None, memory: float | None = None,
          settings: TrainingSettings | None = None, time_limit_s: float = 60.0, seed: int = 0,
-         hardware_csv: Path | str = DEFAULT_HARDWARE_CSV) -> Plan:
+         hardware_csv: Path | str = DEFAULT_HARDWARE_CSV, jobs: int = 1, progress: Progress | None = None) -> Plan:
     """Plan a model on a cluster with one search method (see ``METHODS``)."""
+    start = time.perf_counter()
     cluster = make_cluster(mesh, device, memory, hardware_csv=hardware_csv)
     problem = make_problem(model, cluster, settings, batch, seq)
-    return plan_problem(problem, cluster.memory_limit, method, time_limit_s, seed)
+    result = plan_problem(problem, cluster.memory_limit, method, time_limit_s, seed, jobs, progress)
+    return replace(result, search_time_s=time.perf_counter() - start)
 
 
-def plan_problem(problem: Problem, memory_limit: float | None, method: str = "exact",
-                 time_limit_s: float = 60.0, seed: int = 0) -> Plan:
+def plan_problem(problem: Problem, memory_limit: float | None, method: str = "exact", time_limit_s: float = 60.0,
+                 seed: int = 0, jobs: int = 1, progress: Progress | None = None) -> Plan:
+    """Search a plan for a built problem with one method (see ``METHODS``)."""
     start = time.perf_counter()
-    if method in ("exact", "whole"):
+    if method == "exact":
+        result, notes = solve_exact(problem, memory_limit, time_limit_s, seed, jobs, progress)
+    if method == "whole":
         result = solve(problem, memory_limit, time_limit_s, seed)
         notes = ("whole-graph integer program",)
+    if method in ("exact", "whole"):
         if result.choice is None:
             return _failed_plan(problem, method, result.status, time.perf_counter() - start, memory_limit,
-                                result.explanation)
+                                result.explanation, notes)
         strategies = strategies_from_choice(problem, result.choice)
         return make_plan(problem, strategies, method=method, status=result.status, memory_limit=memory_limit,
                          search_time_s=time.perf_counter() - start, notes=notes)
@@ -93,11 +100,11 @@ def plan_problem(problem: Problem, memory_limit: float | None, method: str = "ex
 
 
 def _failed_plan(problem: Problem, method: str, status: str, elapsed: float, memory_limit: float | None,
-                 explanation: str) -> Plan:
+                 explanation: str, notes: tuple[str, ...] = ()) -> Plan:
+    """No plan was found: report the replicated plan's figures with the failing status."""
     replicated = tuple(tuple(None for _ in problem.mesh.axes) for _ in problem.ops)
-    plan_obj = make_plan(problem, replicated, method=method, status=status, memory_limit=memory_limit,
-                         search_time_s=elapsed, explanation=explanation)
-    return plan_obj
+    return make_plan(problem, replicated, method=method, status=status, memory_limit=memory_limit,
+                     search_time_s=elapsed, explanation=explanation, notes=notes)
 
 
 def evaluate(model: str | Graph, mesh: str | Mesh, device: str | MachineProfile = "a100-80g", *,

@@ -62,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", default="exact", choices=list(api.METHODS))
     p.add_argument("--time-limit", type=float, default=60.0, help="solver time limit in seconds (default 60)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--jobs", type=int, default=1, help="worker processes for distinct segments (default 1)")
     e = sub.add_parser("evaluate", help="cost a given plan (plan JSON or Megatron degrees)")
     _add_common(e)
     e.add_argument("--plan", help="plan JSON whose 'operators' give the strategies")
@@ -70,6 +71,19 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--pp", type=int, default=1, help="pipeline degree (1 here; see `planner pipeline`)")
     e.add_argument("--micro-batch", type=int, help="micro-batch size (must equal the per-replica batch when pp=1)")
     return parser
+
+
+def progress_bar(args: argparse.Namespace):
+    """A one-line progress bar on stderr, only when stderr is a terminal and not --quiet."""
+    if args.quiet or not sys.stderr.isatty():
+        return None
+
+    def report(done: int, total: int, label: str) -> None:
+        width = 30
+        filled = int(width * done / max(1, total))
+        end = "\n" if done >= total else ""
+        print(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}", end=end, file=sys.stderr, flush=True)
+    return report
 
 
 def _settings(args: argparse.Namespace) -> TrainingSettings:
@@ -140,7 +154,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     plan = api.plan(args.model, args.mesh, args.device, method=args.method, batch=args.batch, seq=args.seq,
                     memory=args.memory, settings=_settings(args), time_limit_s=args.time_limit, seed=args.seed,
-                    hardware_csv=args.hardware)
+                    hardware_csv=args.hardware, jobs=args.jobs, progress=progress_bar(args))
     return _finish(plan, args)
 
 
