@@ -19,7 +19,7 @@ from planner.heuristics import data_parallel, megatron
 from planner.mesh import DEFAULT_HARDWARE_CSV, MachineProfile, Mesh, get_profile, parse_mesh
 from planner.plans import Plan, make_plan, strategies_from_choice, strategies_from_mapping
 from planner.problem import Problem, build_problem
-from planner.exact import Progress, solve_exact
+from planner.exact import MAX_WHOLE_PROGRAM, Progress, program_size, solve_exact
 from planner.solver import solve
 from planner.zoo import load_model
 
@@ -39,9 +39,12 @@ def make_cluster(mesh: str | Mesh, device: str | MachineProfile = "a100-80g", me
                  devices: int | None = None, hardware_csv: Path | str = DEFAULT_HARDWARE_CSV) -> Cluster:
     profile = device if isinstance(device, MachineProfile) else get_profile(device, hardware_csv)
     mesh_obj = mesh if isinstance(mesh, Mesh) else parse_mesh(str(mesh), profile, devices)
-    if memory is not None and (not isinstance(memory, (int, float)) or not math.isfinite(memory) or memory <= 0):
-        raise SettingsError(f"--memory: must be a positive number of bytes, got {memory!r}")
-    limit = memory if memory is not None else (None if profile.name == "symbolic" else profile.memory_bytes)
+    if memory is not None and (not isinstance(memory, (int, float)) or math.isnan(memory) or memory <= 0):
+        raise SettingsError(f"--memory: must be a positive number of bytes (or inf for no limit), got {memory!r}")
+    if memory is None:
+        limit = None if profile.name == "symbolic" else profile.memory_bytes
+    else:
+        limit = None if math.isinf(memory) else float(memory)
     return Cluster(mesh_obj, profile, limit)
 
 
@@ -64,9 +67,10 @@ def plan(model: str | Graph, mesh: str | Mesh = "8", device: str | MachineProfil
          settings: TrainingSettings | None = None, time_limit_s: float = 60.0, seed: int = 0,
          hardware_csv: Path | str = DEFAULT_HARDWARE_CSV, jobs: int = 1, progress: Progress | None = None) -> Plan:
     """Plan a model on a cluster with one search method (see ``METHODS``)."""
-    start = time.perf_counter()
     cluster = make_cluster(mesh, device, memory, hardware_csv=hardware_csv)
-    problem = make_problem(model, cluster, settings, batch, seq)
+    graph = resolve_model(model, batch, seq)
+    start = time.perf_counter()  # search time: costing every strategy and edge, then the search
+    problem = make_problem(graph, cluster, settings)
     result = plan_problem(problem, cluster.memory_limit, method, time_limit_s, seed, jobs, progress)
     return replace(result, search_time_s=time.perf_counter() - start)
 
@@ -78,6 +82,11 @@ def plan_problem(problem: Problem, memory_limit: float | None, method: str = "ex
     if method == "exact":
         result, notes = solve_exact(problem, memory_limit, time_limit_s, seed, jobs, progress)
     if method == "whole":
+        size = program_size(problem)
+        if size > MAX_WHOLE_PROGRAM:
+            return _failed_plan(problem, method, "UNKNOWN", time.perf_counter() - start, memory_limit,
+                                f"whole-graph program too large to build ({size} Booleans > {MAX_WHOLE_PROGRAM})",
+                                ("whole-graph integer program not attempted",))
         result = solve(problem, memory_limit, time_limit_s, seed)
         notes = ("whole-graph integer program",)
     if method in ("exact", "whole"):

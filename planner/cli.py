@@ -24,6 +24,8 @@ log = logging.getLogger("planner")
 
 
 def _bytes(text: str) -> float:
+    if text.strip().lower() in ("none", "inf", "unlimited"):
+        return float("inf")
     match = re.fullmatch(r"\s*([0-9.eE+-]+)\s*([KMGT]i?B?|B)?\s*", text)
     if not match:
         raise argparse.ArgumentTypeError(f"cannot parse byte size {text!r} (e.g. 80e9, 40GiB, 16GB)")
@@ -40,7 +42,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hardware", default=str(DEFAULT_HARDWARE_CSV), help="datasheet table (default: ../shared/reference/hardware.csv)")
     p.add_argument("--batch", type=int, help="global batch (zoo default if omitted)")
     p.add_argument("--seq", type=int, help="sequence length (language models)")
-    p.add_argument("--memory", type=_bytes, help="memory limit per device in bytes (default: the device's memory)")
+    p.add_argument("--memory", type=_bytes, help="memory limit per device in bytes, or none (default: the device's memory)")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     p.add_argument("--optimizer", default="adam", choices=["adam", "sgd"])
     p.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3])

@@ -18,7 +18,6 @@ transposed redistribution of the gradient, one mesh axis at a time.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 
 from planner.errors import SettingsError
@@ -105,6 +104,21 @@ class CostRecord:
     def comm_bytes(self, kind: str | None = None, axis: int | None = None, phase: str | None = None) -> float:
         return sum(c.nbytes for c in self.comm if (kind is None or c.kind == kind)
                    and (axis is None or c.axis == axis) and (phase is None or c.phase == phase))
+
+
+def sum_records(records: "list[CostRecord] | tuple[CostRecord, ...]") -> CostRecord:
+    """Sum many records at once (one merge of the collectives instead of one per addition)."""
+    comm: list[Collective] = []
+    fwd = bwd = 0.0
+    params = grads = optimizer = activations = 0.0
+    for r in records:
+        fwd += r.fwd_flops
+        bwd += r.bwd_flops
+        comm.extend(r.comm)
+        m = r.memory
+        params, grads, optimizer, activations = (params + m.params, grads + m.grads, optimizer + m.optimizer,
+                                                 activations + m.activations)
+    return CostRecord(fwd, bwd, merge_comm(tuple(comm)), Memory(params, grads, optimizer, activations))
 
 
 def merge_comm(comm: tuple[Collective, ...]) -> tuple[Collective, ...]:
@@ -200,7 +214,6 @@ def redistribute(shape: tuple[int, ...], elem_bytes: int, src: Layout, dst: Layo
     return tuple(c for c in out if mesh_shape[c.axis] > 1)
 
 
-@functools.lru_cache(maxsize=1 << 18)
 def edge_cost(shape: tuple[int, ...], elem_bytes: int, producer_layout: Layout, consumer_layout: Layout,
               mesh_shape: tuple[int, ...], needs_grad: bool) -> CostRecord:
     """Forward redistribution producer -> consumer plus, if needed, its transposed gradient."""

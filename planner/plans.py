@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from planner.cost import CostRecord, breakdown, edge_cost, input_layouts, op_cost, output_layouts, seconds
+from planner.cost import CostRecord, breakdown, sum_records, edge_cost, input_layouts, op_cost, output_layouts, seconds
 from planner.errors import PlannerError
 from planner.problem import Problem
 from planner.strategy import Strategy, enumerate_strategies
@@ -89,21 +89,30 @@ def strategies_from_choice(problem: Problem, choice: Sequence[int]) -> tuple[Str
 def integer_objective(problem: Problem, strategies: Sequence[Strategy]) -> tuple[int, CostRecord]:
     """The integer objective (each term rounded once, as in the problem) and the summed record."""
     mesh, profile, unit = problem.mesh, problem.profile, problem.unit_s
-    total = CostRecord()
+    parts = []
     objective = 0
     for table, strategy in zip(problem.ops, strategies):
-        record = op_cost(table.op, strategy, mesh, problem.settings, table.inputs)
-        objective += int(round(seconds(record, mesh, profile) / unit))
-        total = total + record
+        try:
+            k = table.strategies.index(strategy)
+            record, units = table.records[k], int(table.cost[k])
+        except ValueError:  # a strategy pruned as dominated (or given by a user): cost it afresh
+            record = op_cost(table.op, strategy, mesh, problem.settings, table.inputs)
+            units = int(round(seconds(record, mesh, profile) / unit))
+        objective += units
+        parts.append(record)
     outs = [output_layouts(t.op, s) for t, s in zip(problem.ops, strategies)]
     ins = [input_layouts(t.op, s, t.inputs) for t, s in zip(problem.ops, strategies)]
     for e in problem.edges:
+        a, b = outs[e.src][e.src_slot], ins[e.dst][e.dst_slot]
+        try:
+            units = int(e.cost[e.src_layouts.index(a), e.dst_layouts.index(b)])
+        except ValueError:
+            units = None
         info = problem.ops[e.dst].inputs[e.dst_slot]
-        record = edge_cost(info.shape, info.elem_bytes, outs[e.src][e.src_slot], ins[e.dst][e.dst_slot], mesh.shape,
-                           info.needs_grad)
-        objective += int(round(seconds(record, mesh, profile) / unit))
-        total = total + record
-    return objective, total
+        record = edge_cost(info.shape, info.elem_bytes, a, b, mesh.shape, info.needs_grad)
+        objective += units if units is not None else int(round(seconds(record, mesh, profile) / unit))
+        parts.append(record)
+    return objective, sum_records(parts)
 
 
 def make_plan(problem: Problem, strategies: Sequence[Strategy], *, method: str, status: str,

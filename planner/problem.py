@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from planner.cost import (CostRecord, OperandInfo, TrainingSettings, edge_cost, input_layouts, op_cost,
+from planner.cost import (CostRecord, sum_records, OperandInfo, TrainingSettings, edge_cost, input_layouts, op_cost,
                           operand_infos, output_layouts, seconds)
 from planner.graph import Graph, Operator
 from planner.mesh import MachineProfile, Mesh
@@ -36,6 +36,7 @@ class OpTable:
     memory: np.ndarray
     out_layouts: tuple[tuple[Layout, ...], ...]  # [strategy][output slot]
     in_layouts: tuple[tuple[Layout, ...], ...]  # [strategy][input slot]
+    records: tuple[CostRecord, ...] = ()  # the symbolic cost of each strategy
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -89,15 +90,13 @@ class Problem:
 
     def record(self, choice: Sequence[int]) -> CostRecord:
         """The symbolic cost record of a whole plan (for breakdowns)."""
-        total = CostRecord()
         mesh_shape = self.mesh.shape
-        for t, c in zip(self.ops, choice):
-            total = total + op_cost(t.op, t.strategies[c], self.mesh, self.settings, t.inputs)
+        parts = [t.records[c] for t, c in zip(self.ops, choice)]
         for e in self.edges:
             info = self.ops[e.dst].inputs[e.dst_slot]
-            total = total + edge_cost(info.shape, info.elem_bytes, e.src_layouts[e.src_index[choice[e.src]]],
-                                      e.dst_layouts[e.dst_index[choice[e.dst]]], mesh_shape, info.needs_grad)
-        return total
+            parts.append(edge_cost(info.shape, info.elem_bytes, e.src_layouts[e.src_index[choice[e.src]]],
+                                   e.dst_layouts[e.dst_index[choice[e.dst]]], mesh_shape, info.needs_grad))
+        return sum_records(parts)
 
 
 def _op_key(op: Operator, infos: tuple[OperandInfo, ...]) -> tuple:
@@ -116,11 +115,11 @@ def _build_op_table(op: Operator, infos: tuple[OperandInfo, ...], mesh: Mesh, pr
         record = op_cost(op, strategy, mesh, settings, infos)
         signature = (output_layouts(op, strategy), input_layouts(op, strategy, infos))
         candidates.append((signature, _to_units(seconds(record, mesh, profile), unit_s),
-                           int(round(record.memory.total)), strategy))
+                           int(round(record.memory.total)), strategy, record))
     kept = _prune_dominated(candidates)
     return OpTable(op, infos, tuple(c[3] for c in kept), np.array([c[1] for c in kept], dtype=np.int64),
                    np.array([c[2] for c in kept], dtype=np.int64), tuple(c[0][0] for c in kept),
-                   tuple(c[0][1] for c in kept))
+                   tuple(c[0][1] for c in kept), tuple(c[4] for c in kept))
 
 
 def _prune_dominated(candidates: list[tuple]) -> list[tuple]:
@@ -154,7 +153,7 @@ def build_problem(graph: Graph, mesh: Mesh, profile: MachineProfile, settings: T
             op_cache[key] = _build_op_table(op, infos[op.name], mesh, profile, settings, unit_s)
         cached = op_cache[key]
         tables.append(OpTable(op, cached.inputs, cached.strategies, cached.cost, cached.memory,
-                              cached.out_layouts, cached.in_layouts))
+                              cached.out_layouts, cached.in_layouts, cached.records))
     edges = _build_edges(graph, tables, mesh, profile, unit_s)
     return Problem(graph, mesh, profile, settings, unit_s, tuple(tables), edges)
 
@@ -170,6 +169,14 @@ def _build_edges(graph: Graph, tables: list[OpTable], mesh: Mesh, profile: Machi
     position = {t.op.name: i for i, t in enumerate(tables)}
     out_slot = {o.tensor: (position[t.op.name], k) for t in tables for k, o in enumerate(t.op.outputs)}
     matrix_cache: dict[tuple, np.ndarray] = {}
+    index_cache: dict[tuple, tuple] = {}
+
+    def indexed(layouts: tuple, slot: int) -> tuple:
+        key = (id(layouts), slot)  # op tables of identical operators share their layout tuples
+        if key not in index_cache:
+            index_cache[key] = (layouts, _layout_index([lay[slot] for lay in layouts]))
+        return index_cache[key][1]
+
     edges = []
     for dst, table in enumerate(tables):
         for slot, operand in enumerate(table.op.inputs):
@@ -177,8 +184,8 @@ def _build_edges(graph: Graph, tables: list[OpTable], mesh: Mesh, profile: Machi
                 continue  # parameters and data inputs: no producer
             src, src_slot = out_slot[operand.tensor]
             info = table.inputs[slot]
-            src_layouts, src_index = _layout_index([lay[src_slot] for lay in tables[src].out_layouts])
-            dst_layouts, dst_index = _layout_index([lay[slot] for lay in table.in_layouts])
+            src_layouts, src_index = indexed(tables[src].out_layouts, src_slot)
+            dst_layouts, dst_index = indexed(table.in_layouts, slot)
             key = (info.shape, info.elem_bytes, info.needs_grad, src_layouts, dst_layouts)
             if key not in matrix_cache:
                 matrix_cache[key] = np.array(

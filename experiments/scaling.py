@@ -1,0 +1,63 @@
+"""Search time of the exact planner (decomposition) against the whole-graph program as models deepen.
+
+GPT with hidden 12288, 96 heads, seq 2048 (GPT-3 175B layer shapes) at 12, 24, 48 and 96 layers on
+meshes 8, 8x8 and 4x8x8 of a100-80g, global batch 8. Two memory settings: `none` (pure search
+scaling) and `device` (80 GB per device, where memory binds). The whole-graph program runs with a
+time limit beside the decomposition (memory `none` only; skipped where it is too large to build).
+
+    python -m experiments.scaling [--quick] [--layers 12,24,48,96] [--meshes 8,8x8,4x8x8] [--out results/scaling.csv]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import planner
+from planner.io import write_csv
+
+MODEL = "gpt:layers={layers},hidden=12288,heads=96,seq=2048,vocab=51200"
+
+
+def run(layers: list[int], meshes: list[str], whole_time_limit: float, memories: list[str]) -> list[dict]:
+    rows = []
+    for mesh in meshes:
+        for n in layers:
+            model = MODEL.format(layers=n)
+            for memory in memories:
+                limit = None if memory == "none" else 80e9
+                exact = planner.plan(model, mesh, "a100-80g", method="exact", memory=limit if limit else float("inf"),
+                                     time_limit_s=120)
+                row = {"model": "gpt-h12288", "layers": n, "mesh": mesh, "memory": memory, "method": "exact",
+                       "status": exact.status, "objective": exact.objective,
+                       "search_time_s": round(exact.search_time_s, 3), "notes": " | ".join(exact.notes)}
+                if memory == "none":
+                    whole = planner.plan(model, mesh, "a100-80g", method="whole", memory=float("inf"),
+                                         time_limit_s=whole_time_limit)
+                    row.update({"whole_status": whole.status, "whole_objective": whole.objective,
+                                "whole_search_time_s": round(whole.search_time_s, 3),
+                                "speedup": round(whole.search_time_s / max(exact.search_time_s, 1e-9), 1)})
+                rows.append(row)
+                print(row, flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layers", default="12,24,48,96")
+    parser.add_argument("--meshes", default="8,8x8,4x8x8")
+    parser.add_argument("--memories", default="none,device")
+    parser.add_argument("--whole-time-limit", type=float, default=60.0)
+    parser.add_argument("--quick", action="store_true", help="12 and 96 layers on 8x8, whole limit 20 s")
+    parser.add_argument("--out", default="results/scaling.csv")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.layers, args.meshes, args.whole_time_limit = "12,96", "8x8", 20.0
+    rows = run([int(x) for x in args.layers.split(",")], args.meshes.split(","), args.whole_time_limit,
+               args.memories.split(","))
+    write_csv(args.out, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
