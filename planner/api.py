@@ -15,7 +15,7 @@ from pathlib import Path
 from planner.cost import TrainingSettings
 from planner.errors import PlannerError, SettingsError
 from planner.graph import Graph
-from planner.heuristics import data_parallel, megatron
+from planner.heuristics import data_parallel, drec, greedy, megatron
 from planner.mesh import DEFAULT_HARDWARE_CSV, MachineProfile, Mesh, get_profile, parse_mesh
 from planner.plans import Plan, make_plan, strategies_from_choice, strategies_from_mapping
 from planner.problem import Problem, build_problem
@@ -23,7 +23,8 @@ from planner.exact import MAX_WHOLE_PROGRAM, Progress, program_size, solve_exact
 from planner.solver import solve
 from planner.zoo import load_model
 
-METHODS = ("exact", "whole", "dp", "megatron")
+HEURISTICS = {"drec": drec, "dp": data_parallel, "zero": data_parallel, "megatron": megatron, "greedy": greedy}
+METHODS = ("exact", "whole") + tuple(HEURISTICS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,17 +96,15 @@ def plan_problem(problem: Problem, memory_limit: float | None, method: str = "ex
                                 result.explanation, notes)
         strategies = strategies_from_choice(problem, result.choice)
         return make_plan(problem, strategies, method=method, status=result.status, memory_limit=memory_limit,
-                         search_time_s=time.perf_counter() - start, notes=notes)
-    if method == "dp":
-        strategies = data_parallel(problem)
-    elif method == "megatron":
-        strategies = megatron(problem)
-    else:
+                         search_time_s=time.perf_counter() - start, notes=notes, explanation=result.explanation)
+    if method == "zero":
+        problem = build_problem(problem.graph, problem.mesh, problem.profile, replace(problem.settings, zero=3),
+                                problem.unit_s)
+    if method not in HEURISTICS:
         raise SettingsError(f"--method: unknown method {method!r} (known: {', '.join(METHODS)})")
-    status = "HEURISTIC"
-    plan_obj = make_plan(problem, strategies, method=method, status=status, memory_limit=memory_limit,
-                         search_time_s=time.perf_counter() - start)
-    return plan_obj
+    strategies = HEURISTICS[method](problem)
+    return make_plan(problem, strategies, method=method, status="HEURISTIC", memory_limit=memory_limit,
+                     search_time_s=time.perf_counter() - start)
 
 
 def _failed_plan(problem: Problem, method: str, status: str, elapsed: float, memory_limit: float | None,
@@ -137,6 +136,34 @@ def evaluate(model: str | Graph, mesh: str | Mesh, device: str | MachineProfile 
         strategies = data_parallel(problem)
     return make_plan(problem, strategies, method="evaluate", status="GIVEN", memory_limit=cluster.memory_limit,
                      search_time_s=time.perf_counter() - start)
+
+
+def compare(model: str | Graph, mesh: str | Mesh = "8", device: str | MachineProfile = "a100-80g", *,
+            methods: tuple[str, ...] = METHODS, batch: int | None = None, seq: int | None = None,
+            memory: float | None = None, settings: TrainingSettings | None = None, time_limit_s: float = 60.0,
+            seed: int = 0, hardware_csv: Path | str = DEFAULT_HARDWARE_CSV) -> list[dict]:
+    """Plan one model with several methods under one cost model; one row per method with the gap to exact."""
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise SettingsError(f"--methods: unknown method {unknown[0]!r} (known: {', '.join(METHODS)})")
+    cluster = make_cluster(mesh, device, memory, hardware_csv=hardware_csv)
+    graph = resolve_model(model, batch, seq)
+    build_start = time.perf_counter()
+    problem = make_problem(graph, cluster, settings)
+    build_s = time.perf_counter() - build_start
+    plans = {m: plan_problem(problem, cluster.memory_limit, m, time_limit_s, seed) for m in methods}
+    reference = plans.get("exact")
+    rows = []
+    for method, p in plans.items():
+        gap = None
+        if reference is not None and reference.status == "OPTIMAL" and p.status not in ("INFEASIBLE", "UNKNOWN"):
+            gap = 100.0 * (p.objective - reference.objective) / max(1, reference.objective)
+        rows.append({"model": problem.graph.name, "mesh": cluster.mesh.spec, "device": cluster.profile.name,
+                     "method": method, "status": p.status, "objective": p.objective,
+                     "estimated_step_time_s": p.estimated_step_time_s, "gap_percent": gap,
+                     "memory_per_device_bytes": p.memory_per_device_bytes, "fits_memory": p.fits_memory,
+                     "search_time_s": p.search_time_s + build_s, "notes": " | ".join(p.notes)})
+    return rows
 
 
 def describe_error(exc: Exception) -> str:

@@ -65,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-limit", type=float, default=60.0, help="solver time limit in seconds (default 60)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=1, help="worker processes for distinct segments (default 1)")
+    c = sub.add_parser("compare", help="compare search methods on one model and cluster")
+    _add_common(c)
+    c.add_argument("--methods", default=",".join(api.METHODS), help="comma-separated methods (default: all)")
+    c.add_argument("--time-limit", type=float, default=60.0)
+    c.add_argument("--seed", type=int, default=0)
     e = sub.add_parser("evaluate", help="cost a given plan (plan JSON or Megatron degrees)")
     _add_common(e)
     e.add_argument("--plan", help="plan JSON whose 'operators' give the strategies")
@@ -179,7 +184,23 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return _finish(plan, args)
 
 
-COMMANDS = {"models": cmd_models, "plan": cmd_plan, "evaluate": cmd_evaluate}
+def cmd_compare(args: argparse.Namespace) -> int:
+    from planner import io
+    rows = api.compare(args.model, args.mesh, args.device, methods=tuple(args.methods.split(",")), batch=args.batch,
+                       seq=args.seq, memory=args.memory, settings=_settings(args), time_limit_s=args.time_limit,
+                       seed=args.seed, hardware_csv=args.hardware)
+    if not args.quiet:
+        print(f"{'method':10s} {'status':10s} {'step ms':>10s} {'gap %':>8s} {'mem GiB':>8s} {'fits':>5s} {'search s':>9s}")
+        for r in rows:
+            gap = "-" if r["gap_percent"] is None else f"{r['gap_percent']:.2f}"
+            print(f"{r['method']:10s} {r['status']:10s} {r['estimated_step_time_s'] * 1e3:10.3f} {gap:>8s} "
+                  f"{r['memory_per_device_bytes'] / 2**30:8.2f} {str(r['fits_memory']):>5s} {r['search_time_s']:9.3f}")
+    if args.csv:
+        io.write_csv(args.csv, rows)
+    return EXIT_OK
+
+
+COMMANDS = {"models": cmd_models, "plan": cmd_plan, "evaluate": cmd_evaluate, "compare": cmd_compare}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -188,6 +188,11 @@ def solve(problem: Problem, memory_limit: float | None = None, time_limit_s: flo
     code = solver.solve(built.model)
     status = STATUS_NAMES.get(code, "UNKNOWN")
     elapsed = time.perf_counter() - start
+    if code == cp_model.UNKNOWN and start_hint is not None and (
+            memory_limit is None or problem.memory(start_hint) <= memory_limit):
+        # Time-out before CP-SAT reported a solution: the best plan known is the hint itself.
+        return SolveResult("FEASIBLE", problem.objective(start_hint), None, tuple(start_hint), elapsed,
+                           built.num_booleans, "time limit reached before CP-SAT improved on its hint")
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         why = explain_infeasible(problem, memory_limit) if code == cp_model.INFEASIBLE and memory_limit else ""
         return SolveResult(status, None, None, None, elapsed, built.num_booleans, why)
