@@ -1,6 +1,6 @@
 """planner: exact, profiling-free parallelisation plans for deep-learning training."""
 
-from planner.api import Cluster, evaluate, make_cluster, make_problem, plan, plan_problem
+from planner.api import METHODS, Cluster, compare, evaluate, make_cluster, make_problem, plan, plan_problem
 from planner.cost import TrainingSettings
 from planner.errors import GraphError, MeshError, ModelError, PlannerError, ProfileError, SettingsError
 from planner.graph import Graph, Operator, Tensor
@@ -9,7 +9,7 @@ from planner.ops import REGISTRY, GraphBuilder
 from planner.plans import Plan
 from planner.zoo import load_model, model_names
 
-__all__ = ["Cluster", "Graph", "GraphBuilder", "GraphError", "MachineProfile", "Mesh", "MeshError", "ModelError",
+__all__ = ["METHODS", "Cluster", "compare", "Graph", "GraphBuilder", "GraphError", "MachineProfile", "Mesh", "MeshError", "ModelError",
            "Operator", "Plan", "PlannerError", "ProfileError", "REGISTRY", "SettingsError", "Tensor",
            "TrainingSettings", "evaluate", "get_profile", "load_model", "make_cluster", "make_problem",
            "model_names", "parse_mesh", "plan", "plan_problem"]
