@@ -63,3 +63,23 @@ def test_infeasible_exits_3():
     proc = run("plan", "--model", "gpt2-small", "--memory", "1MiB")
     assert proc.returncode == 3
     assert "memory" in proc.stderr
+
+
+def test_same_command_twice_gives_identical_json(tmp_path):
+    outs = []
+    for k in range(2):
+        out = tmp_path / f"p{k}.json"
+        assert run("plan", "--model", "bert-base", "--mesh", "2x4", "--no-timings", "--json", str(out)).returncode == 0
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1]
+    assert b"search_time_s" not in outs[0]
+
+
+def test_compare_writes_one_row_per_method(tmp_path):
+    out_csv = tmp_path / "cmp.csv"
+    proc = run("compare", "--model", "mlp", "--mesh", "8", "--methods", "exact,drec,dp,megatron,greedy,zero",
+               "--csv", str(out_csv))
+    assert proc.returncode == 0, proc.stderr
+    rows = pd.read_csv(out_csv)
+    assert list(rows["method"]) == ["exact", "drec", "dp", "megatron", "greedy", "zero"]
+    assert (rows["gap_percent"] >= 0).all()

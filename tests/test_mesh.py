@@ -1,0 +1,56 @@
+"""Mesh specs, machine profiles (datasheet rows, symbolic, user JSON) and their errors."""
+
+import json
+
+import pytest
+
+from planner.errors import MeshError, ProfileError
+from planner.mesh import SYMBOLIC, get_profile, parse_mesh
+
+
+def test_mesh_specs(a100):
+    assert parse_mesh("8", a100).names == ("gpu",)
+    mesh = parse_mesh("8x8", a100)
+    assert mesh.names == ("node", "gpu") and mesh.num_devices == 64
+    assert mesh.axes[1].bandwidth == 300e9 and mesh.axes[0].bandwidth == 25e9  # NVLink inside, IB across
+    named = parse_mesh("node=4,gpu=2", a100)
+    assert named.shape == (4, 2) and named.axes[1].bandwidth == 300e9 and named.axes[0].bandwidth == 300e9
+    three = parse_mesh("4x8x8", a100)
+    assert [a.bandwidth for a in three.axes] == [25e9, 25e9, 300e9]
+
+
+@pytest.mark.parametrize("spec", ["", "8y", "0", "a=8,8", "x=2,x=2", "-2"])
+def test_bad_mesh_specs(spec, a100):
+    with pytest.raises(MeshError, match="--mesh"):
+        parse_mesh(spec, a100)
+
+
+def test_mesh_must_match_devices(a100):
+    with pytest.raises(MeshError, match="--devices"):
+        parse_mesh("2x4", a100, devices=16)
+
+
+def test_profiles_from_datasheet_and_json(tmp_path):
+    h100 = get_profile("h100-80g")
+    assert h100.peak_flops == 989e12 and h100.inter_node_bandwidth == 50e9
+    assert get_profile("symbolic") is SYMBOLIC
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({"peak_flops": 1e15, "memory_bytes": 96e9, "intra_node_bandwidth": 400e9,
+                                "inter_node_bandwidth": 50e9, "gpus_per_node": 4}))
+    mine = get_profile(str(path))
+    assert mine.name == "mine" and mine.gpus_per_node == 4
+    path.write_text(json.dumps({"peak_flops": -1, "memory_bytes": 1, "intra_node_bandwidth": 1,
+                                "inter_node_bandwidth": 1, "gpus_per_node": 1}))
+    with pytest.raises(ProfileError, match="peak_flops"):
+        get_profile(str(path))
+    with pytest.raises(ProfileError, match="did you mean 'a100-80g'"):
+        get_profile("a100-80")
+
+
+def test_parallel_segment_workers_give_the_same_plan():
+    from planner import make_cluster, make_problem
+    from planner.exact import solve_exact
+    problem = make_problem("resnet50", make_cluster("8", "a100-80g"))
+    one, _ = solve_exact(problem, jobs=1)
+    two, _ = solve_exact(problem, jobs=2)
+    assert one.objective == two.objective and one.choice == two.choice
