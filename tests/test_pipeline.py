@@ -1,0 +1,79 @@
+"""Pipeline planning: exact DP against brute force, CSIMD against the DP, schedules by hand."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, seed
+from hypothesis import strategies as st
+
+from planner.chains import random_chain
+from planner.pipeline import Evaluator, LayerChain, brute_force, csimd, even_split, exact_dp
+
+
+@seed(11)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(chain_seed=st.integers(0, 10**6), layers=st.integers(1, 10), stages=st.integers(1, 4),
+       schedule=st.sampled_from(("gpipe", "1f1b")), tight=st.booleans())
+def test_dp_equals_brute_force(chain_seed, layers, stages, schedule, tight):
+    stages = min(stages, layers)
+    chain = random_chain(chain_seed, layers)
+    limit = float(chain.static_memory.sum() / stages * 1.3 + 2e8) if tight else None
+    brute = brute_force(chain, stages, schedule, limit)
+    dp = exact_dp(chain, stages, schedule, limit)
+    assert brute.status == dp.status
+    if brute.status == "OK":
+        assert dp.iteration_time_s == pytest.approx(brute.iteration_time_s, rel=1e-12)
+        assert dp.fits_memory
+
+
+def test_csimd_close_to_exact_on_random_chains():
+    within = 0
+    trials = 100
+    for k in range(trials):
+        chain = random_chain(1000 + k, 8 + k % 40)
+        dp, cs = exact_dp(chain, 4), csimd(chain, 4)
+        assert cs.iteration_time_s >= dp.iteration_time_s * (1 - 1e-12)
+        within += cs.iteration_time_s <= dp.iteration_time_s * 1.01
+    assert within >= 0.95 * trials
+
+
+def test_csimd_never_violates_memory():
+    for k in range(30):
+        chain = random_chain(k, 20)
+        limit = float(chain.static_memory.sum() / 4 * 1.2 + 5e8)
+        plan = csimd(chain, 4, "1f1b", limit)
+        assert plan.status == "INFEASIBLE" or plan.max_memory_bytes <= limit
+
+
+def _uniform_chain(layers, t, counts=(1, 2, 4), batch=4):
+    sizes = tuple(batch // c for c in counts)
+    time = np.array([[t * b for b in sizes]] * layers, dtype=float)
+    zeros = np.zeros((layers, len(counts)))
+    return LayerChain(sizes, counts, time, zeros, np.ones((layers, len(counts))), np.zeros(layers),
+                      np.zeros(layers), 1e9, 0.0)
+
+
+def test_gpipe_formula_by_hand():
+    chain = _uniform_chain(4, 1.0)
+    ev = Evaluator(chain, 2, "gpipe", None)
+    total, bottleneck, memory = ev.cost([2], 2)  # M = 4 micro-batches of size 1; stages of 2 layers
+    assert bottleneck == 2.0 and total == 2 * 2.0 + 3 * 2.0  # sum_k T_k + (M - 1) max_k T_k
+    assert memory == 2 * 4  # GPipe keeps all M micro-batches of 2 layers
+    one_f_one_b = Evaluator(chain, 2, "1f1b", None)
+    assert one_f_one_b.stage_memory(0, 0, 2, 2) == 2 * 2 and one_f_one_b.stage_memory(1, 2, 4, 2) == 2 * 1
+
+
+def test_csimd_beats_even_split_on_heterogeneous_chain():
+    chain = random_chain(5, 32)
+    heavy = chain.time.copy()
+    heavy[0] *= 8  # an embedding-like first layer and a head-like last layer
+    heavy[-1] *= 8
+    chain = LayerChain(chain.micro_batches, chain.counts, heavy, chain.activation_bytes, chain.activation_memory,
+                       chain.static_memory, chain.grad_sync, chain.link_bandwidth, chain.link_latency)
+    assert csimd(chain, 4).iteration_time_s < 0.9 * even_split(chain, 4).iteration_time_s
+
+
+def test_more_stages_than_layers_is_infeasible():
+    assert csimd(random_chain(1, 3), 4).status == "INFEASIBLE"
+    assert math.isinf(exact_dp(random_chain(1, 3), 4).iteration_time_s)
