@@ -21,6 +21,9 @@ from planner.plans import Plan, make_plan, strategies_from_choice, strategies_fr
 from planner.problem import Problem, build_problem
 from planner.exact import MAX_WHOLE_PROGRAM, Progress, program_size, solve_exact
 from planner.solver import solve
+from planner import pipeline3d
+from planner.pipeline import METHODS as PIPELINE_METHODS
+from planner.pipeline3d import Plan3D
 from planner.zoo import load_model
 
 HEURISTICS = {"drec": drec, "dp": data_parallel, "zero": data_parallel, "megatron": megatron, "greedy": greedy}
@@ -164,6 +167,34 @@ def compare(model: str | Graph, mesh: str | Mesh = "8", device: str | MachinePro
                      "memory_per_device_bytes": p.memory_per_device_bytes, "fits_memory": p.fits_memory,
                      "search_time_s": p.search_time_s + build_s, "notes": " | ".join(p.notes)})
     return rows
+
+
+def plan_pipeline(model: str, mesh: str | Mesh | None = None, device: str | MachineProfile = "a100-80g", *,
+                  devices: int | None = None, batch: int | None = None, seq: int | None = None,
+                  memory: float | None = None, settings: TrainingSettings | None = None, schedule: str = "1f1b",
+                  method: str = "csimd", hardware_csv: Path | str = DEFAULT_HARDWARE_CSV) -> Plan3D:
+    """3D plan: pipeline degree over the outermost mesh axis, exact intra-operator plans per stage.
+
+    ``mesh`` defaults to ``node=devices/gpus_per_node,gpu=gpus_per_node`` for the profile.
+    """
+    profile = device if isinstance(device, MachineProfile) else get_profile(device, hardware_csv)
+    if mesh is None:
+        if not devices:
+            raise SettingsError("--devices: give the device count (or --mesh)")
+        per_node = min(profile.gpus_per_node, devices)
+        if devices % per_node:
+            raise SettingsError(f"--devices: {devices} is not a multiple of {per_node} GPUs per node")
+        mesh = f"node={devices // per_node},gpu={per_node}" if devices > per_node else f"node=1,gpu={per_node}"
+    if method not in PIPELINE_METHODS:
+        raise SettingsError(f"--method: unknown pipeline method {method!r} (known: {', '.join(PIPELINE_METHODS)})")
+    cluster = make_cluster(mesh, profile, memory, devices)
+    graph = resolve_model(model, batch, seq)
+    global_batch = graph.tensors[0].shape[0]
+    load = (lambda b: resolve_model(model, b, seq)) if isinstance(model, str) and not model.endswith(".json") else None
+    if load is None:
+        raise SettingsError("--model: pipeline planning needs a zoo model (the batch is re-built per micro-batch)")
+    return pipeline3d.plan_pipeline(load, cluster.mesh, cluster.profile, global_batch, settings or TrainingSettings(),
+                                    cluster.memory_limit, schedule, method)
 
 
 def describe_error(exc: Exception) -> str:

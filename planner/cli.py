@@ -65,11 +65,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-limit", type=float, default=60.0, help="solver time limit in seconds (default 60)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=1, help="worker processes for distinct segments (default 1)")
+    p.add_argument("--pipeline", choices=["none", "auto"], default="none",
+                   help="auto: search pipeline degree and micro-batches too (3D plan, `planner pipeline`)")
     c = sub.add_parser("compare", help="compare search methods on one model and cluster")
     _add_common(c)
     c.add_argument("--methods", default=",".join(api.METHODS), help="comma-separated methods (default: all)")
     c.add_argument("--time-limit", type=float, default=60.0)
     c.add_argument("--seed", type=int, default=0)
+    pp = sub.add_parser("pipeline", help="3D plan: pipeline stages (CSIMD) with exact intra-operator plans")
+    _add_common(pp)
+    pp.set_defaults(mesh=None)
+    pp.add_argument("--devices", type=int, help="device count (mesh node=N/8,gpu=8 unless --mesh)")
+    pp.add_argument("--schedule", default="1f1b", choices=["gpipe", "1f1b"])
+    pp.add_argument("--method", default="csimd", choices=["csimd", "dp", "brute", "even", "balanced"])
     e = sub.add_parser("evaluate", help="cost a given plan (plan JSON or Megatron degrees)")
     _add_common(e)
     e.add_argument("--plan", help="plan JSON whose 'operators' give the strategies")
@@ -158,7 +166,46 @@ def cmd_models(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def format_3d(result) -> str:
+    pipe = result.pipeline
+    gib = 2**30
+    lines = [f"3D plan: {pipe.stages} pipeline stages of mesh {result.stage_mesh}, {pipe.num_microbatches} micro-batches "
+             f"of {pipe.micro_batch} ({pipe.schedule}, {pipe.method}); intra-operator plan {result.intra_status}",
+             f"estimated iteration time {pipe.iteration_time_s:.3f} s (bottleneck stage {pipe.bottleneck_s * 1e3:.2f} ms); "
+             f"max memory per device {pipe.max_memory_bytes / gib:.2f} GiB ({'fits' if pipe.fits_memory else 'does not fit'})",
+             f"stage cuts (first layer of stages 1..p-1): {list(pipe.cuts)}",
+             f"settings: recompute {'full' if result.settings.recompute else 'none'}, zero {result.settings.zero}; "
+             "linear layers split: " + ", ".join(f"{a}:{d or '-'}" for a, d in result.tensor_parallel_dims),
+             f"search time {result.search_time_s:.2f} s", "candidates (stages, stage mesh, recompute, zero, M, s, GiB, fits):"]
+    for c in result.candidates:
+        lines.append(f"  {c['stages']:4d} {c['stage_mesh']:18s} {str(c['recompute']):5s} {c['zero']} "
+                     f"{c['num_microbatches']:5d} {c['iteration_time_s']:10.3f} {c['max_memory_bytes'] / gib:8.2f} {c['fits_memory']}")
+    return "\n".join(lines)
+
+
+def cmd_pipeline(args: argparse.Namespace) -> int:
+    from planner import io
+    result = api.plan_pipeline(args.model, args.mesh, args.device, devices=getattr(args, "devices", None),
+                               batch=args.batch, seq=args.seq, memory=args.memory, settings=_settings(args),
+                               schedule=getattr(args, "schedule", "1f1b"),
+                               method=args.method if args.command == "pipeline" else "csimd", hardware_csv=args.hardware)
+    if not args.quiet:
+        print(format_3d(result))
+    if args.csv:
+        pipe = result.pipeline
+        io.write_csv(args.csv, [{"model": args.model, "stages": pipe.stages, "stage_mesh": result.stage_mesh,
+                                 "num_microbatches": pipe.num_microbatches, "micro_batch": pipe.micro_batch,
+                                 "schedule": pipe.schedule, "method": pipe.method, "status": pipe.status,
+                                 "iteration_time_s": pipe.iteration_time_s, "max_memory_bytes": pipe.max_memory_bytes,
+                                 "fits_memory": pipe.fits_memory, "cuts": " ".join(map(str, pipe.cuts)),
+                                 "recompute": result.settings.recompute, "zero": result.settings.zero,
+                                 "search_time_s": result.search_time_s}])
+    return EXIT_OK
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
+    if args.pipeline == "auto":
+        return cmd_pipeline(args)
     plan = api.plan(args.model, args.mesh, args.device, method=args.method, batch=args.batch, seq=args.seq,
                     memory=args.memory, settings=_settings(args), time_limit_s=args.time_limit, seed=args.seed,
                     hardware_csv=args.hardware, jobs=args.jobs, progress=progress_bar(args))
@@ -200,7 +247,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"models": cmd_models, "plan": cmd_plan, "evaluate": cmd_evaluate, "compare": cmd_compare}
+COMMANDS = {"models": cmd_models, "plan": cmd_plan, "evaluate": cmd_evaluate, "compare": cmd_compare,
+            "pipeline": cmd_pipeline}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -81,7 +81,7 @@ class Memory:
 class Collective:
     """Bytes moved by ``count`` collectives of one kind on one mesh axis in one phase."""
 
-    phase: str  # fwd | bwd | opt
+    phase: str  # fwd | bwd (per micro-batch) | grad (gradient sync) | opt (after the optimizer step)
     kind: str
     axis: int
     nbytes: float
@@ -298,11 +298,11 @@ def _param_cost(numel: float, layout: Layout, mesh_shape: tuple[int, ...], setti
     nbytes = numel * settings.elem_bytes
     comm: list[Collective] = []
     if settings.zero == 0:
-        comm = [Collective("bwd", "all_reduce", ax, nbytes) for ax in dp_axes]
+        comm = [Collective("grad", "all_reduce", ax, nbytes) for ax in dp_axes]
     else:
         buffer = nbytes
         for ax in dp_axes:
-            comm.append(Collective("bwd", "reduce_scatter", ax, buffer))
+            comm.append(Collective("grad", "reduce_scatter", ax, buffer))
             if settings.zero == 3:  # parameters gathered before use, in both passes
                 comm.append(Collective("fwd", "all_gather", ax, buffer))
                 comm.append(Collective("bwd", "all_gather", ax, buffer))
