@@ -197,5 +197,24 @@ def plan_pipeline(model: str, mesh: str | Mesh | None = None, device: str | Mach
                                     cluster.memory_limit, schedule, method)
 
 
+def layer_chain(model: str, mesh: str | Mesh, device: str | MachineProfile = "a100-80g", *, stages: int = 4,
+                batch: int | None = None, seq: int | None = None, settings: TrainingSettings | None = None,
+                hardware_csv: Path | str = DEFAULT_HARDWARE_CSV):
+    """The layer chain of a zoo model for ``stages`` pipeline stages over the outermost mesh axis:
+    the exact intra-operator plan on the stage sub-mesh, re-costed at every power-of-two
+    micro-batch count (see ``planner.pipeline3d``)."""
+    cluster = make_cluster(mesh, device, float("inf"), hardware_csv=hardware_csv)
+    graph = resolve_model(model, batch, seq)
+    global_batch = graph.tensors[0].shape[0]
+    load = lambda b: resolve_model(model, b, seq)
+    counts = [c for c in range(1, global_batch + 1) if global_batch % c == 0 and c & (c - 1) == 0]
+    sub = pipeline3d.stage_mesh(cluster.mesh, stages)
+    found = pipeline3d.stage_chain(load, cluster.mesh, sub, cluster.profile, global_batch,
+                                   settings or TrainingSettings(), stages, counts)
+    if found is None:
+        raise SettingsError(f"--batch: no micro-batch count keeps the stage plan valid for {model}")
+    return found
+
+
 def describe_error(exc: Exception) -> str:
     return str(exc) if isinstance(exc, PlannerError) else f"{type(exc).__name__}: {exc}"

@@ -167,6 +167,7 @@ def _dp_at(ev: Evaluator, m: int, bottleneck: float) -> tuple[float, tuple[int, 
     DP over (stages k, layers end): best[k, end] = min_begin best[k-1, begin] + T(begin, end),
     vectorised over ``begin`` with prefix sums.
     """
+    ev.evaluations += 1  # for the DP, one evaluation is one (stages x layers) table
     layers, p = ev.chain.num_layers, ev.stages
     prefix_t, prefix_a, prefix_s = ev._time[:, m], ev._act[:, m], ev._static
     best = np.full((p + 1, layers + 1), math.inf)
@@ -237,15 +238,24 @@ def exact_dp(chain: LayerChain, stages: int, schedule: str = "1f1b", memory_limi
 
 
 def _greedy_cuts(ev: Evaluator, m: int, bottleneck: float) -> list[int] | None:
-    """Pack layers left to right while the stage stays under the bottleneck and fits; None if > p stages."""
+    """Pack layers left to right, each stage ending at the furthest layer that keeps it under the
+    bottleneck and in memory (stage time is not monotone in its length: a later cut may send a
+    smaller activation); None if that needs more than p stages."""
     cuts, begin, k = [], 0, 0
     layers = ev.chain.num_layers
+    prefix_t, prefix_a, prefix_s = ev._time[:, m], ev._act[:, m], ev._static
+    sends = 2.0 * (ev.chain.link_latency + ev.chain.activation_bytes[:, m] / ev.chain.link_bandwidth)
+    sends = np.append(sends[:-1], 0.0)  # the last layer's stage sends nothing
     while begin < layers:
-        end = begin + 1
-        if ev.stage_time(begin, end, m) > bottleneck or not ev.fits(k, begin, end, m):
+        ends = np.arange(begin + 1, layers + 1)
+        ok = prefix_t[ends] - prefix_t[begin] + sends[ends - 1] <= bottleneck
+        if ev.memory_limit is not None:
+            ok &= (prefix_s[ends] - prefix_s[begin] + ev.inflight(k, m) * (prefix_a[ends] - prefix_a[begin])
+                   <= ev.memory_limit)
+        feasible = np.flatnonzero(ok)
+        if not len(feasible):
             return None
-        while end < layers and ev.stage_time(begin, end + 1, m) <= bottleneck and ev.fits(k, begin, end + 1, m):
-            end += 1
+        end = int(ends[feasible[-1]])
         if end < layers:
             cuts.append(end)
         begin, k = end, k + 1
@@ -271,7 +281,7 @@ def _fill_stages(ev: Evaluator, cuts: list[int], m: int) -> list[int]:
 def _bisect_cuts(ev: Evaluator, m: int, tolerance: float) -> list[int] | None:
     """Improved multi-dimensional dichotomy: bisection on the bottleneck with greedy feasibility."""
     layers = ev.chain.num_layers
-    low = max(ev.stage_time(i, i + 1, m) for i in range(layers)) * (1 - 1e-12)
+    low = 0.0
     high = ev.stage_time(0, layers, m) + sum(ev.send(i, m) for i in range(layers))
     cuts = _greedy_cuts(ev, m, high)
     if cuts is None:
@@ -315,9 +325,9 @@ def csimd(chain: LayerChain, stages: int, schedule: str = "1f1b", memory_limit: 
         fits), the packing at the smallest feasible bottleneck split to exactly p stages, then a
         repair pass moving each cut by one layer while the objective improves.
     (b) Cross-search: alternate (a) at fixed M with the best M at fixed cuts until neither changes.
-    Reconstruction choices (the published description is silent): the first M is the one whose
-    dichotomy gives the best objective among the largest and smallest candidates; ties keep the
-    smaller M.
+    Reconstruction choices (the published description is silent): the cross-search starts from the
+    M whose dichotomy gives the best objective over all candidate M (a dichotomy is cheap: about
+    log2(1/tolerance) greedy packings); ties keep the smaller M.
     """
     start = time.perf_counter()
     ev = Evaluator(chain, stages, schedule, memory_limit)
@@ -325,7 +335,7 @@ def csimd(chain: LayerChain, stages: int, schedule: str = "1f1b", memory_limit: 
         return _result(ev, "csimd", None, None, start)
     candidates = range(len(chain.counts))
     best: tuple[float, list[int], int] | None = None
-    for m in sorted({0, len(chain.counts) - 1}):
+    for m in candidates:
         cuts = _bisect_cuts(ev, m, tolerance)
         if cuts is not None:
             cuts, value = _repair(ev, cuts, m)

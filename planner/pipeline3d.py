@@ -175,15 +175,22 @@ def _variants(settings: TrainingSettings) -> list[TrainingSettings]:
     return out
 
 
-def _plan_degree(load, mesh, sub, profile, batch, settings, memory_limit, schedule, method, p, counts):
+def stage_chain(load, mesh, sub, profile, batch, settings, p, counts):
+    """Solve the intra-operator plan on the stage sub-mesh at the reference micro-batch; its chain."""
     reference = next((c for c in counts if c >= 2 * p), counts[-1])
     graph = load(batch // reference)
     problem = build_problem(graph, sub, profile, settings)
     result, _ = solve_exact(problem, None)
     strategies = {t.op.name: t.strategies[c] for t, c in zip(problem.ops, result.choice)}
     chain = model_chain(load, batch, counts, sub, profile, settings, strategies, mesh.axes[0])
-    if chain is None or p > chain.num_layers:
+    return None if chain is None else (chain, result.status, strategies, graph)
+
+
+def _plan_degree(load, mesh, sub, profile, batch, settings, memory_limit, schedule, method, p, counts):
+    found = stage_chain(load, mesh, sub, profile, batch, settings, p, counts)
+    if found is None or p > found[0].num_layers:
         return None
+    chain, status, strategies, graph = found
     pipe = METHODS[method](chain, p, schedule, memory_limit)
     if pipe.status != "OK" and not pipe.fits_memory and math.isinf(pipe.iteration_time_s):
         pipe = METHODS[method](chain, p, schedule, None)  # report the unconstrained plan as not fitting
@@ -191,7 +198,7 @@ def _plan_degree(load, mesh, sub, profile, batch, settings, memory_limit, schedu
                        status="INFEASIBLE")
     linear = [op for op in graph.operators if op.kind == "linear"]
     tp = tuple((axis.name, _most_common([strategies[op.name][k] for op in linear])) for k, axis in enumerate(sub.axes))
-    return pipe, result.status, tp
+    return pipe, status, tp
 
 
 def _most_common(values: list) -> object:
