@@ -1,7 +1,8 @@
 """Exact planner against the heuristic baselines over the zoo, under one cost model.
 
 For each (model, mesh): exact (decomposition), drec, dp, zero, megatron, greedy and the
-time-limited whole-graph program. Writes one row per method; fails loudly if a heuristic that
+time-limited whole-graph program. The global batch is max(zoo default, devices x
+--batch-per-device) so that data parallelism is possible on every mesh. Writes one row per method; fails loudly if a heuristic that
 fits in memory beats a proven-optimal exact plan (that would be a bug).
 
     python -m experiments.exact_vs_heuristic [--quick] [--models ...] [--meshes 8,2x4,8x8,4x8x8]
@@ -35,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--meshes", default="8,2x4,8x8,4x8x8")
     parser.add_argument("--device", default="a100-80g")
     parser.add_argument("--whole-time-limit", type=float, default=30.0)
+    parser.add_argument("--batch-per-device", type=int, default=1,
+                        help="global batch = max(zoo default, devices x this), so every device has work")
     parser.add_argument("--quick", action="store_true", help="gpt2-small, resnet50, moe-gpt on 8 and 2x4")
     parser.add_argument("--out", default="results/exact_vs_heuristic.csv")
     args = parser.parse_args(argv)
@@ -43,7 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for model in args.models.split(","):
         for mesh in args.meshes.split(","):
-            group = planner.compare(model, mesh, args.device, methods=METHODS, time_limit_s=args.whole_time_limit)
+            devices = planner.make_cluster(mesh, args.device).mesh.num_devices
+            batch = max(planner.load_model(model).tensors[0].shape[0], devices * args.batch_per_device)
+            group = planner.compare(model, mesh, args.device, methods=METHODS, batch=batch,
+                                    time_limit_s=args.whole_time_limit)
+            for r in group:
+                r["batch"] = batch
             check(group)
             for r in group:
                 print({k: r[k] for k in ("model", "mesh", "method", "status", "gap_percent", "search_time_s")},

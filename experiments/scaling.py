@@ -19,7 +19,8 @@ from planner.io import write_csv
 MODEL = "gpt:layers={layers},hidden=12288,heads=96,seq=2048,vocab=51200"
 
 
-def run(layers: list[int], meshes: list[str], whole_time_limit: float, memories: list[str]) -> list[dict]:
+def run(layers: list[int], meshes: list[str], whole_time_limit: float, memories: list[str],
+        exact_time_limit: float = 60.0) -> list[dict]:
     rows = []
     for mesh in meshes:
         for n in layers:
@@ -27,7 +28,7 @@ def run(layers: list[int], meshes: list[str], whole_time_limit: float, memories:
             for memory in memories:
                 limit = None if memory == "none" else 80e9
                 exact = planner.plan(model, mesh, "a100-80g", method="exact", memory=limit if limit else float("inf"),
-                                     time_limit_s=120)
+                                     time_limit_s=exact_time_limit)
                 row = {"model": "gpt-h12288", "layers": n, "mesh": mesh, "memory": memory, "method": "exact",
                        "status": exact.status, "objective": exact.objective,
                        "search_time_s": round(exact.search_time_s, 3), "notes": " | ".join(exact.notes)}
@@ -36,7 +37,8 @@ def run(layers: list[int], meshes: list[str], whole_time_limit: float, memories:
                                          time_limit_s=whole_time_limit)
                     row.update({"whole_status": whole.status, "whole_objective": whole.objective,
                                 "whole_search_time_s": round(whole.search_time_s, 3),
-                                "speedup": round(whole.search_time_s / max(exact.search_time_s, 1e-9), 1)})
+                                "speedup": round(whole.search_time_s / max(exact.search_time_s, 1e-9), 1)
+                                if whole.status in ("OPTIMAL", "FEASIBLE") else None})
                 rows.append(row)
                 print(row, flush=True)
     return rows

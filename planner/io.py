@@ -94,27 +94,26 @@ def _int_list(values: Any, where: str, key: str) -> list[int]:
     return values
 
 
+def _entries(data: Mapping, key: str, source: str, label: str):
+    """Each object of the list ``data[key]`` with a location string naming it."""
+    for i, entry in enumerate(_field(data, key, list, source)):
+        if not isinstance(entry, dict):
+            raise GraphError(f"{source}: {label} #{i}: must be an object")
+        yield entry, f"{source}: {label} {_field(entry, 'name', str, f'{source}: {label} #{i}')}"
+
+
 def graph_from_dict(data: Any, source: str = "graph") -> Graph:
     """Validate and build a graph from its JSON form; errors name the file, operator and field."""
     if not isinstance(data, dict):
         raise GraphError(f"{source}: must hold a JSON object")
     tensors = []
-    for i, t in enumerate(_field(data, "tensors", list, source)):
-        where = f"{source}: tensor #{i}"
-        if not isinstance(t, dict):
-            raise GraphError(f"{where}: must be an object")
-        name = _field(t, "name", str, where)
-        where = f"{source}: tensor {name}"
-        tensors.append(Tensor(name, tuple(_int_list(_field(t, "shape", list, where), where, "shape")),
+    for t, where in _entries(data, "tensors", source, "tensor"):
+        tensors.append(Tensor(t["name"], tuple(_int_list(_field(t, "shape", list, where), where, "shape")),
                               _field(t, "role", str, where, "activation"), _field(t, "integer", bool, where, False),
                               _field(t, "checkpoint", bool, where, False)))
     ops = []
-    for i, o in enumerate(_field(data, "operators", list, source)):
-        where = f"{source}: operator #{i}"
-        if not isinstance(o, dict):
-            raise GraphError(f"{where}: must be an object")
-        name = _field(o, "name", str, where)
-        where = f"{source}: operator {name}"
+    for o, where in _entries(data, "operators", source, "operator"):
+        name = o["name"]
         sizes = _field(o, "sizes", dict, where)
         for dim, size in sizes.items():
             _int_list([size], where, f"sizes.{dim}")
