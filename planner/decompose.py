@@ -66,7 +66,7 @@ def find_cuts(problem: Problem) -> list[tuple[int, str]]:
 def _edge_bytes(problem: Problem, local: dict[int, int], e) -> bytes:
     src = local.get(e.src, -1)
     return b"%d>%d:%d:%d|" % (src, local[e.dst], e.src_slot if src >= 0 else -1, e.dst_slot) + \
-        e.cost.tobytes() + e.src_index.tobytes() + e.dst_index.tobytes() + repr(e.dst_layouts).encode()
+        e.cost.tobytes() + e.src_index.tobytes() + e.dst_index.tobytes() + b"%d" % hash(e.dst_layouts)
 
 
 def split_segments(problem: Problem) -> tuple[Segment, ...]:

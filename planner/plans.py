@@ -89,28 +89,35 @@ def strategies_from_choice(problem: Problem, choice: Sequence[int]) -> tuple[Str
 def integer_objective(problem: Problem, strategies: Sequence[Strategy]) -> tuple[int, CostRecord]:
     """The integer objective (each term rounded once, as in the problem) and the summed record."""
     mesh, profile, unit = problem.mesh, problem.profile, problem.unit_s
-    parts = []
+    parts, outs, ins = [], [], []
     objective = 0
     for table, strategy in zip(problem.ops, strategies):
         try:
             k = table.strategies.index(strategy)
             record, units = table.records[k], int(table.cost[k])
+            outs.append(table.out_layouts[k])
+            ins.append(table.in_layouts[k])
         except ValueError:  # a strategy pruned as dominated (or given by a user): cost it afresh
             record = op_cost(table.op, strategy, mesh, problem.settings, table.inputs)
             units = int(round(seconds(record, mesh, profile) / unit))
+            outs.append(output_layouts(table.op, strategy))
+            ins.append(input_layouts(table.op, strategy, table.inputs))
         objective += units
         parts.append(record)
-    outs = [output_layouts(t.op, s) for t, s in zip(problem.ops, strategies)]
-    ins = [input_layouts(t.op, s, t.inputs) for t, s in zip(problem.ops, strategies)]
+    cache: dict[tuple, tuple[int, CostRecord]] = {}  # identical layers share their edge tables
     for e in problem.edges:
         a, b = outs[e.src][e.src_slot], ins[e.dst][e.dst_slot]
-        try:
-            units = int(e.cost[e.src_layouts.index(a), e.dst_layouts.index(b)])
-        except ValueError:
-            units = None
-        info = problem.ops[e.dst].inputs[e.dst_slot]
-        record = edge_cost(info.shape, info.elem_bytes, a, b, mesh.shape, info.needs_grad)
-        objective += units if units is not None else int(round(seconds(record, mesh, profile) / unit))
+        key = (id(e.cost), a, b)
+        if key not in cache:
+            info = problem.ops[e.dst].inputs[e.dst_slot]
+            record = edge_cost(info.shape, info.elem_bytes, a, b, mesh.shape, info.needs_grad)
+            try:
+                units = int(e.cost[e.src_layouts.index(a), e.dst_layouts.index(b)])
+            except ValueError:
+                units = int(round(seconds(record, mesh, profile) / unit))
+            cache[key] = (units, record)
+        units, record = cache[key]
+        objective += units
         parts.append(record)
     return objective, sum_records(parts)
 

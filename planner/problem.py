@@ -11,7 +11,7 @@ all exact methods optimise the same integer objective, so they agree to the inte
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -64,6 +64,7 @@ class Problem:
     unit_s: float
     ops: tuple[OpTable, ...]
     edges: tuple[EdgeTable, ...]
+    _producer_index: dict = field(default_factory=dict, repr=False)
 
     def op_index(self, name: str) -> int:
         for i, table in enumerate(self.ops):
@@ -73,10 +74,10 @@ class Problem:
 
     def producer_layout_index(self, tensor: str) -> np.ndarray:
         """For the producer of ``tensor``: its strategy -> index of the tensor's layout (edge rows)."""
-        for e in self.edges:
-            if e.tensor == tensor:
-                return e.src_index
-        raise KeyError(tensor)
+        if not self._producer_index:
+            for e in self.edges:
+                self._producer_index.setdefault(e.tensor, e.src_index)
+        return self._producer_index[tensor]
 
     def objective(self, choice: Sequence[int]) -> int:
         """Integer objective of a choice of strategy index per operator."""
