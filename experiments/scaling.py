@@ -20,15 +20,19 @@ MODEL = "gpt:layers={layers},hidden=12288,heads=96,seq=2048,vocab=51200"
 
 
 def run(layers: list[int], meshes: list[str], whole_time_limit: float, memories: list[str],
-        exact_time_limit: float = 60.0) -> list[dict]:
+        exact_time_limit: float = 60.0, repeats: int = 3) -> list[dict]:
     rows = []
     for mesh in meshes:
         for n in layers:
             model = MODEL.format(layers=n)
             for memory in memories:
                 limit = None if memory == "none" else 80e9
-                exact = planner.plan(model, mesh, "a100-80g", method="exact", memory=limit if limit else float("inf"),
-                                     time_limit_s=exact_time_limit)
+                # Best of `repeats` runs (no-limit rows only; they take well under a second): the
+                # 12-to-96-layer ratio must not hinge on one garbage-collection pause.
+                runs = [planner.plan(model, mesh, "a100-80g", method="exact",
+                                     memory=limit if limit else float("inf"), time_limit_s=exact_time_limit)
+                        for _ in range(repeats if limit is None else 1)]
+                exact = min(runs, key=lambda p: p.search_time_s)
                 row = {"model": "gpt-h12288", "layers": n, "mesh": mesh, "memory": memory, "method": "exact",
                        "status": exact.status, "objective": exact.objective,
                        "search_time_s": round(exact.search_time_s, 3), "notes": " | ".join(exact.notes)}
