@@ -83,23 +83,8 @@ def plan_problem(problem: Problem, memory_limit: float | None, method: str = "ex
                  seed: int = 0, jobs: int = 1, progress: Progress | None = None) -> Plan:
     """Search a plan for a built problem with one method (see ``METHODS``)."""
     start = time.perf_counter()
-    if method == "exact":
-        result, notes = solve_exact(problem, memory_limit, time_limit_s, seed, jobs, progress)
-    if method == "whole":
-        size = program_size(problem)
-        if size > MAX_WHOLE_PROGRAM:
-            return _failed_plan(problem, method, "UNKNOWN", time.perf_counter() - start, memory_limit,
-                                f"whole-graph program too large to build ({size} Booleans > {MAX_WHOLE_PROGRAM})",
-                                ("whole-graph integer program not attempted",))
-        result = solve(problem, memory_limit, time_limit_s, seed)
-        notes = ("whole-graph integer program",)
     if method in ("exact", "whole"):
-        if result.choice is None:
-            return _failed_plan(problem, method, result.status, time.perf_counter() - start, memory_limit,
-                                result.explanation, notes)
-        strategies = strategies_from_choice(problem, result.choice)
-        return make_plan(problem, strategies, method=method, status=result.status, memory_limit=memory_limit,
-                         search_time_s=time.perf_counter() - start, notes=notes, explanation=result.explanation)
+        return _search(problem, memory_limit, method, time_limit_s, seed, jobs, progress, start)
     if method == "zero":
         problem = build_problem(problem.graph, problem.mesh, problem.profile, replace(problem.settings, zero=3),
                                 problem.unit_s)
@@ -108,6 +93,26 @@ def plan_problem(problem: Problem, memory_limit: float | None, method: str = "ex
     strategies = HEURISTICS[method](problem)
     return make_plan(problem, strategies, method=method, status="HEURISTIC", memory_limit=memory_limit,
                      search_time_s=time.perf_counter() - start)
+
+
+def _search(problem: Problem, memory_limit: float | None, method: str, time_limit_s: float, seed: int, jobs: int,
+            progress: Progress | None, start: float) -> Plan:
+    """The exact methods: decomposition (``exact``) or the single whole-graph program (``whole``)."""
+    if method == "exact":
+        result, notes = solve_exact(problem, memory_limit, time_limit_s, seed, jobs, progress)
+    else:
+        size = program_size(problem)
+        if size > MAX_WHOLE_PROGRAM:
+            return _failed_plan(problem, method, "UNKNOWN", time.perf_counter() - start, memory_limit,
+                                f"whole-graph program too large to build ({size} Booleans > {MAX_WHOLE_PROGRAM})",
+                                ("whole-graph integer program not attempted",))
+        result, notes = solve(problem, memory_limit, time_limit_s, seed), ("whole-graph integer program",)
+    if result.choice is None:
+        return _failed_plan(problem, method, result.status, time.perf_counter() - start, memory_limit,
+                            result.explanation, notes)
+    return make_plan(problem, strategies_from_choice(problem, result.choice), method=method, status=result.status,
+                     memory_limit=memory_limit, search_time_s=time.perf_counter() - start, notes=notes,
+                     explanation=result.explanation)
 
 
 def _failed_plan(problem: Problem, method: str, status: str, elapsed: float, memory_limit: float | None,

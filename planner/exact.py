@@ -41,7 +41,7 @@ def _reduce(problem: Problem, seg: Segment, unary: Sequence[np.ndarray]):
     return net.reduce(entry, exit_)
 
 
-_WORKER: dict = {}
+_WORKER: dict = {}  # per worker process: the problem, sent once by the pool initializer
 
 
 def _init_worker(problem: Problem) -> None:
@@ -62,7 +62,7 @@ def solve_unary(problem: Problem, segments: Sequence[Segment], unary: Sequence[n
     items = list(distinct.items())
     if jobs > 1 and len(items) > 1:
         with ProcessPoolExecutor(max_workers=jobs, initializer=_init_worker, initargs=(problem,)) as pool:
-            futures = [(key, pool.submit(_reduce_in_worker, seg, [unary[o] for o in range(len(unary))])) for key, seg in items]
+            futures = [(key, pool.submit(_reduce_in_worker, seg, unary)) for key, seg in items]
             for n, (key, fut) in enumerate(futures):
                 reductions[key] = fut.result()
                 if progress:

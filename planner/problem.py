@@ -128,17 +128,18 @@ def _prune_dominated(candidates: list[tuple]) -> list[tuple]:
 
     Edge costs depend on layouts only, so such a strategy can never be needed by an optimum.
     """
-    by_signature: dict[tuple, list[tuple]] = {}
-    for c in candidates:
-        by_signature.setdefault(c[0], []).append(c)
-    kept_ids = set()
+    by_signature: dict[tuple, list[int]] = {}
+    for k, c in enumerate(candidates):
+        by_signature.setdefault(c[0], []).append(k)
+    kept = set()
     for group in by_signature.values():
-        for c in group:
-            dominated = any((o[1] <= c[1] and o[2] <= c[2]) and (o[1], o[2]) != (c[1], c[2]) for o in group)
-            tie_lost = any((o[1], o[2]) == (c[1], c[2]) and candidates.index(o) < candidates.index(c) for o in group)
-            if not dominated and not tie_lost:
-                kept_ids.add(id(c))
-    return [c for c in candidates if id(c) in kept_ids]
+        for k in group:
+            cost, memory = candidates[k][1], candidates[k][2]
+            # beaten: another is no worse in both and strictly better in one, or equal and listed earlier
+            if not any(candidates[j][1] <= cost and candidates[j][2] <= memory
+                       and ((candidates[j][1], candidates[j][2]) != (cost, memory) or j < k) for j in group if j != k):
+                kept.add(k)
+    return [c for k, c in enumerate(candidates) if k in kept]
 
 
 def build_problem(graph: Graph, mesh: Mesh, profile: MachineProfile, settings: TrainingSettings | None = None,
