@@ -14,7 +14,7 @@ import argparse
 import sys
 
 import planner
-from planner.io import write_csv
+from experiments.common import add_output_options, png_path, results_table
 
 MODELS = "gpt2-small,gpt3-1.3b,gpt3-175b,bert-large,resnet50,vgg16,wide-resnet50-2,moe-gpt"
 METHODS = ("exact", "drec", "dp", "zero", "megatron", "greedy", "whole")
@@ -30,6 +30,26 @@ def check(rows: list[dict]) -> None:
                              f"{r['objective']} < {exact['objective']}")
 
 
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    configs = sorted({(r["model"], r["mesh"]) for r in rows})
+    methods = [m for m in METHODS if m != "exact"]
+    fig, ax = plt.subplots(figsize=(max(5, len(configs) * 0.6), 3.5))
+    width = 0.8 / len(methods)
+    for k, method in enumerate(methods):
+        gaps = []
+        for model, mesh in configs:
+            r = next((r for r in rows if r["model"] == model and r["mesh"] == mesh and r["method"] == method), None)
+            gaps.append(r["gap_percent"] if r and r["gap_percent"] is not None and r["fits_memory"] else float("nan"))
+        ax.bar([i + k * width for i in range(len(configs))], gaps, width, label=method)
+    ax.set_xticks([i + 0.4 for i in range(len(configs))], [f"{m}\n{me}" for m, me in configs], fontsize=6, rotation=90)
+    ax.set(ylabel="gap to exact (%)", yscale="symlog", title="Heuristics against the exact plan")
+    ax.legend(fontsize=7)
+    planner.write_png(path, fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=MODELS)
@@ -39,13 +59,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-per-device", type=int, default=1,
                         help="global batch = max(zoo default, devices x this), so every device has work")
     parser.add_argument("--quick", action="store_true", help="gpt2-small, resnet50, moe-gpt on 8 and 2x4")
-    parser.add_argument("--out", default="results/exact_vs_heuristic.csv")
+    parser.add_argument("--smallest", action="store_true", help="mlp on 8 only (tests)")
+    add_output_options(parser, "results/exact_vs_heuristic.csv")
     args = parser.parse_args(argv)
     if args.quick:
         args.models, args.meshes, args.whole_time_limit = "gpt2-small,resnet50,moe-gpt", "8,2x4", 10.0
-    rows = []
+    if args.smallest:
+        args.models, args.meshes, args.whole_time_limit = "mlp", "8", 5.0
+    table = results_table(args, ("model", "mesh"))
     for model in args.models.split(","):
         for mesh in args.meshes.split(","):
+            graph_name = planner.load_model(model).name
+            if table.done(model=graph_name, mesh=planner.make_cluster(mesh, args.device).mesh.spec):
+                continue
             devices = planner.make_cluster(mesh, args.device).mesh.num_devices
             batch = max(planner.load_model(model).tensors[0].shape[0], devices * args.batch_per_device)
             group = planner.compare(model, mesh, args.device, methods=METHODS, batch=batch,
@@ -56,8 +82,9 @@ def main(argv: list[str] | None = None) -> int:
             for r in group:
                 print({k: r[k] for k in ("model", "mesh", "method", "status", "gap_percent", "search_time_s")},
                       flush=True)
-            rows.extend(group)
-    write_csv(args.out, rows)
+            table.add(group)
+    if (png := png_path(args)):
+        plot(table.rows, png)
     return 0
 
 

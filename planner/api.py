@@ -24,6 +24,7 @@ from planner.solver import solve
 from planner import pipeline3d
 from planner.pipeline import METHODS as PIPELINE_METHODS
 from planner.pipeline3d import Plan3D
+from planner.pipeline import PipelinePlan
 from planner.zoo import load_model
 
 HEURISTICS = {"drec": drec, "dp": data_parallel, "zero": data_parallel, "megatron": megatron, "greedy": greedy}
@@ -135,6 +136,9 @@ def evaluate(model: str | Graph, mesh: str | Mesh, device: str | MachineProfile 
         mesh = f"dp={dp},tp={tp}" if tp > 1 and dp > 1 else f"{'tp' if tp > 1 else 'dp'}={tp * dp}"
     cluster = make_cluster(mesh, device, memory, hardware_csv=hardware_csv)
     problem = make_problem(model, cluster, settings, batch, seq)
+    samples = problem.graph.tensors[0].shape[0]
+    if assignment is None and samples % (dp or 1):
+        raise SettingsError(f"--batch: the global batch {samples} is not divisible by --dp {dp}")
     start = time.perf_counter()
     if assignment is not None:
         strategies = strategies_from_mapping(problem, assignment)
@@ -177,7 +181,8 @@ def compare(model: str | Graph, mesh: str | Mesh = "8", device: str | MachinePro
 def plan_pipeline(model: str, mesh: str | Mesh | None = None, device: str | MachineProfile = "a100-80g", *,
                   devices: int | None = None, batch: int | None = None, seq: int | None = None,
                   memory: float | None = None, settings: TrainingSettings | None = None, schedule: str = "1f1b",
-                  method: str = "csimd", hardware_csv: Path | str = DEFAULT_HARDWARE_CSV) -> Plan3D:
+                  method: str = "csimd", hardware_csv: Path | str = DEFAULT_HARDWARE_CSV,
+                  progress: Progress | None = None) -> Plan3D:
     """3D plan: pipeline degree over the outermost mesh axis, exact intra-operator plans per stage.
 
     ``mesh`` defaults to ``node=devices/gpus_per_node,gpu=gpus_per_node`` for the profile.
@@ -199,7 +204,38 @@ def plan_pipeline(model: str, mesh: str | Mesh | None = None, device: str | Mach
     if load is None:
         raise SettingsError("--model: pipeline planning needs a zoo model (the batch is re-built per micro-batch)")
     return pipeline3d.plan_pipeline(load, cluster.mesh, cluster.profile, global_batch, settings or TrainingSettings(),
-                                    cluster.memory_limit, schedule, method)
+                                    cluster.memory_limit, schedule, method, progress=progress)
+
+
+def evaluate_3d(model: str, device: str | MachineProfile = "a100-80g", *, tp: int = 1, pp: int = 1, dp: int = 1,
+                micro_batch: int = 1, batch: int | None = None, seq: int | None = None,
+                settings: TrainingSettings | None = None, schedule: str = "1f1b", memory: float | None = None,
+                hardware_csv: Path | str = DEFAULT_HARDWARE_CSV) -> PipelinePlan:
+    """Cost a Megatron-style 3D configuration: ``tp``-way tensor parallelism innermost (inside the
+    node when it fits), ``dp``-way data parallelism, ``pp`` pipeline stages with layers split
+    evenly, ``batch / (dp * micro_batch)`` micro-batches under ``schedule``. Nothing is searched."""
+    profile = device if isinstance(device, MachineProfile) else get_profile(device, hardware_csv)
+    for name, value in (("tp", tp), ("pp", pp), ("dp", dp), ("micro-batch", micro_batch)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SettingsError(f"--{name}: must be a positive integer, got {value!r}")
+    global_batch = resolve_model(model, batch, seq).tensors[0].shape[0]
+    if global_batch % (dp * micro_batch):
+        raise SettingsError(f"--batch: global batch {global_batch} is not divisible by dp x micro-batch ({dp} x {micro_batch})")
+    axes = [f"{name}={size}" for name, size in (("dp", dp), ("tp", tp)) if size > 1]
+    stage = make_cluster(",".join(axes) or "gpu=1", profile, float("inf")).mesh
+    # Stage boundaries cross nodes once a stage fills a node (Megatron places pipeline outermost).
+    link = make_cluster(f"pp={max(pp, 2)},stage={dp * tp}", profile, float("inf")).mesh.axes[0]
+    settings = settings or TrainingSettings()
+    load = lambda b: resolve_model(model, b, seq)
+    problem = build_problem(load(dp * micro_batch), stage, profile, settings)
+    chosen = megatron(problem, tensor_axis=-1) if tp > 1 else data_parallel(problem)
+    strategies = {table.op.name: s for table, s in zip(problem.ops, chosen)}
+    count = global_batch // (dp * micro_batch)
+    chain = pipeline3d.model_chain(load, global_batch, [count], stage, profile, settings, strategies, link)
+    if chain is None or pp > chain.num_layers:
+        raise SettingsError(f"--pp: {pp} stages do not fit the model's layers or the plan does not divide the micro-batch")
+    limit = make_cluster(stage, profile, memory).memory_limit
+    return PIPELINE_METHODS["even"](chain, pp, schedule, limit)
 
 
 def layer_chain(model: str, mesh: str | Mesh, device: str | MachineProfile = "a100-80g", *, stages: int = 4,

@@ -1,6 +1,7 @@
 """Command line: ``planner models | plan | evaluate``.
 
-Exit codes: 0 a plan was found, 2 bad input (one line on stderr naming the field), 3 infeasible.
+Exit codes: 0 a plan was found, 2 bad input (one line on stderr naming the field), 3 infeasible,
+4 a time-limited plan that is not proven optimal under ``--require-optimal``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from planner.errors import PlannerError, SettingsError
 from planner.mesh import DEFAULT_HARDWARE_CSV
 from planner.plans import Plan
 
-EXIT_OK, EXIT_BAD_INPUT, EXIT_INFEASIBLE = 0, 2, 3
+EXIT_OK, EXIT_BAD_INPUT, EXIT_INFEASIBLE, EXIT_NOT_OPTIMAL = 0, 2, 3, 4
 log = logging.getLogger("planner")
 
 
@@ -35,13 +36,22 @@ def _bytes(text: str) -> float:
     return value * scale
 
 
+def _add_logging(p: argparse.ArgumentParser, top: bool) -> None:
+    # Accepted before or after the command; the command's copy only overrides when given.
+    default = (lambda value: value) if top else (lambda value: argparse.SUPPRESS)
+    p.add_argument("-v", "--verbose", action="count", default=default(0), help="more log lines (-vv: debug)")
+    p.add_argument("-q", "--quiet", action="store_true", default=default(False), help="errors only; no plan text")
+    p.add_argument("--debug", action="store_true", default=default(False), help="show tracebacks")
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
+    _add_logging(p, top=False)
     p.add_argument("--model", required=True, help="zoo name, parametric spec (gpt:layers=4,hidden=512,heads=8) or graph .json")
     p.add_argument("--mesh", default="8", help="mesh spec: 8, 2x4, node=8,gpu=8 (default 8)")
     p.add_argument("--device", default="a100-80g", help="machine profile: symbolic, a hardware.csv row, or a .json file")
     p.add_argument("--hardware", default=str(DEFAULT_HARDWARE_CSV), help="datasheet table (default: ../shared/reference/hardware.csv)")
-    p.add_argument("--batch", type=int, help="global batch (zoo default if omitted)")
-    p.add_argument("--seq", type=int, help="sequence length (language models)")
+    p.add_argument("--batch", type=_positive_int, help="global batch (zoo default if omitted)")
+    p.add_argument("--seq", type=_positive_int, help="sequence length (language models)")
     p.add_argument("--memory", type=_bytes, help="memory limit per device in bytes, or none (default: the device's memory)")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     p.add_argument("--optimizer", default="adam", choices=["adam", "sgd"])
@@ -52,39 +62,67 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-timings", action="store_true", help="drop search times from the JSON (byte-identical reruns)")
 
 
+class _Parser(argparse.ArgumentParser):
+    """Argument errors as one line naming the option, exit code 2 (no usage dump)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive finite number of seconds, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="planner", description="Exact, profiling-free parallelisation planner.")
-    parser.add_argument("-v", "--verbose", action="count", default=0)
-    parser.add_argument("-q", "--quiet", action="store_true")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="planner", description="Exact, profiling-free parallelisation planner.")
+    _add_logging(parser, top=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     sub.add_parser("models", help="list the model zoo")
     p = sub.add_parser("plan", help="search a plan")
     _add_common(p)
     p.add_argument("--method", default="exact", choices=list(api.METHODS))
-    p.add_argument("--time-limit", type=float, default=60.0, help="solver time limit in seconds (default 60)")
+    p.add_argument("--time-limit", type=_seconds, default=60.0, help="solver time limit in seconds (default 60)")
+    p.add_argument("--require-optimal", action="store_true",
+                   help="exit 4 when the solver stops at its time limit with a FEASIBLE (not proven optimal) plan")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--jobs", type=int, default=1, help="worker processes for distinct segments (default 1)")
+    p.add_argument("--jobs", type=_positive_int, default=1, help="worker processes for distinct segments (default 1)")
     p.add_argument("--pipeline", choices=["none", "auto"], default="none",
                    help="auto: search pipeline degree and micro-batches too (3D plan, `planner pipeline`)")
     c = sub.add_parser("compare", help="compare search methods on one model and cluster")
     _add_common(c)
     c.add_argument("--methods", default=",".join(api.METHODS), help="comma-separated methods (default: all)")
-    c.add_argument("--time-limit", type=float, default=60.0)
+    c.add_argument("--time-limit", type=_seconds, default=60.0)
     c.add_argument("--seed", type=int, default=0)
     pp = sub.add_parser("pipeline", help="3D plan: pipeline stages (CSIMD) with exact intra-operator plans")
     _add_common(pp)
     pp.set_defaults(mesh=None)
-    pp.add_argument("--devices", type=int, help="device count (mesh node=N/8,gpu=8 unless --mesh)")
+    pp.add_argument("--devices", type=_positive_int, help="device count (mesh node=N/8,gpu=8 unless --mesh)")
     pp.add_argument("--schedule", default="1f1b", choices=["gpipe", "1f1b"])
     pp.add_argument("--method", default="csimd", choices=["csimd", "dp", "brute", "even", "balanced"])
     e = sub.add_parser("evaluate", help="cost a given plan (plan JSON or Megatron degrees)")
     _add_common(e)
     e.add_argument("--plan", help="plan JSON whose 'operators' give the strategies")
-    e.add_argument("--tp", type=int, help="tensor-parallel degree (Megatron pattern)")
-    e.add_argument("--dp", type=int, help="data-parallel degree")
-    e.add_argument("--pp", type=int, default=1, help="pipeline degree (1 here; see `planner pipeline`)")
-    e.add_argument("--micro-batch", type=int, help="micro-batch size (must equal the per-replica batch when pp=1)")
+    e.add_argument("--tp", type=_positive_int, help="tensor-parallel degree (Megatron pattern)")
+    e.add_argument("--dp", type=_positive_int, help="data-parallel degree")
+    e.add_argument("--pp", type=_positive_int, default=1, help="pipeline degree (1 here; see `planner pipeline`)")
+    e.add_argument("--micro-batch", type=_positive_int, help="micro-batch size (must equal the per-replica batch when pp=1)")
     return parser
 
 
@@ -153,6 +191,12 @@ def _finish(plan: Plan, args: argparse.Namespace) -> int:
     if plan.status == "UNKNOWN":
         print("planner: the solver found no plan within the time limit; raise --time-limit", file=sys.stderr)
         return EXIT_INFEASIBLE
+    if plan.status == "FEASIBLE":
+        log.warning("the solver stopped at its time limit: the plan is FEASIBLE, not proven optimal "
+                    "(raise --time-limit for a proof)")
+        if getattr(args, "require_optimal", False):
+            print("planner: error: --require-optimal: the plan is FEASIBLE, not proven optimal", file=sys.stderr)
+            return EXIT_NOT_OPTIMAL
     return EXIT_OK
 
 
@@ -188,7 +232,8 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     result = api.plan_pipeline(args.model, args.mesh, args.device, devices=getattr(args, "devices", None),
                                batch=args.batch, seq=args.seq, memory=args.memory, settings=_settings(args),
                                schedule=getattr(args, "schedule", "1f1b"),
-                               method=args.method if args.command == "pipeline" else "csimd", hardware_csv=args.hardware)
+                               method=args.method if args.command == "pipeline" else "csimd", hardware_csv=args.hardware,
+                               progress=progress_bar(args))
     if not args.quiet:
         print(format_3d(result))
     if args.csv:

@@ -104,10 +104,10 @@ class Operator:
             raise GraphError(f"operator {self.name}: field 'outputs' is empty")
         if self.flops < 0:
             raise GraphError(f"operator {self.name}: field 'flops' is negative")
-        for set_name in ("unsplittable", "norm_dims"):
+        for set_name, label in (("unsplittable", "unsplittable"), ("norm_dims", "norm")):
             extra = set(getattr(self, set_name)) - declared
             if extra:
-                raise GraphError(f"operator {self.name}: field '{set_name}' names undeclared dims {sorted(extra)}")
+                raise GraphError(f"operator {self.name}: field '{label}' names undeclared dims {sorted(extra)}")
 
     @property
     def sizes(self) -> dict[str, int]:

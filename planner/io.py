@@ -49,6 +49,57 @@ def write_csv(path: Path | str, rows: Iterable[Mapping[str, Any]]) -> None:
     _atomic_write(path, pd.DataFrame(list(rows)).to_csv(index=False))
 
 
+def write_png(path: Path | str, figure: Any) -> None:
+    """Save a matplotlib figure atomically (PNG)."""
+    import io as _io
+    buffer = _io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(buffer.getvalue())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class ResultsTable:
+    """A results CSV written row by row, atomically, so an interrupted experiment can resume.
+
+    Every ``add`` rewrites the whole file through a temporary file and a rename: the CSV on disk is
+    always absent or complete. With ``resume=True`` the rows already in the file are kept and
+    ``done(key)`` tells which configurations to skip; ``key_columns`` name the configuration.
+    """
+
+    def __init__(self, path: Path | str, key_columns: Iterable[str], resume: bool = False) -> None:
+        self.path = Path(path)
+        self.key_columns = tuple(key_columns)
+        self.rows: list[dict] = []
+        if resume and self.path.exists():
+            import pandas as pd
+            frame = pd.read_csv(self.path, keep_default_na=False, na_values=[""])
+            self.rows = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
+                         for r in frame.to_dict("records")]
+        self._done = {self._key(r) for r in self.rows}
+
+    def _key(self, row: Mapping[str, Any]) -> tuple:
+        return tuple(str(row.get(k)) for k in self.key_columns)
+
+    def done(self, **config: Any) -> bool:
+        """True when a row with this configuration (the key columns) is already written."""
+        return self._key(config) in self._done
+
+    def add(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Append rows (one configuration's worth) and rewrite the file atomically."""
+        for row in rows:
+            self.rows.append(dict(row))
+            self._done.add(self._key(row))
+        write_csv(self.path, self.rows)
+
+
 def equation_of(op: Operator) -> str:
     def operand(groups: tuple[tuple[str, ...], ...]) -> str:
         return "".join(g[0] if len(g) == 1 else "(" + "".join(g) + ")" for g in groups)
@@ -108,9 +159,13 @@ def graph_from_dict(data: Any, source: str = "graph") -> Graph:
         raise GraphError(f"{source}: must hold a JSON object")
     tensors = []
     for t, where in _entries(data, "tensors", source, "tensor"):
-        tensors.append(Tensor(t["name"], tuple(_int_list(_field(t, "shape", list, where), where, "shape")),
-                              _field(t, "role", str, where, "activation"), _field(t, "integer", bool, where, False),
-                              _field(t, "checkpoint", bool, where, False)))
+        try:
+            tensors.append(Tensor(t["name"], tuple(_int_list(_field(t, "shape", list, where), where, "shape")),
+                                  _field(t, "role", str, where, "activation"), _field(t, "integer", bool, where, False),
+                                  _field(t, "checkpoint", bool, where, False)))
+        except GraphError as exc:
+            message = str(exc)
+            raise GraphError(message if message.startswith(source) else f"{source}: {message}") from None
     ops = []
     for o, where in _entries(data, "operators", source, "operator"):
         name = o["name"]

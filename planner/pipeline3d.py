@@ -138,7 +138,8 @@ def _plan_valid(graph: Graph, mesh: Mesh, strategies: dict[str, Strategy]) -> bo
 
 def plan_pipeline(load: Callable[[int], Graph], mesh: Mesh, profile: MachineProfile, batch: int,
                   settings: TrainingSettings, memory_limit: float | None, schedule: str = "1f1b",
-                  method: str = "csimd", degrees: list[int] | None = None) -> Plan3D:
+                  method: str = "csimd", degrees: list[int] | None = None,
+                  progress: Callable[[int, int, str], None] | None = None) -> Plan3D:
     """Search the pipeline degree, the intra-operator plan per stage, the cuts and the micro-batch count."""
     start = time.perf_counter()
     layers = max(_layer_of(load(batch))) + 1
@@ -146,7 +147,9 @@ def plan_pipeline(load: Callable[[int], Graph], mesh: Mesh, profile: MachineProf
     degrees = degrees or [p for p in range(1, outer + 1) if outer % p == 0 and p <= layers and p & (p - 1) == 0]
     counts = [c for c in range(1, batch + 1) if batch % c == 0 and c & (c - 1) == 0]
     best, rows = None, []
-    for p in degrees:
+    for done, p in enumerate(degrees):
+        if progress:
+            progress(done, len(degrees), "pipeline degrees")
         sub = stage_mesh(mesh, p)
         for variant in _variants(settings):
             found = _plan_degree(load, mesh, sub, profile, batch, variant, memory_limit, schedule, method, p, counts)
@@ -160,6 +163,8 @@ def plan_pipeline(load: Callable[[int], Graph], mesh: Mesh, profile: MachineProf
                 if best is None or pipe.iteration_time_s < best.pipeline.iteration_time_s:
                     best = Plan3D(pipe, sub.spec, variant, status, tp, (), 0.0)
                 break
+    if progress:
+        progress(len(degrees), len(degrees), "pipeline degrees")
     if best is None:
         raise SettingsError("--memory: no pipeline degree, micro-batch count or memory-saving variant fits; "
                             "add devices or raise the memory limit")

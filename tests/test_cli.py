@@ -83,3 +83,17 @@ def test_compare_writes_one_row_per_method(tmp_path):
     rows = pd.read_csv(out_csv)
     assert list(rows["method"]) == ["exact", "drec", "dp", "megatron", "greedy", "zero"]
     assert (rows["gap_percent"] >= 0).all()
+
+
+def test_time_limited_whole_program_returns_feasible_plan(tmp_path):
+    """gpt2-small on 2x4 takes ~35 s to prove optimal; a 2 s limit returns the best plan found, not an error."""
+    out = tmp_path / "w.json"
+    proc = run("plan", "--model", "gpt2-small", "--mesh", "2x4", "--method", "whole", "--time-limit", "2",
+               "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    assert data["status"] == "FEASIBLE" and len(data["operators"]) > 100
+    assert "not proven optimal" in proc.stderr
+    strict = run("plan", "--model", "gpt2-small", "--mesh", "2x4", "--method", "whole", "--time-limit", "2",
+                 "--require-optimal", "-q")
+    assert strict.returncode == 4 and "--require-optimal" in strict.stderr

@@ -1,0 +1,154 @@
+"""Cost-model fidelity: re-cost published measured configurations and compare (no profiling).
+
+Table 1 format (Megatron-LM SC'21 weak scaling): heads, hidden, layers, tp, pp, dp, global_batch,
+tflops_per_gpu (measured). The measured time per iteration is F / (gpus * tflops) with the paper's
+FLOP formula F = 96 B s l h^2 (1 + s/(6h) + V/(16 l h)). The planner re-costs each configuration with
+`planner.evaluate_3d` (Megatron tensor parallelism inside the node, data parallelism, even pipeline
+stages, 1F1B, micro-batch --micro-batch, full recompute) on the --device profile. Reported: relative
+error per row, raw and after one global efficiency factor (geometric mean of measured/predicted)
+fitted on the even rows and tested on the odd rows.
+
+Figure 13 format: global_batch, pp, tp, tflops_per_gpu_approx for one model (--fig13-model) at
+dp = 1: Spearman and Kendall rank correlation between predicted step time and measured throughput.
+
+    python -m experiments.fidelity [--table1 PATH] [--fig13 PATH] [--out results/fidelity.csv]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+import planner
+from experiments.common import add_output_options, png_path, results_table
+
+REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "reference"
+FIG13_MODEL = "gpt:layers=32,hidden=20480,heads=128,seq=2048,vocab=51200"
+
+
+def measured_seconds(row: dict, seq: int, vocab: int) -> float:
+    """Megatron's iteration time from its measured TFLOP/s and its FLOP formula."""
+    b, s, layers, h = row["global_batch"], seq, row["layers"], row["hidden"]
+    flops = 96 * b * s * layers * h * h * (1 + s / (6 * h) + vocab / (16 * layers * h))
+    return flops / (row["gpus"] * row["tflops_per_gpu"] * 1e12)
+
+
+def table1_row(ref: dict, index: int, args: argparse.Namespace) -> dict:
+    model = f"gpt:layers={ref['layers']},hidden={ref['hidden']},heads={ref['heads']},seq={args.seq},vocab={args.vocab}"
+    settings = planner.TrainingSettings(recompute=True)
+    start = time.perf_counter()
+    plan = planner.evaluate_3d(model, args.device, tp=int(ref["tp"]), pp=int(ref["pp"]), dp=int(ref["dp"]),
+                               micro_batch=args.micro_batch, batch=int(ref["global_batch"]), settings=settings)
+    measured = measured_seconds(ref, args.seq, args.vocab)
+    return {"source": "table1", "config": f"{ref['params_b']}B", "tp": ref["tp"], "pp": ref["pp"], "dp": ref["dp"],
+            "global_batch": ref["global_batch"], "split": "fit" if index % 2 == 0 else "test",
+            "status": plan.status, "measured_s": measured, "predicted_s": plan.iteration_time_s,
+            "rel_error": abs(plan.iteration_time_s - measured) / measured,
+            "predicted_memory_gib": plan.max_memory_bytes / 2**30, "measured_tflops": ref["tflops_per_gpu"],
+            "wall_time_s": time.perf_counter() - start}
+
+
+def fig13_row(ref: dict, args: argparse.Namespace) -> dict:
+    settings = planner.TrainingSettings(recompute=True)
+    start = time.perf_counter()
+    plan = planner.evaluate_3d(args.fig13_model, args.device, tp=int(ref["tp"]), pp=int(ref["pp"]), dp=1,
+                               micro_batch=args.micro_batch, batch=int(ref["global_batch"]), settings=settings)
+    return {"source": "fig13", "config": f"p{ref['pp']}-t{ref['tp']}-b{ref['global_batch']}", "tp": ref["tp"],
+            "pp": ref["pp"], "dp": 1, "global_batch": ref["global_batch"], "status": plan.status,
+            "predicted_s": plan.iteration_time_s, "predicted_memory_gib": plan.max_memory_bytes / 2**30,
+            "measured_tflops": ref["tflops_per_gpu_approx"], "wall_time_s": time.perf_counter() - start}
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """Error statistics (Table 1) and rank correlations (Figure 13) as summary rows."""
+    from scipy.stats import kendalltau, spearmanr
+    out = []
+    t1 = [r for r in rows if r["source"] == "table1"]
+    if t1:
+        fit = [r for r in t1 if r["split"] == "fit"] or t1
+        factor = math.exp(np.mean([math.log(r["measured_s"] / r["predicted_s"]) for r in fit]))
+        test = [r for r in t1 if r["split"] == "test"] or t1
+        raw = [r["rel_error"] for r in test]
+        fitted = [abs(r["predicted_s"] * factor - r["measured_s"]) / r["measured_s"] for r in test]
+        out += [{"source": "summary", "config": name, "value": value} for name, value in (
+            ("table1_mean_rel_error_all_raw", float(np.mean([r["rel_error"] for r in t1]))),
+            ("table1_max_rel_error_all_raw", float(np.max([r["rel_error"] for r in t1]))),
+            ("table1_mean_rel_error_test_raw", float(np.mean(raw))),
+            ("table1_max_rel_error_test_raw", float(np.max(raw))),
+            ("table1_fitted_factor", factor),
+            ("table1_mean_rel_error_test_fitted", float(np.mean(fitted))),
+            ("table1_max_rel_error_test_fitted", float(np.max(fitted))))]
+    for batch in sorted({r["global_batch"] for r in rows if r["source"] == "fig13"}):
+        f13 = [r for r in rows if r["source"] == "fig13" and r["global_batch"] == batch]
+        speed = [-r["predicted_s"] for r in f13]  # higher is better, like throughput
+        measured = [r["measured_tflops"] for r in f13]
+        best = min(f13, key=lambda r: r["predicted_s"])
+        out += [{"source": "summary", "config": f"fig13_b{batch}_spearman", "value": float(spearmanr(speed, measured)[0])},
+                {"source": "summary", "config": f"fig13_b{batch}_kendall", "value": float(kendalltau(speed, measured)[0])},
+                {"source": "summary", "config": f"fig13_b{batch}_predicted_best", "value": f"p{best['pp']}-t{best['tp']}"}]
+    return out
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
+    t1 = [r for r in rows if r["source"] == "table1"]
+    left.loglog([r["measured_s"] for r in t1], [r["predicted_s"] for r in t1], "o")
+    lo, hi = min(r["measured_s"] for r in t1) / 1.3, max(r["measured_s"] for r in t1) * 1.3
+    left.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+    left.set(xlabel="measured s/iteration (Megatron Table 1)", ylabel="predicted s/iteration", title="Table 1")
+    f13 = [r for r in rows if r["source"] == "fig13"]
+    right.bar([r["config"] for r in f13], [1.0 / r["predicted_s"] for r in f13], label="predicted 1/step")
+    twin = right.twinx()
+    twin.plot([r["config"] for r in f13], [r["measured_tflops"] for r in f13], "ro-", label="measured TFLOP/s")
+    right.set(title="Figure 13 (162B, 64 GPUs)", ylabel="1 / predicted step (1/s)")
+    twin.set_ylabel("measured TFLOP/s per GPU")
+    right.tick_params(axis="x", labelsize=7)
+    planner.write_png(path, fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--table1", default=str(REFERENCE / "megatron_sc21_table1.csv"))
+    parser.add_argument("--fig13", default=str(REFERENCE / "megatron_sc21_fig13.csv"))
+    parser.add_argument("--fig13-model", default=FIG13_MODEL)
+    parser.add_argument("--device", default="a100-80g")
+    parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument("--vocab", type=int, default=51200)
+    parser.add_argument("--micro-batch", type=int, default=1, help="micro-batch size (not given in Table 1; default 1)")
+    parser.add_argument("--max-rows", type=int, default=0, help="only the first N rows of each table (0: all)")
+    parser.add_argument("--smallest", action="store_true", help="first 2 rows of Table 1, all of Figure 13 (tests)")
+    parser.add_argument("--quick", action="store_true", help="same as the full run (it takes seconds)")
+    add_output_options(parser, "results/fidelity.csv")
+    args = parser.parse_args(argv)
+    if args.smallest:
+        args.max_rows = 2
+    table = results_table(args, ("source", "config"))
+    t1 = pd.read_csv(args.table1, comment="#").to_dict("records")
+    for i, ref in enumerate(t1[:args.max_rows or None]):
+        if not table.done(source="table1", config=f"{ref['params_b']}B"):
+            table.add([table1_row(ref, i, args)])
+    for ref in pd.read_csv(args.fig13, comment="#").to_dict("records"):
+        if not table.done(source="fig13", config=f"p{ref['pp']}-t{ref['tp']}-b{ref['global_batch']}"):
+            table.add([fig13_row(ref, args)])
+    data = [r for r in table.rows if r["source"] != "summary"]
+    summary = summarize(data)
+    table.rows = data
+    table.add(summary)
+    for r in summary:
+        print(f"{r['config']:40s} {r['value']}")
+    if (png := png_path(args)):
+        plot(data, png)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
