@@ -11,7 +11,7 @@ import importlib
 import sys
 import time
 
-SCRIPTS = ("fidelity", "portability", "smsg_models", "exact_vs_heuristic", "pipeline", "scaling")
+SCRIPTS = ("fidelity", "portability", "smsg_models", "verify", "exact_vs_heuristic", "pipeline", "scaling")
 
 
 def main(argv: list[str] | None = None) -> int:

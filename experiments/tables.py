@@ -1,6 +1,6 @@
 """Print the README's markdown tables from the CSVs under results/ (nothing is recomputed).
 
-    python -m experiments.tables
+    python -m experiments.tables [--readme README.md]
 """
 
 from __future__ import annotations
@@ -57,15 +57,91 @@ def pipeline(path: Path) -> str:
     return "\n".join(lines)
 
 
+def fidelity(path: Path) -> str:
+    d = pd.read_csv(path)
+    t1 = d[d["source"] == "table1"]
+    lines = ["| config | tp | pp | dp | batch | measured s | predicted s | rel. error | split |", "|---|---|---|---|---|---|---|---|---|"]
+    for _, r in t1.iterrows():
+        lines.append(f"| {r['config']} | {int(r['tp'])} | {int(r['pp'])} | {int(r['dp'])} | {int(r['global_batch'])} | "
+                     f"{r['measured_s']:.2f} | {r['predicted_s']:.2f} | {100 * r['rel_error']:.1f}% | {r['split']} |")
+    summary = dict(zip(d[d["source"] == "summary"]["config"], d[d["source"] == "summary"]["value"]))
+    pct = lambda key: f"{100 * float(summary[key]):.1f}%"
+    lines += ["", f"Table 1: mean relative error {pct('table1_mean_rel_error_all_raw')} (max "
+              f"{pct('table1_max_rel_error_all_raw')}) with the datasheet profile as is; with one efficiency factor "
+              f"fitted on the fit rows ({float(summary['table1_fitted_factor']):.3f}), held-out rows: mean "
+              f"{pct('table1_mean_rel_error_test_fitted')}, max {pct('table1_max_rel_error_test_fitted')} "
+              f"(raw on the same rows: mean {pct('table1_mean_rel_error_test_raw')}).", ""]
+    f13 = d[d["source"] == "fig13"].sort_values("predicted_s")
+    lines += ["| (pipeline, tensor) | predicted s/iteration | predicted rank | measured TFLOP/s per GPU |", "|---|---|---|---|"]
+    for rank, (_, r) in enumerate(f13.iterrows(), 1):
+        lines.append(f"| ({int(r['pp'])}, {int(r['tp'])}) | {r['predicted_s']:.1f} | {rank} | {r['measured_tflops']:.0f} |")
+    for key in sorted(k for k in summary if k.startswith("fig13") and k.endswith("spearman")):
+        batch = key.split("_")[1]
+        lines += ["", f"Figure 13 ({batch}): Spearman {float(summary[key]):.2f}, Kendall "
+                  f"{float(summary[key.replace('spearman', 'kendall')]):.2f}; predicted best "
+                  f"{summary[key.replace('spearman', 'predicted_best')]}."]
+    return "\n".join(lines)
+
+
+def portability(path: Path) -> str:
+    d = pd.read_csv(path)
+    cols = ["model", "changed", "devices", "device", "inter_node_bandwidth_gbps", "batch", "pipeline_degree",
+            "data_parallel_degree", "tensor_parallel_intra_node", "tensor_parallel_inter_node", "iteration_time_s",
+            "replan_time_s"]
+    frame = d[cols].copy()
+    frame["inter_node_bandwidth_gbps"] = frame["inter_node_bandwidth_gbps"].round(1)
+    return markdown(frame.set_index("model").round(3))
+
+
+def smsg_models(path: Path) -> str:
+    d = pd.read_csv(path)
+    d["step_ms"] = 1e3 * d["estimated_step_time_s"]
+    step = d.pivot_table(index=["model", "devices"], columns="method", values="step_ms")
+    eff = d.pivot_table(index=["model", "devices"], columns="method", values="scaling_efficiency")
+    table = step.round(2).astype(str) + " (" + eff.round(2).astype(str) + ")"
+    return "Estimated step time in ms (scaling efficiency against 8 devices):\n\n" + markdown(table)
+
+
+def verify(path: Path) -> str:
+    d = pd.read_csv(path)
+    lines = ["| model | mesh | method | sharded ops | numpy max rel. error | predicted bytes | compiled bytes | total error | worst axis error |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for _, r in d.iterrows():
+        lines.append(f"| {r['model']} | {r['mesh']} | {r['method']} | {r['sharded_ops']}/{r['operators']} | "
+                     f"{r['numpy_max_rel_error']:.1e} | {r['predicted_bytes']:,.0f} | {r['compiled_bytes']:,.0f} | "
+                     f"{100 * r['total_rel_error']:.2f}% | {100 * r['max_axis_rel_error']:.2f}% |")
+    ok = (d["status"] == "OK").sum()
+    return "\n".join(lines) + f"\n\n{ok} of {len(d)} plans within 5% in total and on every mesh axis."
+
+
+TABLES = (("SCALING_TABLE", scaling, "scaling.csv"), ("HEURISTIC_TABLE", heuristics, "exact_vs_heuristic.csv"),
+          ("PIPELINE_TABLE", pipeline, "pipeline.csv"), ("FIDELITY_TABLE", fidelity, "fidelity.csv"),
+          ("PORTABILITY_TABLE", portability, "portability.csv"), ("SMSG_TABLE", smsg_models, "smsg_models.csv"), ("VERIFY_TABLE", verify, "verify.csv"))
+
+
+def fill(readme: str, base: Path) -> str:
+    """The README text with every <!-- NAME --> ... <!-- /NAME --> block replaced by its table."""
+    for marker, fn, name in TABLES:
+        start, end = f"<!-- {marker} -->", f"<!-- /{marker} -->"
+        if start in readme and (base / name).is_file():
+            head, rest = readme.split(start, 1)
+            readme = head + start + "\n" + fn(base / name) + "\n" + end + rest.split(end, 1)[1]
+    return readme
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--results", default="results")
+    parser.add_argument("--readme", help="rewrite the marked tables of this README in place")
     args = parser.parse_args(argv)
     base = Path(args.results)
-    for title, fn, name in (("Scaling", scaling, "scaling.csv"), ("Exact vs heuristics", heuristics,
-                            "exact_vs_heuristic.csv"), ("Pipeline", pipeline, "pipeline.csv")):
+    if args.readme:
+        import planner
+        planner.write_text(args.readme, fill(Path(args.readme).read_text(), base))
+        return 0
+    for marker, fn, name in TABLES:
         if (base / name).is_file():
-            print(f"### {title}\n\n{fn(base / name)}\n")
+            print(f"### {marker}\n\n{fn(base / name)}\n")
     return 0
 
 

@@ -257,5 +257,67 @@ def layer_chain(model: str, mesh: str | Mesh, device: str | MachineProfile = "a1
     return found
 
 
+@dataclass(frozen=True, slots=True)
+class LoadedPlan:
+    """A plan file resolved against its model: the graph, the mesh and one strategy per operator."""
+
+    graph: Graph
+    mesh: Mesh
+    strategies: dict
+
+
+def load_plan(path: Path | str, model: str | Graph | None = None, batch: int | None = None,
+              seq: int | None = None) -> LoadedPlan:
+    """Read a plan JSON (``planner plan --json``); the model comes from its 'source' unless given."""
+    import json
+    try:
+        data = json.loads(Path(path).read_text())
+        operators = {o["name"]: o["strategy"] for o in data["operators"]}
+        mesh_spec = data["mesh"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SettingsError(f"--plan: cannot read a plan from {path} ({exc})") from None
+    source = data.get("source") or {}
+    if model is None:
+        if "model" not in source:
+            raise SettingsError(f"--plan: {path} has no 'source' model; pass --model")
+        model, batch, seq = source["model"], batch or source.get("batch"), seq or source.get("seq")
+    graph = resolve_model(model, batch, seq)
+    mesh = parse_mesh(mesh_spec, get_profile("symbolic"))
+    problem = build_problem(graph, mesh, get_profile("symbolic"))
+    strategies = strategies_from_mapping(problem, operators, where=f"--plan {path}")
+    return LoadedPlan(graph, mesh, {t.op.name: s for t, s in zip(problem.ops, strategies)})
+
+
+def plan_for_verification(model: str | Graph, mesh: str, method: str = "exact", *, batch: int | None = None,
+                          seq: int | None = None, device: str = "a100-80g") -> LoadedPlan:
+    """Plan under the settings the XLA check compiles (float32, SGD, no ZeRO, no memory limit)."""
+    from planner.verify import VERIFY_SETTINGS
+    cluster = make_cluster(mesh, device, float("inf"))
+    graph = resolve_model(model, batch, seq)
+    result = plan_problem(make_problem(graph, cluster, VERIFY_SETTINGS), None, method)
+    strategies = {a.name: tuple(d for _, d in a.strategy) for a in result.operators}
+    return LoadedPlan(graph, cluster.mesh, strategies)
+
+
+def export_shardings(loaded: LoadedPlan, tensor_axis: str | None = None) -> dict:
+    """JAX PartitionSpecs, DTensor placements and a Linear parallelize plan of a loaded plan."""
+    from planner.export import export_plan, linear_parallel_plan
+    exported = export_plan(loaded.graph, loaded.strategies, loaded.mesh)
+    data = exported.to_dict(loaded.graph)
+    axis = tensor_axis or loaded.mesh.names[-1]
+    data["parallelize_plan"] = {"mesh_axis": axis, "modules": linear_parallel_plan(loaded.graph, exported, axis)}
+    return data
+
+
+def verify_loaded(loaded: LoadedPlan, *, run_numpy: bool = True, run_xla: bool = True, tolerance: float = 0.05,
+           devices: int | None = None):
+    """Numpy executor and XLA checks of a loaded plan (``planner.verify``)."""
+    from planner.verify import verify_plan
+    if devices is not None and devices != loaded.mesh.num_devices:
+        raise SettingsError(f"--devices: the plan's mesh {loaded.mesh.spec} has {loaded.mesh.num_devices} devices, not {devices}")
+    return verify_plan(loaded.graph, loaded.strategies, loaded.mesh, run_numpy=run_numpy, run_xla=run_xla,
+                       tolerance=tolerance)
+
+
 def describe_error(exc: Exception) -> str:
     return str(exc) if isinstance(exc, PlannerError) else f"{type(exc).__name__}: {exc}"

@@ -1,7 +1,8 @@
 """Command line: ``planner models | plan | evaluate``.
 
 Exit codes: 0 a plan was found, 2 bad input (one line on stderr naming the field), 3 infeasible,
-4 a time-limited plan that is not proven optimal under ``--require-optimal``.
+4 a time-limited plan that is not proven optimal under ``--require-optimal``, 5 ``verify`` found
+a mismatch beyond tolerance.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from planner.errors import PlannerError, SettingsError
 from planner.mesh import DEFAULT_HARDWARE_CSV
 from planner.plans import Plan
 
-EXIT_OK, EXIT_BAD_INPUT, EXIT_INFEASIBLE, EXIT_NOT_OPTIMAL = 0, 2, 3, 4
+EXIT_OK, EXIT_BAD_INPUT, EXIT_INFEASIBLE, EXIT_NOT_OPTIMAL, EXIT_MISMATCH = 0, 2, 3, 4, 5
 log = logging.getLogger("planner")
 
 
@@ -123,7 +124,31 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--dp", type=_positive_int, help="data-parallel degree")
     e.add_argument("--pp", type=_positive_int, default=1, help="pipeline degree (1 here; see `planner pipeline`)")
     e.add_argument("--micro-batch", type=_positive_int, help="micro-batch size (must equal the per-replica batch when pp=1)")
+    i = sub.add_parser("import-torch", help="import an nn.Module through torch.export into a graph JSON")
+    _add_logging(i, top=False)
+    i.add_argument("spec", help="hf:gpt2[:layers=12,seq=1024,batch=1], hf:resnet50[:batch=8] or file.py:function "
+                                "(returning (module, example_inputs))")
+    i.add_argument("--json", required=True, help="graph JSON to write (then: planner plan --model it)")
+    i.add_argument("--allow-unknown", action="store_true", help="map unsupported ops to replicated opaque operators")
+    x = sub.add_parser("export", help="JAX PartitionSpecs, DTensor placements and a Linear plan of a plan JSON")
+    _add_plan_source(x)
+    x.add_argument("--tensor-axis", help="mesh axis of the Linear parallelize plan (default: the innermost)")
+    x.add_argument("--json", help="write the shardings here (default: print)")
+    v = sub.add_parser("verify", help="check a plan: numpy executor vs unsharded, XLA collectives vs the cost model")
+    _add_plan_source(v)
+    v.add_argument("--devices", type=_positive_int, help="emulated devices (must equal the plan's mesh size)")
+    v.add_argument("--tolerance", type=float, default=0.05, help="relative tolerance on bytes (default 0.05)")
+    v.add_argument("--no-xla", action="store_true", help="skip the XLA compilation (no JAX needed)")
+    v.add_argument("--no-numpy", action="store_true", help="skip the numpy executor")
     return parser
+
+
+def _add_plan_source(p: argparse.ArgumentParser) -> None:
+    _add_logging(p, top=False)
+    p.add_argument("--plan", required=True, help="plan JSON written by `planner plan --json`")
+    p.add_argument("--model", help="model of the plan (default: the plan's 'source')")
+    p.add_argument("--batch", type=_positive_int, help="global batch (default: the plan's 'source')")
+    p.add_argument("--seq", type=_positive_int, help="sequence length (default: the plan's 'source')")
 
 
 def progress_bar(args: argparse.Namespace):
@@ -176,7 +201,9 @@ def format_plan(plan: Plan) -> str:
 def _write_outputs(plan: Plan, args: argparse.Namespace) -> None:
     from planner import io
     if args.json:
-        io.write_json(args.json, plan.to_dict(timings=not args.no_timings))
+        data = plan.to_dict(timings=not args.no_timings)
+        data["source"] = {"model": args.model, "batch": args.batch, "seq": args.seq}
+        io.write_json(args.json, data)
     if args.csv:
         io.write_csv(args.csv, [plan.summary_row(timings=not args.no_timings)])
 
@@ -292,7 +319,44 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"models": cmd_models, "plan": cmd_plan, "evaluate": cmd_evaluate, "compare": cmd_compare,
+def cmd_import_torch(args: argparse.Namespace) -> int:
+    from planner import io
+    from planner.torch_import import build_spec, import_module
+    module, inputs, name = build_spec(args.spec)
+    graph = import_module(module, inputs, name=name, allow_unknown=args.allow_unknown)
+    torch_params = sum(p.numel() for p in module.parameters())
+    io.save_graph(graph, args.json)
+    if not args.quiet:
+        print(f"imported {name}: {len(graph.operators)} operators, {graph.num_params:,d} parameters "
+              f"(torch module: {torch_params:,d}), {graph.flops / 1e9:.2f} GFLOPs forward -> {args.json}")
+    return EXIT_OK
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from planner import io
+    data = api.export_shardings(api.load_plan(args.plan, args.model, args.batch, args.seq), args.tensor_axis)
+    if args.json:
+        io.write_json(args.json, data)
+    elif not args.quiet:
+        print(json.dumps(data, indent=1))
+    return EXIT_OK
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from planner.verify import format_report
+    loaded = api.load_plan(args.plan, args.model, args.batch, args.seq)
+    report = api.verify_loaded(loaded, run_numpy=not args.no_numpy, run_xla=not args.no_xla, tolerance=args.tolerance,
+                        devices=args.devices)
+    if not args.quiet:
+        print(f"plan {args.plan}: {loaded.graph.name} on mesh {loaded.mesh.spec}")
+        print(format_report(report))
+    if not report.ok:
+        print("planner: verify: mismatch beyond tolerance", file=sys.stderr)
+        return EXIT_MISMATCH
+    return EXIT_OK
+
+
+COMMANDS = {"models": cmd_models, "import-torch": cmd_import_torch, "export": cmd_export, "verify": cmd_verify, "plan": cmd_plan, "evaluate": cmd_evaluate, "compare": cmd_compare,
             "pipeline": cmd_pipeline}
 
 

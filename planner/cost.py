@@ -11,7 +11,7 @@ Collective times on one axis of size p, bandwidth B, latency a, for n bytes (rin
 Per operator (forward + backward): compute flops/P(s) forward, backward_factor times that
 backward, one more forward under recompute; splitting a normalised dim all-reduces the
 statistics in both passes; a parameter whose op splits a dim absent from it gets a Partial
-gradient, all-reduced per axis (reduce-scatter + all-gather under ZeRO >= 1, a second
+gradient, all-reduced per use (tied weights: once per consumer, as XLA does) (reduce-scatter + all-gather under ZeRO >= 1, a second
 all-gather under ZeRO-3). Per edge: the forward redistribution producer -> consumer and the
 transposed redistribution of the gradient, one mesh axis at a time.
 """
@@ -203,15 +203,34 @@ def redistribute(shape: tuple[int, ...], elem_bytes: int, src: Layout, dst: Layo
         if dst[ax] >= 0 and cur[ax] >= 0 and cur[ax] != dst[ax]:
             out.append(Collective(phase, "all_to_all", ax, local_bytes()))
             cur[ax] = dst[ax]
+    pending = [ax for ax in axes if dst[ax] == REPLICATE and cur[ax] == PARTIAL and mesh_shape[ax] > 1]
+    out.extend(hierarchical_all_reduce(phase, pending, local_bytes(), mesh_shape))
     for ax in axes:
         if dst[ax] == REPLICATE and cur[ax] == PARTIAL:
-            out.append(Collective(phase, "all_reduce", ax, local_bytes()))
             cur[ax] = REPLICATE
     for ax in axes:
         if dst[ax] == REPLICATE and cur[ax] >= 0:
             cur[ax] = REPLICATE
             out.append(Collective(phase, "all_gather", ax, local_bytes()))
     return tuple(c for c in out if mesh_shape[c.axis] > 1)
+
+
+def hierarchical_all_reduce(phase: str, axes: list[int], nbytes: float,
+                            mesh_shape: tuple[int, ...]) -> list[Collective]:
+    """All-reduce of ``nbytes`` over several mesh axes (outermost first): reduce-scatter on the
+    inner axes (innermost first), all-reduce of the scattered buffer on the outermost axis,
+    all-gather back. It moves the bytes of one flat ring all-reduce over all those devices."""
+    if not axes:
+        return []
+    out, buffer = [], nbytes
+    for ax in reversed(axes[1:]):
+        out.append(Collective(phase, "reduce_scatter", ax, buffer))
+        buffer /= mesh_shape[ax]
+    out.append(Collective(phase, "all_reduce", axes[0], buffer))
+    for ax in axes[1:]:
+        buffer *= mesh_shape[ax]
+        out.append(Collective(phase, "all_gather", ax, buffer))
+    return out
 
 
 def edge_cost(shape: tuple[int, ...], elem_bytes: int, producer_layout: Layout, consumer_layout: Layout,
@@ -247,11 +266,12 @@ def operand_infos(graph: Graph, settings: TrainingSettings) -> dict[str, tuple[O
             if t.role == "param" or (operand.saved and (t.checkpoint or not settings.recompute)):
                 owner.setdefault(t.name, op.name)
     infos = {}
+    grads = graph.grad_tensors()
     for op in graph.operators:
         row = []
         for operand in op.inputs:
             t = graph.tensor(operand.tensor)
-            row.append(OperandInfo(t.shape, t.role, t.needs_grad, INTEGER_BYTES if t.integer else settings.elem_bytes,
+            row.append(OperandInfo(t.shape, t.role, t.name in grads, INTEGER_BYTES if t.integer else settings.elem_bytes,
                                    owner.get(t.name) == op.name))
         infos[op.name] = tuple(row)
     return infos
@@ -297,8 +317,11 @@ def _param_cost(numel: float, layout: Layout, mesh_shape: tuple[int, ...], setti
     dp_axes = [ax for ax, p in enumerate(layout) if p == GRAD_PARTIAL and mesh_shape[ax] > 1]
     nbytes = numel * settings.elem_bytes
     comm: list[Collective] = []
+    # A parameter read by several operators (tied embeddings) has its gradient reduced once per
+    # use: XLA's SPMD partitioner reduces each use's partial gradient where it is computed
+    # (measured by `planner verify`); a framework that accumulates first pays less.
     if settings.zero == 0:
-        comm = [Collective("grad", "all_reduce", ax, nbytes) for ax in dp_axes]
+        comm = hierarchical_all_reduce("grad", dp_axes, nbytes, mesh_shape)
     else:
         buffer = nbytes
         for ax in dp_axes:

@@ -85,9 +85,13 @@ class Operator:
     norm_dims: frozenset[str] = frozenset()
     norm_stats: int = 0
     layer: int | None = None
+    attrs: tuple[tuple[str, int], ...] = ()  # numeric details that do not change costs (pool kernel, ...)
 
     def __post_init__(self) -> None:
         _check_name(self.name, "operator")
+        for key, value in self.attrs:
+            if not isinstance(key, str) or isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise GraphError(f"operator {self.name}: field 'attrs' needs non-negative integers, got {key!r}: {value!r}")
         names = [d for d, _ in self.dims]
         if len(set(names)) != len(names):
             raise GraphError(f"operator {self.name}: field 'dims' repeats a dim: {names}")
@@ -112,6 +116,9 @@ class Operator:
     @property
     def sizes(self) -> dict[str, int]:
         return dict(self.dims)
+
+    def attr(self, key: str, default: int) -> int:
+        return dict(self.attrs).get(key, default)
 
     def operand_shape(self, operand: Operand) -> tuple[int, ...]:
         sizes = self.sizes
@@ -186,6 +193,15 @@ class Graph:
 
     def producer(self, tensor: str) -> str | None:
         return self._index["producer"].get(tensor)
+
+    def grad_tensors(self) -> frozenset[str]:
+        """Tensors whose gradient a training step computes: float parameters, and activations
+        computed from one (autograd's requires_grad; a gradient nothing upstream uses is skipped)."""
+        out = {t.name for t in self.tensors if t.role == "param" and t.needs_grad}
+        for op in self.operators:
+            if any(o.tensor in out for o in op.inputs):
+                out.update(o.tensor for o in op.outputs if self.tensor(o.tensor).needs_grad)
+        return frozenset(out)
 
     def operator(self, name: str) -> Operator:
         for op in self.operators:

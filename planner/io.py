@@ -8,7 +8,8 @@ Graph JSON schema (``planner plan --model graph.json``)::
      "operators": [{"name": str, "kind": str (a registry kind), "equation": "bsh,hf->bsf",
                     "inputs": [tensor names], "outputs": [tensor names], "sizes": {dim: int},
                     "norm": "dims" (optional), "unsplittable": "dims" (optional),
-                    "saved": [bool per input] (optional), "layer": int|null (optional)}]}
+                    "saved": [bool per input] (optional), "layer": int|null (optional),
+                    "attrs": {str: int} (optional: pool kernel/stride/padding, conv stride/padding)}]}
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ def _atomic_write(path: Path | str, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_text(path: Path | str, text: str) -> None:
+    _atomic_write(path, text)
 
 
 def write_json(path: Path | str, data: Any) -> None:
@@ -115,7 +120,7 @@ def graph_to_dict(graph: Graph) -> dict:
                        "inputs": [o.tensor for o in op.inputs], "outputs": [o.tensor for o in op.outputs],
                        "sizes": dict(op.dims), "norm": "".join(sorted(op.norm_dims)),
                        "unsplittable": "".join(sorted(op.unsplittable)), "saved": [o.saved for o in op.inputs],
-                       "layer": op.layer} for op in graph.operators],
+                       "layer": op.layer, "attrs": dict(op.attrs)} for op in graph.operators],
     }
 
 
@@ -178,10 +183,12 @@ def graph_from_dict(data: Any, source: str = "graph") -> Graph:
             raise GraphError(f"{where}: fields 'inputs'/'outputs' must list tensor names")
         saved = _field(o, "saved", list, where, None)
         layer = _field(o, "layer", (int, type(None)), where, None)
+        attrs = _field(o, "attrs", dict, where, {})
         try:
             ops.append(make_operator(_field(o, "kind", str, where), name, _field(o, "equation", str, where), inputs,
                                      outputs, sizes, norm=_field(o, "norm", str, where, ""),
-                                     unsplittable=_field(o, "unsplittable", str, where, ""), saved=saved, layer=layer))
+                                     unsplittable=_field(o, "unsplittable", str, where, ""), saved=saved, layer=layer,
+                                     attrs=attrs))
         except GraphError as exc:
             raise GraphError(f"{source}: {exc}") from None
     try:

@@ -120,6 +120,7 @@ REGISTRY: Mapping[str, OpKind] = _kinds(
     OpKind("moe_gate", "elementwise", 2, _output_points, 1.0, False),
     OpKind("moe_dispatch", "contraction", 2, _all_dims, 2.0, True),
     OpKind("moe_combine", "contraction", 2, _all_dims, 2.0, True),
+    OpKind("opaque", "elementwise", 1, _output_points, 1.0, True),  # imported op of unknown semantics
 )
 
 
@@ -133,7 +134,8 @@ def op_kind(kind: str, where: str = "operator") -> OpKind:
 
 def make_operator(kind: str, name: str, equation: str, inputs: Sequence[str], outputs: Sequence[str],
                   sizes: Mapping[str, int], *, norm: str = "", unsplittable: str = "",
-                  saved: Sequence[bool] | None = None, layer: int | None = None) -> Operator:
+                  saved: Sequence[bool] | None = None, layer: int | None = None,
+                  attrs: Mapping[str, int] | None = None) -> Operator:
     """Build an ``Operator`` from its kind and equation; ``sizes`` gives every dim's size."""
     where = f"operator {name}"
     spec = op_kind(kind, where)
@@ -156,7 +158,8 @@ def make_operator(kind: str, name: str, equation: str, inputs: Sequence[str], ou
         outputs=tuple(Operand(t, g) for t, g in zip(outputs, outs)),
         flops=int(flops), backward_factor=spec.backward_factor,
         unsplittable=frozenset(unsplittable) | frozenset(d for d in spec.spatial if d in sizes),
-        norm_dims=frozenset(norm), norm_stats=spec.norm_stats if norm else 0, layer=layer)
+        norm_dims=frozenset(norm), norm_stats=spec.norm_stats if norm else 0, layer=layer,
+        attrs=tuple(sorted((attrs or {}).items())))
 
 
 class GraphBuilder:
@@ -191,7 +194,8 @@ class GraphBuilder:
 
     def op(self, kind: str, name: str, equation: str, inputs: Sequence[str], *,
            sizes: Mapping[str, int] | None = None, out: str | Sequence[str] | None = None,
-           norm: str = "", unsplittable: str = "", saved: Sequence[bool] | None = None) -> str:
+           norm: str = "", unsplittable: str = "", saved: Sequence[bool] | None = None,
+           attrs: Mapping[str, int] | None = None) -> str:
         """Add an operator; returns its (first) output tensor name."""
         where = f"operator {name}"
         ins, outs = parse_equation(equation, where)
@@ -209,7 +213,7 @@ class GraphBuilder:
                     known[free[0]] = size // rest if rest and size % rest == 0 else -1
         names = [out] if isinstance(out, str) else list(out or [name if len(outs) == 1 else f"{name}.{i}" for i in range(len(outs))])
         operator = make_operator(kind, name, equation, inputs, names, known, norm=norm,
-                                 unsplittable=unsplittable, saved=saved, layer=self.layer)
+                                 unsplittable=unsplittable, saved=saved, layer=self.layer, attrs=attrs)
         for tensor, operand in zip(names, operator.outputs):
             self._add_tensor(Tensor(tensor, operator.operand_shape(operand)))
         self._ops.append(operator)

@@ -97,3 +97,22 @@ def test_time_limited_whole_program_returns_feasible_plan(tmp_path):
     strict = run("plan", "--model", "gpt2-small", "--mesh", "2x4", "--method", "whole", "--time-limit", "2",
                  "--require-optimal", "-q")
     assert strict.returncode == 4 and "--require-optimal" in strict.stderr
+
+
+def test_verify_and_export_a_plan_file(tmp_path):
+    pytest.importorskip("jax")
+    plan = tmp_path / "p.json"
+    assert run("plan", "--model", "mlp", "--batch", "512", "--mesh", "2x4", "--method", "megatron", "--json", str(plan),
+               "-q").returncode == 0
+    proc = run("verify", "--plan", str(plan), "--devices", "8")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "numpy executor" in proc.stdout and "node" in proc.stdout and "gpu" in proc.stdout
+    strict = run("verify", "--plan", str(plan), "--tolerance", "-1", "--no-numpy")
+    assert strict.returncode == 5 and "mismatch" in strict.stderr
+    wrong = run("verify", "--plan", str(plan), "--devices", "4", "--no-xla")
+    assert wrong.returncode == 2 and "--devices" in wrong.stderr
+    shardings = tmp_path / "s.json"
+    assert run("export", "--plan", str(plan), "--json", str(shardings)).returncode == 0
+    data = json.loads(shardings.read_text())
+    assert data["partition_specs"]["fc1.weight"] == [None, "gpu"]
+    assert data["parallelize_plan"]["mesh_axis"] == "gpu"

@@ -67,7 +67,7 @@ GRAPH_CASES = [
     ("missing-outputs", _pop(lambda d: _op(d, "gelu"), "outputs"), "field 'outputs'"),
     ("two-producers", _set(lambda d: _op(d, "gelu"), outputs=["fc1"]), "field 'outputs'"),
     ("writes-param", _set(lambda d: _op(d, "gelu"), outputs=["fc2.weight"]), "field 'outputs'"),
-    ("cycle", _set(lambda d: _op(d, "ln"), inputs=["residual"]), "closes a cycle"),
+    ("cycle", _set(lambda d: _op(d, "ln"), inputs=["residual", "ln.weight", "ln.bias"]), "closes a cycle"),
     ("self-loop", _set(lambda d: _op(d, "gelu"), inputs=["gelu"]), "field"),
     ("shape-mismatch-edge", lambda d: _tensor(d, "fc1")["shape"].__setitem__(1, 65), "fc1"),
     ("param-shape-mismatch", _set(lambda d: _tensor(d, "fc2.weight"), shape=[64, 17]), "fc2.weight"),
@@ -187,7 +187,7 @@ def test_real_process_prints_one_line(tmp_path, case_id):
         path = tmp_path / "g.json"
         if case_id == "cycle":
             data = copy.deepcopy(VALID)
-            _op(data, "ln")["inputs"] = ["residual"]
+            _op(data, "ln")["inputs"] = ["residual", "ln.weight", "ln.bias"]
             path.write_text(json.dumps(data))
         else:
             path.write_text(json.dumps(VALID).replace('"f": 64', '"f": NaN', 1))

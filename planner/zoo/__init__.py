@@ -60,6 +60,18 @@ def _check_positive(name: str, value: int | None) -> None:
         raise ModelError(f"--{name}: must be a positive integer, got {value!r}")
 
 
+def _int_options(text: str, known: tuple[str, ...]) -> dict[str, int]:
+    out = {}
+    for part in filter(None, text.split(",")):
+        key, _, value = part.partition("=")
+        if key not in known:
+            raise ModelError(f"--model: unknown field {key!r} (known: {', '.join(known)})")
+        if not value.isdigit() or int(value) < 1:
+            raise ModelError(f"--model: field {key!r} must be a positive integer, got {value!r}")
+        out[key] = int(value)
+    return out
+
+
 def load_model(name: str, batch: int | None = None, seq: int | None = None) -> Graph:
     """Build a zoo model by name (or parametric spec) with optional global batch and sequence length."""
     _check_positive("batch", batch)
@@ -78,6 +90,12 @@ def load_model(name: str, batch: int | None = None, seq: int | None = None) -> G
         return bert(*BERT_PRESETS[name], batch=batch or LM_BATCH, seq=seq or 512, name=name)
     if name in VISION:
         return VISION[name](batch or VISION_BATCH)
+    if sep and family in ("mlp", "transformer-block"):
+        options = _int_options(params, {"mlp": ("hidden", "ffn"), "transformer-block": ("hidden", "heads")}[family])
+        if family == "mlp":
+            return mlp(batch or 4096, options.get("hidden", 256), options.get("ffn", 0), name=name)
+        return transformer_block(batch or LM_BATCH, seq or 1024, options.get("hidden", 1024), options.get("heads", 16),
+                                 name=name)
     if name == "mlp":
         return mlp(batch or 4096)
     if name == "transformer-block":

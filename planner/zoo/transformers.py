@@ -141,13 +141,14 @@ def bert(layers: int, hidden: int, heads: int, batch: int = LM_BATCH, seq: int =
 def mlp(batch: int = 4096, hidden: int = 256, ffn: int = 0, name: str = "mlp") -> Graph:
     """A residual 2-layer MLP block: layer norm, hidden -> ffn -> hidden with GELU, residual add, sum loss.
 
-    The input goes through a (parameter-free) layer norm so that, as inside a network, the
-    linear layers read an activation that needs a gradient.
+    The input goes through a layer norm with its own scale and shift so that, as inside a network,
+    the linear layers read an activation whose gradient is needed.
     """
     ffn = ffn or 4 * hidden
     gb = GraphBuilder(name)
     x = gb.data("x", (batch, hidden))
-    normed = gb.op("layernorm", "ln", "bh->bh", [x], norm="h")
+    normed = gb.op("layernorm", "ln", "bh,h,h->bh", [x, gb.param("ln.weight", (hidden,)), gb.param("ln.bias", (hidden,))],
+                   norm="h")
     y = gb.op("linear", "fc1", "bh,hf->bf", [normed, gb.param("fc1.weight", (hidden, ffn))])
     y = gb.op("gelu", "gelu", "bf->bf", [y])
     y = gb.op("linear", "fc2", "bf,fh->bh", [y, gb.param("fc2.weight", (ffn, hidden))])

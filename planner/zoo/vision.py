@@ -37,7 +37,8 @@ def _relu(gb: GraphBuilder, name: str, x: str) -> str:
 
 def _maxpool(gb: GraphBuilder, name: str, x: str, kernel: int, stride: int) -> str:
     _, _, height, width = gb.shape(x)
-    return gb.op("maxpool", name, "bcHW->bcpq", [x], sizes={"p": height // stride, "q": width // stride})
+    return gb.op("maxpool", name, "bcHW->bcpq", [x], sizes={"p": height // stride, "q": width // stride},
+                 attrs={"kernel": kernel, "stride": stride, "padding": (kernel - 1) // 2})
 
 
 def _classifier_loss(gb: GraphBuilder, x: str, batch: int, classes: int) -> None:

@@ -1,0 +1,95 @@
+"""Plans that run: the numpy executor and XLA's compiled collectives against the cost model.
+
+For mlp, transformer-block and a 2-layer GPT on 4, 8 and 2x4 emulated CPU devices, under the
+exact, dp and megatron plans (a100-80g costs, float32, SGD): the largest relative error of the numpy
+executor against the unsharded forward, and the bytes each device sends in the compiled training
+step against the prediction, in total and per mesh axis (see `planner verify`). Needs JAX.
+
+    python -m experiments.verify [--quick] [--models ...] [--meshes 4,8,2x4] [--out results/verify.csv]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import planner
+from experiments.common import add_output_options, png_path, results_table
+
+# model -> (zoo spec, global batch, sequence length): full and small settings
+FULL = {"mlp": ("mlp:hidden=512", 4096, None), "transformer-block": ("transformer-block:hidden=1024,heads=16", 8, 256),
+        "gpt-2layer": ("gpt:layers=2,hidden=512,heads=8,seq=256,vocab=2048", 8, None)}
+SMALL = {"mlp": ("mlp:hidden=256", 1024, None), "transformer-block": ("transformer-block:hidden=256,heads=8", 4, 64),
+         "gpt-2layer": ("gpt:layers=2,hidden=128,heads=4,seq=64,vocab=512", 8, None)}
+METHODS = ("exact", "dp", "megatron")
+
+
+def run_one(name: str, model: tuple, mesh: str, method: str) -> dict:
+    start = time.perf_counter()
+    spec, batch, seq = model
+    loaded = planner.plan_for_verification(spec, mesh, method, batch=batch, seq=seq)
+    report = planner.verify_loaded(loaded)
+    total = report.comparisons[0]
+    axes = [c for c in report.comparisons[1:]]
+    return {"model": name, "spec": spec, "batch": batch, "mesh": mesh, "method": method,
+            "status": "OK" if report.ok else "MISMATCH", "sharded_ops": sum(any(s) for s in loaded.strategies.values()),
+            "operators": len(loaded.strategies), "numpy_max_rel_error": report.numpy_max_rel_error,
+            "predicted_bytes": total.predicted, "compiled_bytes": total.compiled, "objective": total.rel_error,
+            "total_rel_error": total.rel_error, "max_axis_rel_error": max((c.rel_error for c in axes), default=0.0),
+            "per_axis": " ".join(f"{c.axes}:{c.predicted:.0f}/{c.compiled:.0f}" for c in axes),
+            "compiled_collectives": report.compiled_count, "wall_time_s": time.perf_counter() - start}
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(5, 4))
+    for method in METHODS:
+        sel = [r for r in rows if r["method"] == method and r["predicted_bytes"] > 0]
+        ax.loglog([r["predicted_bytes"] for r in sel], [r["compiled_bytes"] for r in sel], "o", label=method)
+    values = [r["predicted_bytes"] for r in rows if r["predicted_bytes"] > 0]
+    if values:
+        ax.plot([min(values), max(values)], [min(values), max(values)], "k--", lw=0.8)
+    ax.set(xlabel="predicted bytes sent per device", ylabel="compiled (XLA, CPU) bytes sent per device",
+           title="Cost model vs compiled collectives")
+    ax.legend(fontsize=7)
+    planner.write_png(path, fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(FULL))
+    parser.add_argument("--meshes", default="4,8,2x4")
+    parser.add_argument("--quick", action="store_true", help="small sizes, meshes 4 and 2x4")
+    parser.add_argument("--smallest", action="store_true", help="small mlp on 2x4, megatron only (tests)")
+    add_output_options(parser, "results/verify.csv")
+    args = parser.parse_args(argv)
+    try:
+        import jax  # noqa: F401
+    except ImportError:
+        print("JAX is not installed (pip install -e '.[jax]'): nothing verified")
+        return 0
+    specs, methods, small = FULL, METHODS, args.quick or args.smallest
+    if small:
+        specs, args.meshes = SMALL, "4,2x4"
+    if args.smallest:
+        args.models, args.meshes, methods = "mlp", "2x4", ("megatron",)
+    table = results_table(args, ("model", "mesh", "method"))
+    for name in args.models.split(","):
+        for mesh in args.meshes.split(","):
+            for method in methods:
+                if table.done(model=name, mesh=mesh, method=method):
+                    continue
+                row = run_one(name, specs[name], mesh, method)
+                print({k: row[k] for k in ("model", "mesh", "method", "status", "numpy_max_rel_error",
+                                           "total_rel_error", "max_axis_rel_error", "wall_time_s")}, flush=True)
+                table.add([row])
+    if (png := png_path(args)):
+        plot(table.rows, png)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""Verify a plan without GPUs: the numpy executor against the unsharded forward, and XLA's compiled
+collectives against the cost model's prediction (``planner verify``; DESIGN section 8).
+
+The prediction is the plan's cost record under float32 and SGD without ZeRO (what the compiled
+step does). Both sides are compared as the bytes each device sends (the bandwidth term of the
+cost model: (p-1)/p n per collective, twice for an all-reduce), in total and per mesh axis, so an
+all-reduce equals the reduce-scatter + all-gather pair that moves the same bytes (the CPU backend
+emits all-reduce where a GPU may emit that pair). A collective whose replica group spans several
+mesh axes is attributed to them as its hierarchical equivalent (see ``wire_bytes``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from planner.cost import TrainingSettings
+from planner.graph import Graph
+from planner.mesh import Mesh, get_profile
+from planner.plans import integer_objective
+from planner.problem import build_problem
+from planner.strategy import Strategy
+
+VERIFY_SETTINGS = TrainingSettings(dtype="fp32", optimizer="sgd", zero=0, recompute=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """Predicted against compiled traffic (bytes) for one mesh axis, or 'total'."""
+
+    axes: str
+    predicted: float
+    compiled: float
+
+    @property
+    def rel_error(self) -> float:
+        if self.predicted == 0:
+            return 0.0 if self.compiled == 0 else float("inf")
+        return abs(self.compiled - self.predicted) / self.predicted
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyReport:
+    numpy_max_rel_error: float | None
+    comparisons: tuple[Comparison, ...]  # 'total' first, then each axis
+    by_kind: tuple[tuple[str, float, float], ...]  # (kind, predicted n bytes, compiled n bytes)
+    compiled_count: int
+    tolerance: float
+    numeric_tolerance: float
+
+    @property
+    def numpy_ok(self) -> bool:
+        return self.numpy_max_rel_error is None or self.numpy_max_rel_error <= self.numeric_tolerance
+
+    @property
+    def xla_ok(self) -> bool:
+        return all(c.rel_error <= self.tolerance for c in self.comparisons)
+
+    @property
+    def ok(self) -> bool:
+        return self.numpy_ok and self.xla_ok
+
+
+Transfer = tuple[str, tuple[str, ...], float]  # (kind, mesh axes in mesh order, n bytes)
+
+
+def predicted_collectives(graph: Graph, strategies: dict[str, Strategy], mesh: Mesh) -> list[Transfer]:
+    """Every collective the cost model charges for the plan."""
+    problem = build_problem(graph, mesh, get_profile("symbolic"), VERIFY_SETTINGS)
+    _, record = integer_objective(problem, tuple(strategies[t.op.name] for t in problem.ops))
+    return [(c.kind, (mesh.names[c.axis],), c.nbytes) for c in record.comm if c.axis >= 0 and c.nbytes > 0]
+
+
+def wire_bytes(kind: str, axes: tuple[str, ...], nbytes: float, sizes: dict[str, int]) -> dict[str, float]:
+    """Bytes one device sends, per mesh axis: (p-1)/p n, twice for an all-reduce, n for p2p.
+
+    A collective over several axes (one flat replica group) is attributed as its hierarchical
+    equivalent, which sends the same bytes in total: all-reduce and all-gather run outer to inner
+    with the buffer on axis j = n / (product of the axes inside j); reduce-scatter and all-to-all
+    inner to outer, buffer n / (product of the axes outside j). This is the order the cost model
+    uses (``planner.cost.hierarchical_all_reduce`` and ``redistribute``)."""
+    if kind == "p2p":
+        return {"+".join(axes) or "none": nbytes}
+    factor = 2.0 if kind == "all_reduce" else 1.0
+    out = {}
+    for j, axis in enumerate(axes):
+        others = axes[j + 1:] if kind in ("all_reduce", "all_gather") else axes[:j]
+        buffer = nbytes / math.prod(sizes[a] for a in others)
+        p = sizes[axis]
+        out[axis] = factor * (p - 1) / p * buffer
+    return out
+
+
+def compare(predicted: list[Transfer], compiled: list[Transfer], sizes: dict[str, int]) -> tuple[tuple[Comparison, ...], tuple]:
+    """Sent bytes compared in total and per mesh axis; n bytes per kind (for information)."""
+    def per_axis(transfers: list[Transfer]) -> dict[str, float]:
+        acc: dict[str, float] = {}
+        for kind, axes, n in transfers:
+            for axis, value in wire_bytes(kind, axes, n, sizes).items():
+                acc[axis] = acc.get(axis, 0.0) + value
+        return acc
+    want, got = per_axis(predicted), per_axis(compiled)
+    rows = [Comparison("total", sum(want.values()), sum(got.values()))]
+    rows += [Comparison(axis, want.get(axis, 0.0), got.get(axis, 0.0)) for axis in sorted(set(want) | set(got))]
+    kinds = sorted({k for k, _, _ in predicted} | {k for k, _, _ in compiled})
+    by_kind = tuple((k, sum(n for kk, _, n in predicted if kk == k), sum(n for kk, _, n in compiled if kk == k))
+                    for k in kinds)
+    return tuple(rows), by_kind
+
+
+def verify_plan(graph: Graph, strategies: dict[str, Strategy], mesh: Mesh, *, run_numpy: bool = True,
+                run_xla: bool = True, tolerance: float = 0.05, numeric_tolerance: float = 1e-5,
+                timeout_s: float = 600.0) -> VerifyReport:
+    """Run the checks that are asked for; see the module docstring."""
+    numpy_error = None
+    if run_numpy:
+        from planner.executor import check_plan
+        numpy_error = max(check_plan(graph, strategies, mesh).values())
+    comparisons, by_kind, count = (), (), 0
+    if run_xla:
+        from planner.xla import compiled_collectives
+        compiled, _ = compiled_collectives(graph, strategies, mesh.names, mesh.shape, timeout_s)
+        transfers = [(c.kind, c.axes, c.nbytes) for c in compiled]
+        comparisons, by_kind = compare(predicted_collectives(graph, strategies, mesh), transfers,
+                                       dict(zip(mesh.names, mesh.shape)))
+        count = len(compiled)
+    return VerifyReport(numpy_error, comparisons, by_kind, count, tolerance, numeric_tolerance)
+
+
+def format_report(report: VerifyReport) -> str:
+    lines = []
+    if report.numpy_max_rel_error is not None:
+        verdict = "ok" if report.numpy_ok else "MISMATCH"
+        lines.append(f"numpy executor: max relative error {report.numpy_max_rel_error:.2e} "
+                     f"(tolerance {report.numeric_tolerance:g}) {verdict}")
+    if report.comparisons:
+        lines.append(f"XLA: {report.compiled_count} collectives compiled; bytes sent per device, predicted vs compiled:")
+        lines.append(f"  {'axes':12s} {'predicted':>14s} {'compiled':>14s} {'rel err':>8s}")
+        for c in report.comparisons:
+            verdict = "ok" if c.rel_error <= report.tolerance else "MISMATCH"
+            lines.append(f"  {c.axes:12s} {c.predicted:14,.0f} {c.compiled:14,.0f} {c.rel_error:8.2%} {verdict}")
+        lines.append("  by kind (n bytes): " + ", ".join(f"{k} {p:,.0f} / {x:,.0f}" for k, p, x in report.by_kind))
+    return "\n".join(lines)

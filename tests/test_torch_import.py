@@ -1,0 +1,59 @@
+"""torch.export import: GPT-2 (12 layers) and ResNet-50 from transformers configs (no weights)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import planner  # noqa: E402
+from planner.cli import main  # noqa: E402
+from planner.io import load_graph  # noqa: E402
+from planner.torch_import import ImportError_, build_spec, import_module  # noqa: E402
+
+
+@pytest.mark.parametrize("spec,expected_kinds", [
+    ("hf:gpt2:seq=128", {"embedding", "linear", "batch_matmul", "softmax", "layernorm", "split"}),
+    ("hf:resnet50:batch=8", {"conv2d", "batchnorm", "relu", "maxpool", "avgpool", "linear"}),
+])
+def test_import_plans_exactly_with_matching_parameter_count(spec, expected_kinds):
+    module, inputs, name = build_spec(spec)
+    graph = import_module(module, inputs, name=name)
+    assert graph.num_params == sum(p.numel() for p in module.parameters())  # tied lm_head counted once
+    assert expected_kinds <= {op.kind for op in graph.operators}
+    if "gpt2" in spec:
+        assert sum(op.kind == "layernorm" for op in graph.operators) == 25  # 12 layers x 2 + final
+    result = planner.plan(graph, "8", "a100-80g", method="exact")
+    assert result.status == "OPTIMAL" and result.estimated_step_time_s > 0
+
+
+def test_cli_import_then_plan(tmp_path, capsys):
+    out = tmp_path / "g.json"
+    assert main(["import-torch", "hf:gpt2:layers=2,seq=64", "--json", str(out)]) == 0
+    assert "parameters" in capsys.readouterr().out
+    graph = load_graph(out)
+    assert len(graph.operators) > 50
+    assert main(["plan", "--model", str(out), "--mesh", "4", "-q"]) == 0
+
+
+def test_unknown_op_is_named_or_opaque():
+    class Odd(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return torch.cumsum(self.fc(x), dim=-1)
+
+    x = torch.zeros(4, 8)
+    with pytest.raises(ImportError_, match="cumsum"):
+        import_module(Odd(), (x,))
+    graph = import_module(Odd(), (x,), allow_unknown=True)
+    opaque = [op for op in graph.operators if op.kind == "opaque"]
+    assert len(opaque) == 1 and opaque[0].unsplittable == frozenset(opaque[0].sizes)
+
+
+def test_bad_spec_exits_2(capsys):
+    assert main(["import-torch", "hf:bert", "--json", "/tmp/x.json"]) == 2
+    assert "unknown preset" in capsys.readouterr().err

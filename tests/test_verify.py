@@ -1,0 +1,105 @@
+"""XLA verification: HLO parsing by hand, and compiled collectives against the cost model.
+
+The default suite compiles one plan per model (small sizes); the slow matrix runs mlp,
+transformer-block and a 2-layer GPT on 4, 8 and 2x4 emulated devices under the exact, dp and
+megatron plans (the acceptance figures; see README)."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.api import make_cluster, make_problem, plan_problem
+from planner.cost import Collective, hierarchical_all_reduce
+from planner.verify import VERIFY_SETTINGS, compare, verify_plan, wire_bytes
+from planner.xla import parse_collectives, replica_groups
+from planner.zoo import load_model
+from planner.zoo.transformers import mlp, transformer_block
+
+HLO = """
+ENTRY %main {
+  %p0 = f32[8,64]{1,0} parameter(0)
+  %all-reduce = f32[8,64]{1,0} all-reduce(%p0), channel_id=1, replica_groups={{0,1,2,3},{4,5,6,7}}, use_global_device_ids=true, to_apply=%add
+  %all-gather = f32[16,64]{1,0} all-gather(%p0), channel_id=2, replica_groups=[4,2]<=[2,4]T(1,0), dimensions={0}, use_global_device_ids=true
+  %all-reduce.1 = (f32[4]{0}, f32[4,4]{1,0}) all-reduce(%p0, %p0), channel_id=3, replica_groups=mesh['axis_0'=4,'axis_1'=1,'axis_2'=2], device_ids=([2,4]T(1,0)) {'axis_2'}, use_global_device_ids=true, to_apply=%add
+  %all-reduce.2 = f32[8,64]{1,0} all-reduce(%p0), channel_id=4, replica_groups=mesh['axis_0'=2,'axis_1'=4] {'axis_0'}, use_global_device_ids=true, to_apply=%add
+  %partition-id = u32[] partition-id()
+  %slice_fusion = f32[4,64]{1,0} fusion(%all-reduce.2, %partition-id), kind=kLoop, calls=%fused
+  %collective-permute = f32[8,64]{1,0} collective-permute(%p0), channel_id=5, source_target_pairs={{0,0},{1,1},{4,2},{2,4}}
+}
+"""
+
+
+def test_replica_group_forms():
+    assert replica_groups("replica_groups={{0,2},{1,3}}", 4) == [[0, 2], [1, 3]]
+    assert replica_groups("replica_groups=[4,2]<=[2,4]T(1,0)", 8) == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    line = "replica_groups=mesh['axis_0'=4,'axis_1'=1,'axis_2'=2], device_ids=([2,4]T(1,0)) {'axis_2'}"
+    assert replica_groups(line, 8) == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert replica_groups("replica_groups=mesh['a'=2,'b'=4] {'b'}", 8) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_parse_collectives_by_hand():
+    found = parse_collectives(HLO, (2, 4), ("node", "gpu"))
+    kinds = [(c.kind, c.nbytes, c.axes) for c in found]
+    assert kinds[0] == ("all_reduce", 8 * 64 * 4, ("gpu",))
+    assert kinds[1] == ("all_gather", 16 * 64 * 4, ("node",))
+    assert kinds[2] == ("all_reduce", (4 + 16) * 4, ("node",))
+    assert kinds[3] == ("reduce_scatter", 8 * 64 * 4, ("node",))  # all-reduce + partition-id slice
+    assert kinds[4] == ("p2p", 8 * 64 * 4 * 2 / 8, ("node", "gpu"))  # 2 of 8 devices send
+
+
+def test_wire_bytes_hand_computed():
+    sizes = {"node": 2, "gpu": 4}
+    assert wire_bytes("all_reduce", ("gpu",), 800.0, sizes) == {"gpu": 2 * 3 / 4 * 800}
+    flat = wire_bytes("all_reduce", ("node", "gpu"), 800.0, sizes)  # one ring over 8 devices: 1400
+    assert flat == {"node": 2 * 1 / 2 * 800 / 4, "gpu": 2 * 3 / 4 * 800}
+    assert sum(flat.values()) == pytest.approx(2 * 7 / 8 * 800)
+    steps = hierarchical_all_reduce("grad", [0, 1], 800.0, (2, 4))
+    assert steps == [Collective("grad", "reduce_scatter", 1, 800.0), Collective("grad", "all_reduce", 0, 200.0),
+                     Collective("grad", "all_gather", 1, 800.0)]
+    predicted = [(c.kind, (("node", "gpu")[c.axis],), c.nbytes) for c in steps]
+    rows, _ = compare(predicted, [("all_reduce", ("node", "gpu"), 800.0)], sizes)
+    assert all(r.rel_error < 1e-12 for r in rows)
+
+
+MODELS = {
+    "mlp": lambda: mlp(batch=4096, hidden=512),
+    "transformer-block": lambda: transformer_block(batch=8, seq=256, hidden=1024, heads=16),
+    "gpt-2layer": lambda: load_model("gpt:layers=2,hidden=512,heads=8,seq=256,vocab=2048", batch=8),
+}
+SMALL = {
+    "mlp": lambda: mlp(batch=1024, hidden=256),
+    "transformer-block": lambda: transformer_block(batch=4, seq=64, hidden=256, heads=8),
+    "gpt-2layer": lambda: load_model("gpt:layers=2,hidden=128,heads=4,seq=64,vocab=512", batch=8),
+}
+
+
+def _verify(graph, mesh: str, method: str):
+    cluster = make_cluster(mesh, "a100-80g", float("inf"))
+    plan = plan_problem(make_problem(graph, cluster, VERIFY_SETTINGS), None, method)
+    strategies = {a.name: tuple(d for _, d in a.strategy) for a in plan.operators}
+    return verify_plan(graph, strategies, cluster.mesh), strategies
+
+
+@pytest.mark.parametrize("name,mesh,method", [("mlp", "2x4", "megatron"), ("transformer-block", "4", "megatron"),
+                                              ("gpt-2layer", "2x4", "dp")])
+def test_compiled_bytes_match_prediction_small(name, mesh, method):
+    pytest.importorskip("jax")
+    report, strategies = _verify(SMALL[name](), mesh, method)
+    assert any(any(s) for s in strategies.values())  # a sharded plan, so collectives exist
+    assert report.numpy_max_rel_error < 1e-5
+    assert report.compiled_count > 0
+    assert report.xla_ok, report
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["exact", "dp", "megatron"])
+@pytest.mark.parametrize("mesh", ["4", "8", "2x4"])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_compiled_bytes_match_prediction(name, mesh, method):
+    pytest.importorskip("jax")
+    if (name, mesh, method) == ("gpt-2layer", "2x4", "exact"):
+        pytest.xfail("tied embedding read in two layouts: XLA gathers the updated table, the cost model "
+                     "lets each consumer keep its own layout (documented limitation)")
+    report, _ = _verify(MODELS[name](), mesh, method)
+    assert report.numpy_max_rel_error < 1e-5
+    assert report.xla_ok, report
