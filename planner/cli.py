@@ -321,7 +321,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_import_torch(args: argparse.Namespace) -> int:
     from planner import io
-    from planner.torch_import import build_spec, import_module
+    from planner.torch_import import import_module
+    from planner.torch_presets import build_spec
     module, inputs, name = build_spec(args.spec)
     graph = import_module(module, inputs, name=name, allow_unknown=args.allow_unknown)
     torch_params = sum(p.numel() for p in module.parameters())

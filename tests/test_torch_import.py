@@ -10,7 +10,8 @@ pytest.importorskip("transformers")
 import planner  # noqa: E402
 from planner.cli import main  # noqa: E402
 from planner.io import load_graph  # noqa: E402
-from planner.torch_import import ImportError_, build_spec, import_module  # noqa: E402
+from planner.torch_import import ImportError_, import_module  # noqa: E402
+from planner.torch_presets import build_spec  # noqa: E402
 
 
 @pytest.mark.parametrize("spec,expected_kinds", [
