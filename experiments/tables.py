@@ -99,7 +99,8 @@ def smsg_models(path: Path) -> str:
     step = d.pivot_table(index=["model", "devices"], columns="method", values="step_ms")
     eff = d.pivot_table(index=["model", "devices"], columns="method", values="scaling_efficiency")
     table = step.round(2).astype(str) + " (" + eff.round(2).astype(str) + ")"
-    return "Estimated step time in ms (scaling efficiency against 8 devices):\n\n" + markdown(table)
+    return ("Estimated step time in ms (scaling efficiency against the exact plan at the smallest device "
+            "count where it fits; nan: does not fit in 80 GB):\n\n" + markdown(table))
 
 
 def verify(path: Path) -> str:
