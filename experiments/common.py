@@ -30,3 +30,11 @@ def png_path(args: argparse.Namespace) -> str | None:
         print("matplotlib not installed: no plot (pip install -e '.[plot]')")
         return None
     return str(args.out).rsplit(".", 1)[0] + ".png"
+
+
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend (plots are written, never shown)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt

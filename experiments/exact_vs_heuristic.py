@@ -14,7 +14,7 @@ import argparse
 import sys
 
 import planner
-from experiments.common import add_output_options, png_path, results_table
+from experiments.common import add_output_options, png_path, pyplot, results_table
 
 MODELS = "gpt2-small,gpt3-1.3b,gpt3-175b,bert-large,resnet50,vgg16,wide-resnet50-2,moe-gpt"
 METHODS = ("exact", "drec", "dp", "zero", "megatron", "greedy", "whole")
@@ -31,9 +31,7 @@ def check(rows: list[dict]) -> None:
 
 
 def plot(rows: list[dict], path: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     configs = sorted({(r["model"], r["mesh"]) for r in rows})
     methods = [m for m in METHODS if m != "exact"]
     fig, ax = plt.subplots(figsize=(max(5, len(configs) * 0.6), 3.5))

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 import planner
-from experiments.common import add_output_options, png_path, results_table
+from experiments.common import add_output_options, png_path, pyplot, results_table
 
 REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "reference"
 FIG13_MODEL = "gpt:layers=32,hidden=20480,heads=128,seq=2048,vocab=51200"
@@ -96,9 +96,7 @@ def summarize(rows: list[dict]) -> list[dict]:
 
 
 def plot(rows: list[dict], path: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
     t1 = [r for r in rows if r["source"] == "table1"]
     left.loglog([r["measured_s"] for r in t1], [r["predicted_s"] for r in t1], "o")

@@ -17,7 +17,7 @@ import sys
 import numpy as np
 
 import planner
-from experiments.common import add_output_options, png_path, results_table
+from experiments.common import add_output_options, png_path, pyplot, results_table
 
 # (model, mesh, global batch, recompute): GPT-3 175B needs full recompute to fit 80 GB in 4 stages.
 ZOO = (("gpt3-13b", "node=8,gpu=8", 128, False), ("gpt3-175b", "node=128,gpu=8", 1536, True),
@@ -63,9 +63,7 @@ def zoo_configs(models):
 
 
 def plot(rows: list[dict], path: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for method in METHODS[:1] + METHODS[2:]:
         gaps = sorted(r["gap_percent"] for r in rows if r["method"] == method and r["source"] == "random"

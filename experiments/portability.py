@@ -21,7 +21,7 @@ import sys
 import time
 
 import planner
-from experiments.common import add_output_options, png_path, results_table
+from experiments.common import add_output_options, png_path, pyplot, results_table
 
 BASE = {"devices": 64, "device": "a100-80g", "inter_gbps": None, "batch": 256}
 GBPS = 1e9 / 8  # bytes/s per Gb/s
@@ -75,9 +75,7 @@ def plan_row(model: str, changed: str, setting: dict) -> dict:
 
 
 def plot(rows: list[dict], path: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for model in sorted({r["model"] for r in rows}):
         sel = sorted((r for r in rows if r["model"] == model and r["changed"] in ("base", "devices")

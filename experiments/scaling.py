@@ -14,7 +14,7 @@ import argparse
 import sys
 
 import planner
-from experiments.common import add_output_options, png_path, results_table
+from experiments.common import add_output_options, png_path, pyplot, results_table
 
 MODEL = "gpt:layers={layers},hidden=12288,heads=96,seq=2048,vocab=51200"
 
@@ -42,9 +42,7 @@ def run_one(n: int, mesh: str, memory: str, whole_time_limit: float, exact_time_
 
 
 def plot(rows: list[dict], path: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for (mesh, memory) in sorted({(r["mesh"], r["memory"]) for r in rows}):
         sel = sorted((r for r in rows if r["mesh"] == mesh and r["memory"] == memory), key=lambda r: r["layers"])

@@ -16,7 +16,7 @@ import argparse
 import sys
 
 import planner
-from experiments.common import add_output_options, png_path, results_table
+from experiments.common import add_output_options, png_path, pyplot, results_table
 
 MODELS = "gpt3-1.3b,bert-large,resnet50,vgg16,wide-resnet50-2,moe-gpt"
 METHODS = ("exact", "drec", "dp", "megatron")
@@ -43,9 +43,7 @@ def add_efficiency(rows: list[dict]) -> None:
 
 
 def plot(rows: list[dict], path: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     models = sorted({r["model"] for r in rows})
     fig, axes = plt.subplots(1, len(models), figsize=(3 * len(models), 3), squeeze=False)
     for ax, model in zip(axes[0], models):

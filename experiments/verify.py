@@ -15,7 +15,7 @@ import sys
 import time
 
 import planner
-from experiments.common import add_output_options, png_path, results_table
+from experiments.common import add_output_options, png_path, pyplot, results_table
 
 # model -> (zoo spec, global batch, sequence length): full and small settings
 FULL = {"mlp": ("mlp:hidden=512", 4096, None), "transformer-block": ("transformer-block:hidden=1024,heads=16", 8, 256),
@@ -42,9 +42,7 @@ def run_one(name: str, model: tuple, mesh: str, method: str) -> dict:
 
 
 def plot(rows: list[dict], path: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 4))
     for method in METHODS:
         sel = [r for r in rows if r["method"] == method and r["predicted_bytes"] > 0]

@@ -210,26 +210,15 @@ def data_copies(graph, feeds: dict) -> dict:
             if graph.tensor(o.tensor).role == "data"}
 
 
-def _training_step(graph, exported, mesh):
-    """The jitted SGD step of the graph under the exported shardings."""
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import NamedSharding, PartitionSpec
-
+def _two_way_constraint():
+    """``constrain(x, forward, backward)``: sharding constraints on a value and, separately, on its
+    cotangent (None leaves that side free)."""
     from functools import partial
 
-    from planner.export import spec_of
-    from planner.interpret import run_graph
-    from planner.strategy import PARTIAL, forward_layout, gradient_layout, gradient_target
-
-    names = exported.axis_names
-    inputs = {(op, slot): layout for op, slot, layout in exported.inputs}
-    outputs = {(op, slot): layout for op, slot, layout in exported.outputs}
-    sharding = lambda layout, ndim: NamedSharding(mesh, PartitionSpec(*spec_of(layout, ndim, names)))
+    import jax
 
     @partial(jax.custom_vjp, nondiff_argnums=(1, 2))
     def constrain(x, forward, backward):
-        """Sharding constraints on a value and, separately, on its cotangent (None: free)."""
         return x if forward is None else jax.lax.with_sharding_constraint(x, forward)
 
     def constrain_fwd(x, forward, backward):
@@ -238,60 +227,82 @@ def _training_step(graph, exported, mesh):
     def constrain_bwd(forward, backward, _, cotangent):
         return (cotangent if backward is None else jax.lax.with_sharding_constraint(cotangent, backward),)
     constrain.defvjp(constrain_fwd, constrain_bwd)
+    return constrain
 
-    def target(layout, ndim):
-        return None if PARTIAL in layout else sharding(layout, ndim)
 
+def _edge_hooks(graph, exported, sharding):
+    """The interpreter hooks that put the plan's layouts on every edge: ``make_on_input(data)`` (data
+    tensors are read from the consumer's own copy) and ``on_output``."""
+    import jax
+    import jax.numpy as jnp
+
+    from planner.strategy import PARTIAL, forward_layout, gradient_layout, gradient_target
+
+    constrain = _two_way_constraint()
+    inputs = {(op, slot): layout for op, slot, layout in exported.inputs}
+    outputs = {(op, slot): layout for op, slot, layout in exported.outputs}
+    target = lambda layout, ndim: None if PARTIAL in layout else sharding(layout, ndim)
     # Where each tensor's gradient must arrive: its producer's gradient target, or a leaf's layout.
     arrive = dict(exported.leaves)
     for op in graph.operators:
         for slot, operand in enumerate(op.outputs):
             arrive[operand.tensor] = gradient_target(outputs[(op.name, slot)])
 
-    def on_input(op, slot, value):
-        # The consumer reads its layout. Its gradient leaves in its gradient layout, with the axes
-        # where it is Partial reduced right here into the placement the producer wants (all-reduce
-        # or reduce-scatter, as the cost model's redistribution does first); the producer's own
-        # constraint then gathers what remains.
-        layout = inputs[(op.name, slot)]
-        if graph.tensor(op.inputs[slot].tensor).role == "data":
-            return jax.lax.with_sharding_constraint(data_of[(op.name, slot)], sharding(forward_layout(layout), value.ndim))
-        if not jnp.issubdtype(value.dtype, jnp.floating):
-            return jax.lax.with_sharding_constraint(value, sharding(forward_layout(layout), value.ndim))
-        want = arrive[op.inputs[slot].tensor]
-        grad = tuple(want[k] if p == PARTIAL else p for k, p in enumerate(gradient_layout(layout)))
-        return constrain(value, target(forward_layout(layout), value.ndim), target(grad, value.ndim))
+    def make_on_input(data: dict):
+        def on_input(op, slot, value):
+            # The consumer reads its layout. Its gradient leaves in its gradient layout, with the axes
+            # where it is Partial reduced right here into the placement the producer wants (all-reduce
+            # or reduce-scatter, as the cost model's redistribution does first); the producer's own
+            # constraint then gathers what remains.
+            layout = inputs[(op.name, slot)]
+            if graph.tensor(op.inputs[slot].tensor).role == "data":
+                value = data[data_key(op.name, slot)]
+            if not jnp.issubdtype(value.dtype, jnp.floating) or graph.tensor(op.inputs[slot].tensor).role == "data":
+                return jax.lax.with_sharding_constraint(value, sharding(forward_layout(layout), value.ndim))
+            want = arrive[op.inputs[slot].tensor]
+            grad = tuple(want[k] if p == PARTIAL else p for k, p in enumerate(gradient_layout(layout)))
+            return constrain(value, target(forward_layout(layout), value.ndim), target(grad, value.ndim))
+        return on_input
 
     def on_output(op, slot, value):
         layout = outputs[(op.name, slot)]
         return constrain(value, target(layout, value.ndim), target(gradient_target(layout), value.ndim))
+    return make_on_input, on_output
 
+
+def _training_step(graph, exported, mesh):
+    """The jitted SGD step of the graph under the exported shardings."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from planner.export import spec_of
+    from planner.interpret import run_graph
+    from planner.strategy import forward_layout
+
+    sharding = lambda layout, ndim: NamedSharding(mesh, PartitionSpec(*spec_of(layout, ndim, exported.axis_names)))
+    make_on_input, on_output = _edge_hooks(graph, exported, sharding)
     loss_tensor = graph.operators[-1].outputs[0].tensor
-
-    data_of: dict = {}
+    first_copy = {}
+    for op in graph.operators:
+        for slot, operand in enumerate(op.inputs):
+            if graph.tensor(operand.tensor).role == "data":
+                first_copy.setdefault(operand.tensor, data_key(op.name, slot))
 
     def step(params, data):
-        data_of.clear()
-        data_of.update({key: data[data_key(*key)] for key in consumers})
-        feeds = {**params, **{t: data[data_key(*keys[0])] for t, keys in by_tensor.items()}}
+        feeds = {**params, **{tensor: data[key] for tensor, key in first_copy.items()}}
 
         def loss_fn(p):
-            return run_graph(graph, {**feeds, **p}, jnp, on_input, on_output)[loss_tensor].sum()
+            return run_graph(graph, {**feeds, **p}, jnp, make_on_input(data), on_output)[loss_tensor].sum()
         loss, grads = jax.value_and_grad(loss_fn)(params)
         return loss, {k: params[k] - 0.01 * grads[k] for k in params}
 
     leaf = {name: sharding(layout, len(graph.tensor(name).shape)) for name, layout in exported.leaves}
     params = {t.name: leaf[t.name] for t in graph.tensors if t.role == "param"}
-    consumers = [(op.name, slot) for op in graph.operators for slot, o in enumerate(op.inputs)
-                 if graph.tensor(o.tensor).role == "data"]
-    by_tensor: dict[str, list] = {}
-    for op_name, slot in consumers:
-        by_tensor.setdefault(graph.operator(op_name).inputs[slot].tensor, []).append((op_name, slot))
-    data = {data_key(op_name, slot): sharding(forward_layout(inputs[(op_name, slot)]),
-                                               len(graph.tensor(graph.operator(op_name).inputs[slot].tensor).shape))
-            for op_name, slot in consumers}
-    replicated = NamedSharding(mesh, PartitionSpec())
-    return jax.jit(step, in_shardings=(params, data), out_shardings=(replicated, params))
+    data = {data_key(op_name, slot): sharding(forward_layout(layout), len(graph.tensor(
+                graph.operator(op_name).inputs[slot].tensor).shape))
+            for op_name, slot, layout in exported.inputs if graph.tensor(graph.operator(op_name).inputs[slot].tensor).role == "data"}
+    return jax.jit(step, in_shardings=(params, data), out_shardings=(NamedSharding(mesh, PartitionSpec()), params))
 
 
 def main(argv: list[str] | None = None) -> int:
