@@ -39,7 +39,7 @@ def variations(base: dict, quick: bool) -> list[tuple[str, dict]]:
     return out
 
 
-def degrees(result, devices: int) -> dict:
+def degrees(result) -> dict:
     """Pipeline, data and tensor-parallel degrees of a 3D plan (tensor: linear layers split off the batch)."""
     mesh = planner.parse_mesh(result.stage_mesh, planner.get_profile("symbolic"))
     sizes = dict(zip(mesh.names, mesh.shape))
@@ -65,7 +65,7 @@ def plan_row(model: str, changed: str, setting: dict) -> dict:
         result = planner.plan_pipeline(model, devices=setting["devices"], device=profile, batch=setting["batch"])
     except planner.PlannerError as exc:
         return {**row, "status": "INFEASIBLE", "notes": str(exc), "replan_time_s": time.perf_counter() - start}
-    row.update({"status": result.pipeline.status, **degrees(result, setting["devices"]),
+    row.update({"status": result.pipeline.status, **degrees(result),
                 "num_microbatches": result.pipeline.num_microbatches,
                 "recompute": result.settings.recompute, "zero": result.settings.zero,
                 "objective": result.pipeline.iteration_time_s, "iteration_time_s": result.pipeline.iteration_time_s,

@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from planner.decompose import Block, Segment, group_blocks, product_block, segment_network, split_segments
+from planner.decompose import Segment, group_blocks, product_block, segment_network, split_segments
 from planner.problem import Problem
 from planner.solver import SolveResult, explain_infeasible, min_memory, solve
 

@@ -15,7 +15,6 @@ and a gather on an axis that is not the innermost of its dim gathers the inner a
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -127,7 +126,7 @@ def redistribute(t: Sharded, dst: Layout, mesh_shape: tuple[int, ...]) -> Sharde
     return t
 
 
-def _gathered_dims(graph: Graph, op, strategy: Strategy) -> set[str]:
+def _gathered_dims(op, strategy: Strategy) -> set[str]:
     norm = set(op.norm_dims) | ({letters(op.inputs[0])[0]} if op.kind == "batchnorm" else set())
     if op.kind == "cross_entropy":
         norm |= {letters(op.inputs[0])[-1]}
@@ -137,7 +136,7 @@ def _gathered_dims(graph: Graph, op, strategy: Strategy) -> set[str]:
 def run_op(graph: Graph, op, strategy: Strategy, inputs: list[Sharded], mesh: Mesh) -> list[Sharded]:
     """One operator under one strategy on every device."""
     mesh_shape = mesh.shape
-    gathered = _gathered_dims(graph, op, strategy)
+    gathered = _gathered_dims(op, strategy)
     local_strategy = tuple(None if d in gathered else d for d in strategy)
     args = []
     for slot, t in enumerate(inputs):

@@ -21,7 +21,6 @@ unsplittable (always replicated).
 
 from __future__ import annotations
 
-import math
 import operator as pyop
 from typing import Any, Sequence
 
@@ -204,7 +203,7 @@ class _Importer:
         self.kind[pooled] = "activation"
         self.add("reshape", node, "bc->bcyz", [pooled], {"y": 1, "z": 1})
 
-    def split(self, node, source: str, dim: int, users) -> bool:
+    def split(self, node, source: str, dim: int) -> bool:
         shape = list(self.gb.shape(source))
         pieces = list(node.meta["val"])
         dim %= len(shape)
@@ -424,7 +423,7 @@ def _map(imp: _Importer, node, op: str) -> None:
         imp.permute(node, t(args[0]), [d % len(args[1]) for d in args[1]])
     elif op == "expand":
         imp.elementwise(node, "add", [t(args[0])])
-    elif op in ("split", "split_with_sizes", "chunk") and imp.split(node, t(args[0]), args[2] if len(args) > 2 else 0, None):
+    elif op in ("split", "split_with_sizes", "chunk") and imp.split(node, t(args[0]), args[2] if len(args) > 2 else 0):
         pass
     elif op in UNARY or (op in BINARY and len([a for a in node.all_input_nodes if imp.tensor(a)]) == 1):
         imp.elementwise(node, UNARY.get(op, "unary"), [t(a) for a in node.all_input_nodes if t(a)])

@@ -6,8 +6,7 @@
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, replace
-from typing import Callable
+from dataclasses import replace
 
 from planner.errors import ModelError
 from planner.graph import Graph

@@ -11,9 +11,7 @@ Conventions (documented choices, see README):
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from typing import Callable
 
 from planner.errors import ModelError
 from planner.graph import Graph
