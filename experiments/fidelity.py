@@ -28,7 +28,7 @@ import pandas as pd
 import planner
 from experiments.common import add_output_options, png_path, pyplot, results_table
 
-REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "reference"
+REFERENCE = Path(__file__).resolve().parent / "data"  # published measurements, cited in each file
 FIG13_MODEL = "gpt:layers=32,hidden=20480,heads=128,seq=2048,vocab=51200"
 
 
@@ -44,7 +44,8 @@ def table1_row(ref: dict, index: int, args: argparse.Namespace) -> dict:
     settings = planner.TrainingSettings(recompute=True)
     start = time.perf_counter()
     plan = planner.evaluate_3d(model, args.device, tp=int(ref["tp"]), pp=int(ref["pp"]), dp=int(ref["dp"]),
-                               micro_batch=args.micro_batch, batch=int(ref["global_batch"]), settings=settings)
+                               micro_batch=args.micro_batch, batch=int(ref["global_batch"]), settings=settings,
+                               fit_required=False).pipeline
     measured = measured_seconds(ref, args.seq, args.vocab)
     return {"source": "table1", "config": f"{ref['params_b']}B", "tp": ref["tp"], "pp": ref["pp"], "dp": ref["dp"],
             "global_batch": ref["global_batch"], "split": "fit" if index % 2 == 0 else "test",
@@ -58,7 +59,8 @@ def fig13_row(ref: dict, args: argparse.Namespace) -> dict:
     settings = planner.TrainingSettings(recompute=True)
     start = time.perf_counter()
     plan = planner.evaluate_3d(args.fig13_model, args.device, tp=int(ref["tp"]), pp=int(ref["pp"]), dp=1,
-                               micro_batch=args.micro_batch, batch=int(ref["global_batch"]), settings=settings)
+                               micro_batch=args.micro_batch, batch=int(ref["global_batch"]), settings=settings,
+                               fit_required=False).pipeline
     return {"source": "fig13", "config": f"p{ref['pp']}-t{ref['tp']}-b{ref['global_batch']}", "tp": ref["tp"],
             "pp": ref["pp"], "dp": 1, "global_batch": ref["global_batch"], "status": plan.status,
             "predicted_s": plan.iteration_time_s, "predicted_memory_gib": plan.max_memory_bytes / 2**30,

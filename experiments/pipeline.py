@@ -23,12 +23,12 @@ from experiments.common import add_output_options, png_path, pyplot, results_tab
 ZOO = (("gpt3-13b", "node=8,gpu=8", 128, False), ("gpt3-175b", "node=128,gpu=8", 1536, True),
        ("bert-large", "node=4,gpu=8", 64, False), ("resnet152", "node=4,gpu=8", 256, False),
        ("vgg16", "node=4,gpu=8", 256, False))
-METHODS = ("csimd", "dp", "even", "balanced")
+METHODS = ("csimd", "exact", "even", "balanced")
 
 
 def compare_chain(chain, stages: int, memory: float | None, source: str, instance: int) -> list[dict]:
     plans = {m: planner.PIPELINE_METHODS[m](chain, stages, "1f1b", memory) for m in METHODS}
-    exact = plans["dp"].iteration_time_s
+    exact = plans["exact"].iteration_time_s
     rows = []
     for method, p in plans.items():
         gap = 100.0 * (p.iteration_time_s / exact - 1) if np.isfinite(exact) and np.isfinite(p.iteration_time_s) else None

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from planner.cost import TrainingSettings
-from planner.errors import PlannerError, SettingsError
+from planner.errors import InfeasibleError, PlannerError, SettingsError
 from planner.graph import Graph
 from planner.heuristics import data_parallel, drec, greedy, megatron
 from planner.mesh import DEFAULT_HARDWARE_CSV, MachineProfile, Mesh, get_profile, parse_mesh
@@ -41,7 +41,7 @@ class Cluster:
 
 
 def make_cluster(mesh: str | Mesh, device: str | MachineProfile = "a100-80g", memory: float | None = None,
-                 devices: int | None = None, hardware_csv: Path | str = DEFAULT_HARDWARE_CSV) -> Cluster:
+                 devices: int | None = None, hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV) -> Cluster:
     profile = device if isinstance(device, MachineProfile) else get_profile(device, hardware_csv)
     mesh_obj = mesh if isinstance(mesh, Mesh) else parse_mesh(str(mesh), profile, devices)
     if memory is not None and (not isinstance(memory, (int, float)) or math.isnan(memory) or memory <= 0):
@@ -70,7 +70,7 @@ def make_problem(model: str | Graph, cluster: Cluster, settings: TrainingSetting
 def plan(model: str | Graph, mesh: str | Mesh = "8", device: str | MachineProfile = "a100-80g", *,
          method: str = "exact", batch: int | None = None, seq: int | None = None, memory: float | None = None,
          settings: TrainingSettings | None = None, time_limit_s: float = 60.0, seed: int = 0,
-         hardware_csv: Path | str = DEFAULT_HARDWARE_CSV, jobs: int = 1, progress: Progress | None = None) -> Plan:
+         hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV, jobs: int = 1, progress: Progress | None = None) -> Plan:
     """Plan a model on a cluster with one search method (see ``METHODS``)."""
     cluster = make_cluster(mesh, device, memory, hardware_csv=hardware_csv)
     graph = resolve_model(model, batch, seq)
@@ -127,7 +127,7 @@ def _failed_plan(problem: Problem, method: str, status: str, elapsed: float, mem
 def evaluate(model: str | Graph, mesh: str | Mesh, device: str | MachineProfile = "a100-80g", *,
              assignment: dict | None = None, tp: int | None = None, dp: int | None = None, pp: int = 1,
              batch: int | None = None, seq: int | None = None, memory: float | None = None,
-             settings: TrainingSettings | None = None, hardware_csv: Path | str = DEFAULT_HARDWARE_CSV) -> Plan:
+             settings: TrainingSettings | None = None, hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV) -> Plan:
     """Cost a user plan: an ``{op: {axis: dim}}`` assignment, or Megatron degrees ``tp`` x ``dp``."""
     if assignment is None:
         if pp != 1:
@@ -153,7 +153,7 @@ def evaluate(model: str | Graph, mesh: str | Mesh, device: str | MachineProfile 
 def compare(model: str | Graph, mesh: str | Mesh = "8", device: str | MachineProfile = "a100-80g", *,
             methods: tuple[str, ...] = METHODS, batch: int | None = None, seq: int | None = None,
             memory: float | None = None, settings: TrainingSettings | None = None, time_limit_s: float = 60.0,
-            seed: int = 0, hardware_csv: Path | str = DEFAULT_HARDWARE_CSV) -> list[dict]:
+            seed: int = 0, hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV) -> list[dict]:
     """Plan one model with several methods under one cost model; one row per method with the gap to exact."""
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
@@ -174,19 +174,42 @@ def compare(model: str | Graph, mesh: str | Mesh = "8", device: str | MachinePro
                      "method": method, "status": p.status, "objective": p.objective,
                      "estimated_step_time_s": p.estimated_step_time_s, "gap_percent": gap,
                      "memory_per_device_bytes": p.memory_per_device_bytes, "fits_memory": p.fits_memory,
+                     "memory_limit_bytes": p.memory_limit_bytes, **{f"setting_{k}": v for k, v in p.settings},
                      "search_time_s": p.search_time_s + build_s, "notes": " | ".join(p.notes)})
     return rows
+
+
+def _zoo_loader(model: str | Graph, seq: int | None):
+    if not isinstance(model, str) or model.endswith(".json"):
+        raise SettingsError("--model: pipeline planning needs a zoo model (the batch is re-built per micro-batch)")
+    return lambda b: resolve_model(model, b, seq)
+
+
+def stage_planner(method: str = "exact", time_limit_s: float = 60.0, seed: int = 0, jobs: int = 1):
+    """The per-stage intra-operator search of a 3D plan: any of ``METHODS`` (``zero`` is ``dp``
+    with ZeRO-3 in the settings). Raises ``InfeasibleError`` when the method finds no plan."""
+    if method not in METHODS:
+        raise SettingsError(f"--method: unknown method {method!r} (known: {', '.join(METHODS)})")
+
+    def run(problem: Problem) -> tuple[tuple, str]:
+        found = plan_problem(problem, None, "dp" if method == "zero" else method, time_limit_s, seed, jobs)
+        if found.status in ("INFEASIBLE", "UNKNOWN"):
+            raise InfeasibleError(f"--method {method}: no stage plan on {problem.mesh.spec} ({found.explanation})")
+        return tuple(tuple(d for _, d in a.strategy) for a in found.operators), found.status
+    return run
 
 
 def plan_pipeline(model: str, mesh: str | Mesh | None = None, device: str | MachineProfile = "a100-80g", *,
                   devices: int | None = None, batch: int | None = None, seq: int | None = None,
                   memory: float | None = None, settings: TrainingSettings | None = None, schedule: str = "1f1b",
-                  method: str = "csimd", hardware_csv: Path | str = DEFAULT_HARDWARE_CSV,
-                  progress: Progress | None = None) -> Plan3D:
-    """3D plan: pipeline degree over the outermost mesh axis, exact intra-operator plans per stage.
+                  method: str = "csimd", intra: str = "exact", time_limit_s: float = 60.0, seed: int = 0,
+                  jobs: int = 1, degrees: list[int] | None = None, counts: list[int] | None = None,
+                  cuts: tuple[int, ...] | None = None, escalate: bool = True, fit_required: bool = True,
+                  hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV, progress: Progress | None = None) -> Plan3D:
+    """3D plan: pipeline degree over the outermost mesh axis, ``intra`` plans per stage, ``method`` cuts.
 
-    ``mesh`` defaults to ``node=devices/gpus_per_node,gpu=gpus_per_node`` for the profile.
-    """
+    ``mesh`` defaults to ``node=devices/gpus_per_node,gpu=gpus_per_node`` for the profile;
+    ``degrees``, ``counts`` (micro-batch counts) and ``cuts`` pin parts of the search."""
     profile = device if isinstance(device, MachineProfile) else get_profile(device, hardware_csv)
     if mesh is None:
         if not devices:
@@ -196,62 +219,54 @@ def plan_pipeline(model: str, mesh: str | Mesh | None = None, device: str | Mach
             raise SettingsError(f"--devices: {devices} is not a multiple of {per_node} GPUs per node")
         mesh = f"node={devices // per_node},gpu={per_node}" if devices > per_node else f"node=1,gpu={per_node}"
     if method not in PIPELINE_METHODS:
-        raise SettingsError(f"--method: unknown pipeline method {method!r} (known: {', '.join(PIPELINE_METHODS)})")
+        raise SettingsError(f"--pipeline-method: unknown cut search {method!r} (known: {', '.join(PIPELINE_METHODS)})")
+    settings = settings or TrainingSettings()
+    if intra == "zero":
+        settings = replace(settings, zero=3)
     cluster = make_cluster(mesh, profile, memory, devices)
-    graph = resolve_model(model, batch, seq)
-    global_batch = graph.tensors[0].shape[0]
-    load = (lambda b: resolve_model(model, b, seq)) if isinstance(model, str) and not model.endswith(".json") else None
-    if load is None:
-        raise SettingsError("--model: pipeline planning needs a zoo model (the batch is re-built per micro-batch)")
-    return pipeline3d.plan_pipeline(load, cluster.mesh, cluster.profile, global_batch, settings or TrainingSettings(),
-                                    cluster.memory_limit, schedule, method, progress=progress)
+    load = _zoo_loader(model, seq)
+    global_batch = resolve_model(model, batch, seq).tensors[0].shape[0]
+    return pipeline3d.plan_pipeline(load, cluster.mesh, cluster.profile, global_batch, settings, cluster.memory_limit,
+                                    schedule, method, degrees, counts, stage_planner(intra, time_limit_s, seed, jobs),
+                                    intra, cuts, escalate, fit_required, progress)
 
 
 def evaluate_3d(model: str, device: str | MachineProfile = "a100-80g", *, tp: int = 1, pp: int = 1, dp: int = 1,
                 micro_batch: int = 1, batch: int | None = None, seq: int | None = None,
                 settings: TrainingSettings | None = None, schedule: str = "1f1b", memory: float | None = None,
-                hardware_csv: Path | str = DEFAULT_HARDWARE_CSV) -> PipelinePlan:
-    """Cost a Megatron-style 3D configuration: ``tp``-way tensor parallelism innermost (inside the
-    node when it fits), ``dp``-way data parallelism, ``pp`` pipeline stages with layers split
-    evenly, ``batch / (dp * micro_batch)`` micro-batches under ``schedule``. Nothing is searched."""
-    profile = device if isinstance(device, MachineProfile) else get_profile(device, hardware_csv)
+                cuts: tuple[int, ...] | None = None, fit_required: bool = True,
+                hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV) -> Plan3D:
+    """Cost a Megatron-style 3D configuration through the 3D search pinned to it: mesh
+    ``pp=P,dp=D,tp=T`` (tensor parallelism innermost, inside the node when it fits), Megatron's
+    tensor-parallel plan (or data parallelism when tp = 1) in every stage, ``batch / (dp *
+    micro_batch)`` micro-batches (with pp = 1: gradient accumulation), even layer split unless
+    ``cuts`` are given. No recompute or ZeRO is added. Raises ``InfeasibleError`` if it does not
+    fit, unless ``fit_required`` is off (then the plan is returned marked as not fitting)."""
     for name, value in (("tp", tp), ("pp", pp), ("dp", dp), ("micro-batch", micro_batch)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise SettingsError(f"--{name}: must be a positive integer, got {value!r}")
     global_batch = resolve_model(model, batch, seq).tensors[0].shape[0]
     if global_batch % (dp * micro_batch):
         raise SettingsError(f"--batch: global batch {global_batch} is not divisible by dp x micro-batch ({dp} x {micro_batch})")
-    axes = [f"{name}={size}" for name, size in (("dp", dp), ("tp", tp)) if size > 1]
-    stage = make_cluster(",".join(axes) or "gpu=1", profile, float("inf")).mesh
-    # Stage boundaries cross nodes once a stage fills a node (Megatron places pipeline outermost).
-    link = make_cluster(f"pp={max(pp, 2)},stage={dp * tp}", profile, float("inf")).mesh.axes[0]
-    settings = settings or TrainingSettings()
-    load = lambda b: resolve_model(model, b, seq)
-    problem = build_problem(load(dp * micro_batch), stage, profile, settings)
-    chosen = megatron(problem, tensor_axis=-1) if tp > 1 else data_parallel(problem)
-    strategies = {table.op.name: s for table, s in zip(problem.ops, chosen)}
-    count = global_batch // (dp * micro_batch)
-    chain = pipeline3d.model_chain(load, global_batch, [count], stage, profile, settings, strategies, link)
-    if chain is None or pp > chain.num_layers:
-        raise SettingsError(f"--pp: {pp} stages do not fit the model's layers or the plan does not divide the micro-batch")
-    limit = make_cluster(stage, profile, memory).memory_limit
-    return PIPELINE_METHODS["even"](chain, pp, schedule, limit)
+    mesh = ",".join([f"pp={pp}"] + [f"{name}={size}" for name, size in (("dp", dp), ("tp", tp)) if size > 1])
+    return plan_pipeline(model, mesh, device, batch=global_batch, seq=seq, memory=memory, settings=settings,
+                         schedule=schedule, method="even", intra="megatron" if tp > 1 else "dp", degrees=[pp],
+                         counts=[global_batch // (dp * micro_batch)], cuts=cuts, escalate=False,
+                         fit_required=fit_required, hardware_csv=hardware_csv)
 
 
 def layer_chain(model: str, mesh: str | Mesh, device: str | MachineProfile = "a100-80g", *, stages: int = 4,
                 batch: int | None = None, seq: int | None = None, settings: TrainingSettings | None = None,
-                hardware_csv: Path | str = DEFAULT_HARDWARE_CSV):
+                hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV):
     """The layer chain of a zoo model for ``stages`` pipeline stages over the outermost mesh axis:
-    the exact intra-operator plan on the stage sub-mesh, re-costed at every power-of-two
-    micro-batch count (see ``planner.pipeline3d``)."""
+    the exact intra-operator plan on the stage sub-mesh, re-costed at every micro-batch count
+    that divides the batch (see ``planner.pipeline3d``)."""
     cluster = make_cluster(mesh, device, float("inf"), hardware_csv=hardware_csv)
-    graph = resolve_model(model, batch, seq)
-    global_batch = graph.tensors[0].shape[0]
-    load = lambda b: resolve_model(model, b, seq)
-    counts = [c for c in range(1, global_batch + 1) if global_batch % c == 0 and c & (c - 1) == 0]
+    load = _zoo_loader(model, seq)
+    global_batch = resolve_model(model, batch, seq).tensors[0].shape[0]
     sub = pipeline3d.stage_mesh(cluster.mesh, stages)
     found = pipeline3d.stage_chain(load, cluster.mesh, sub, cluster.profile, global_batch,
-                                   settings or TrainingSettings(), stages, counts)
+                                   settings or TrainingSettings(), stages, pipeline3d.divisors(global_batch))
     if found is None:
         raise SettingsError(f"--batch: no micro-batch count keeps the stage plan valid for {model}")
     return found
@@ -266,24 +281,69 @@ class LoadedPlan:
     strategies: dict
 
 
-def load_plan(path: Path | str, model: str | Graph | None = None, batch: int | None = None,
-              seq: int | None = None) -> LoadedPlan:
-    """Read a plan JSON (``planner plan --json``); the model comes from its 'source' unless given."""
+def read_plan_file(path: Path | str) -> dict:
+    """A plan JSON (flat or 3D) with its required fields checked; one-line errors name the field."""
     import json
     try:
-        data = json.loads(Path(path).read_text())
-        operators = {o["name"]: o["strategy"] for o in data["operators"]}
-        mesh_spec = data["mesh"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise SettingsError(f"--plan: cannot read a plan from {path} ({exc})") from None
+    if not isinstance(data, dict):
+        raise SettingsError(f"--plan: {path} must hold a JSON object")
+    for key, kind in (("mesh", str), ("operators", list)) + ((("pipeline", dict),) if "pipeline" in data else ()):
+        if not isinstance(data.get(key), kind):
+            raise SettingsError(f"--plan: {path}: field '{key}' is missing or not a {kind.__name__}")
+    names = []
+    for i, entry in enumerate(data["operators"]):
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or "strategy" not in entry:
+            raise SettingsError(f"--plan: {path}: operators #{i} needs 'name' and 'strategy'")
+        names.append(entry["name"])
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise SettingsError(f"--plan: {path}: field 'operators' names {dup!r} twice")
+    return data
+
+
+def evaluate_3d_file(data: dict, model: str, device: str | MachineProfile = "a100-80g", *, batch: int | None = None,
+                     seq: int | None = None, settings: TrainingSettings | None = None, memory: float | None = None,
+                     hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV, where: str = "--plan") -> Plan3D:
+    """Re-cost a 3D plan JSON (``planner-3d/1``) through the 3D search's chain and evaluator."""
+    pipe = data["pipeline"]
+    try:
+        stages, count, schedule = int(pipe["stages"]), int(pipe["num_microbatches"]), str(pipe["schedule"])
+        cuts = tuple(int(c) for c in pipe["cuts"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SettingsError(f"{where}: field 'pipeline' lacks or mangles {exc}") from None
+    cluster = make_cluster(data["mesh"], device, memory, hardware_csv=hardware_csv)
+    load = _zoo_loader(model, seq)
+    global_batch = resolve_model(model, batch, seq).tensors[0].shape[0]
+    if global_batch % count:
+        raise SettingsError(f"{where}: num_microbatches {count} does not divide the batch {global_batch}")
+    sub = pipeline3d.stage_mesh(cluster.mesh, stages)
+    settings = settings or TrainingSettings()
+    problem = build_problem(load(global_batch // count), sub, cluster.profile, settings)
+    chosen = strategies_from_mapping(problem, {o["name"]: o["strategy"] for o in data["operators"]}, where=where)
+    strategies = {t.op.name: s for t, s in zip(problem.ops, chosen)}
+    return pipeline3d.recost(load, cluster.mesh, cluster.profile, global_batch, settings, cluster.memory_limit, stages,
+                             cuts, count, schedule, strategies, str(data.get("intra_method", "given")))
+
+
+def load_plan(path: Path | str, model: str | Graph | None = None, batch: int | None = None,
+              seq: int | None = None) -> LoadedPlan:
+    """Read a flat plan JSON (``planner plan --json``); the model comes from its 'source' unless given."""
+    data = read_plan_file(path)
+    if "pipeline" in data:
+        raise SettingsError(f"--plan: {path} is a 3D plan; export and verify take intra-operator plans "
+                            "(`planner plan` without --pipeline)")
     source = data.get("source") or {}
     if model is None:
         if "model" not in source:
             raise SettingsError(f"--plan: {path} has no 'source' model; pass --model")
         model, batch, seq = source["model"], batch or source.get("batch"), seq or source.get("seq")
     graph = resolve_model(model, batch, seq)
-    mesh = parse_mesh(mesh_spec, get_profile("symbolic"))
+    mesh = parse_mesh(data["mesh"], get_profile("symbolic"))
     problem = build_problem(graph, mesh, get_profile("symbolic"))
+    operators = {o["name"]: o["strategy"] for o in data["operators"]}
     strategies = strategies_from_mapping(problem, operators, where=f"--plan {path}")
     return LoadedPlan(graph, mesh, {t.op.name: s for t, s in zip(problem.ops, strategies)})
 
@@ -310,11 +370,14 @@ def export_shardings(loaded: LoadedPlan, tensor_axis: str | None = None) -> dict
 
 
 def verify_loaded(loaded: LoadedPlan, *, run_numpy: bool = True, run_xla: bool = True, tolerance: float = 0.05,
-           devices: int | None = None):
-    """Numpy executor and XLA checks of a loaded plan (``planner.verify``)."""
-    from planner.verify import verify_plan
+                  devices: int | None = None, max_memory: float | None = None):
+    """Numpy executor and XLA checks of a loaded plan (``planner.verify``). Refuses at once (one
+    line with the estimate) when the checks would need more than ``max_memory`` bytes (default:
+    half the machine's available memory)."""
+    from planner.verify import check_memory, verify_plan
     if devices is not None and devices != loaded.mesh.num_devices:
         raise SettingsError(f"--devices: the plan's mesh {loaded.mesh.spec} has {loaded.mesh.num_devices} devices, not {devices}")
+    check_memory(loaded.graph, loaded.strategies, loaded.mesh, run_numpy, run_xla, max_memory)
     return verify_plan(loaded.graph, loaded.strategies, loaded.mesh, run_numpy=run_numpy, run_xla=run_xla,
                        tolerance=tolerance)
 

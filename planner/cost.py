@@ -19,6 +19,7 @@ transposed redistribution of the gradient, one mesh axis at a time.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from planner.errors import SettingsError
 from planner.graph import Graph, Operator
@@ -130,14 +131,23 @@ def merge_comm(comm: tuple[Collective, ...]) -> tuple[Collective, ...]:
     return tuple(Collective(p, k, a, n, int(cnt)) for (p, k, a), (n, cnt) in sorted(acc.items()))
 
 
+def bytes_sent(kind: str, size: int, nbytes: float) -> float:
+    """Bytes one device sends in a ring collective of ``nbytes`` over ``size`` devices (p2p: all of them)."""
+    if kind == "p2p":
+        return nbytes
+    if size <= 1:
+        return 0.0
+    return (2.0 if kind == "all_reduce" else 1.0) * (size - 1) / size * nbytes
+
+
 def collective_seconds(kind: str, size: int, bandwidth: float, latency: float, nbytes: float, count: int = 1) -> float:
     """Ring alpha-beta time of ``count`` collectives moving ``nbytes`` in total on one axis."""
     if kind == "p2p":
-        return count * latency + nbytes / bandwidth
+        return count * latency + bytes_sent(kind, size, nbytes) / bandwidth
     if size <= 1:
         return 0.0
-    factor = 2.0 if kind == "all_reduce" else 1.0
-    return factor * ((size - 1) * latency * count + (size - 1) / size * nbytes / bandwidth)
+    steps = (2 if kind == "all_reduce" else 1) * (size - 1)
+    return steps * latency * count + bytes_sent(kind, size, nbytes) / bandwidth
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,3 +359,47 @@ def output_layouts(op: Operator, strategy: Strategy) -> tuple[Layout, ...]:
 
 def input_layouts(op: Operator, strategy: Strategy, inputs: tuple[OperandInfo, ...]) -> tuple[Layout, ...]:
     return tuple(input_layout(op, slot, strategy, info.needs_grad) for slot, info in enumerate(inputs))
+
+
+# ---------------------------------------------------------------- one plan, every term
+
+
+@dataclass(frozen=True, slots=True)
+class PlanTerms:
+    """Every cost term of a plan: one record per operator and one per edge (producer -> consumer).
+
+    ``edges`` holds ``(producer op index, consumer op index, input slot, record)``. This is the one
+    walk over a plan; the plan report, ``evaluate``, the heuristics' final costing, the pipeline
+    layer chains and the verification all sum these terms."""
+
+    ops: tuple[CostRecord, ...]
+    edges: tuple[tuple[int, int, int, CostRecord], ...]
+
+
+def plan_terms(graph: Graph, mesh: Mesh, settings: TrainingSettings, strategies: Sequence[Strategy],
+               infos: dict[str, tuple[OperandInfo, ...]] | None = None,
+               op_records: Sequence[CostRecord | None] | None = None) -> PlanTerms:
+    """Cost every operator and every edge of a plan (one strategy per operator, graph order).
+
+    ``op_records`` may carry records already computed for some operators (a problem's tables);
+    identical edges (same shape and layouts) are costed once."""
+    infos = infos if infos is not None else operand_infos(graph, settings)
+    producer = {o.tensor: (i, k) for i, op in enumerate(graph.operators) for k, o in enumerate(op.outputs)}
+    outs = [output_layouts(op, s) for op, s in zip(graph.operators, strategies)]
+    op_terms, edge_terms = [], []
+    cache: dict[tuple, CostRecord] = {}
+    for i, (op, strategy) in enumerate(zip(graph.operators, strategies)):
+        given = op_records[i] if op_records is not None else None
+        op_terms.append(given if given is not None else op_cost(op, strategy, mesh, settings, infos[op.name]))
+        ins = input_layouts(op, strategy, infos[op.name])
+        for slot, operand in enumerate(op.inputs):
+            if operand.tensor not in producer:
+                continue
+            src, k = producer[operand.tensor]
+            info = infos[op.name][slot]
+            key = (info.shape, info.elem_bytes, info.needs_grad, outs[src][k], ins[slot])
+            if key not in cache:
+                cache[key] = edge_cost(info.shape, info.elem_bytes, outs[src][k], ins[slot], mesh.shape,
+                                       info.needs_grad)
+            edge_terms.append((src, i, slot, cache[key]))
+    return PlanTerms(tuple(op_terms), tuple(edge_terms))

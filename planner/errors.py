@@ -25,3 +25,11 @@ class ModelError(PlannerError):
 
 class SettingsError(PlannerError):
     """Bad training settings (batch, dtype, optimizer, memory limit)."""
+
+
+class InfeasibleError(PlannerError):
+    """No plan fits the memory limit (exit code 3 on the command line)."""
+
+
+class OutputError(PlannerError):
+    """An output path that cannot be written (directory, full disk, no permission)."""

@@ -14,61 +14,83 @@ Graph JSON schema (``planner plan --model graph.json``)::
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from planner.errors import GraphError
+from planner.errors import GraphError, OutputError
 from planner.graph import Graph, Operator, Tensor
 from planner.ops import make_operator
 
 
-def _atomic_write(path: Path | str, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+def _atomic_write(path: Path | str, data: str | bytes, field: str = "output") -> None:
+    """Write a file the way a user expects. A regular file (new or existing) is replaced atomically
+    (temporary file, then rename) and gets the umask's mode, or keeps its own; a symlink is written
+    through to its target; a FIFO or a device (``/dev/null``, ``/dev/stdout``) is written in place.
+    Every OS error becomes one ``OutputError`` line naming the path."""
+    raw = data.encode() if isinstance(data, str) else data
+    where = f"{field} {str(path)!r}" if str(path) else field
+    if not str(path):
+        raise OutputError(f"{field}: empty path")
     try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
+        target = Path(os.path.realpath(path))
+        if target.exists() and not target.is_file() and not target.is_dir():
+            with open(target, "wb") as handle:  # FIFO, character device: no rename
+                handle.write(raw)
+            return
+        if target.is_dir():
+            raise IsADirectoryError(errno.EISDIR, "is a directory")
+        _replace(target, raw)
+    except OSError as exc:
+        raise OutputError(f"{where}: cannot write ({exc.strerror or exc})") from None
+
+
+def _replace(target: Path, raw: bytes) -> None:
+    mode = stat.S_IMODE(target.stat().st_mode) if target.exists() else 0o666 & ~_umask()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(raw)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        os.chmod(tmp, mode)
+        os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
-def write_text(path: Path | str, text: str) -> None:
-    _atomic_write(path, text)
+def _umask() -> int:
+    current = os.umask(0)  # the only portable way to read it
+    os.umask(current)
+    return current
 
 
-def write_json(path: Path | str, data: Any) -> None:
-    _atomic_write(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+def write_text(path: Path | str, text: str, field: str = "output") -> None:
+    _atomic_write(path, text, field)
 
 
-def write_csv(path: Path | str, rows: Iterable[Mapping[str, Any]]) -> None:
+def write_json(path: Path | str, data: Any, field: str = "--json") -> None:
+    _atomic_write(path, json.dumps(data, indent=2, sort_keys=False) + "\n", field)
+
+
+def write_csv(path: Path | str, rows: Iterable[Mapping[str, Any]], field: str = "--csv") -> None:
     import pandas as pd
-    _atomic_write(path, pd.DataFrame(list(rows)).to_csv(index=False))
+    _atomic_write(path, pd.DataFrame(list(rows)).to_csv(index=False), field)
 
 
 def write_png(path: Path | str, figure: Any) -> None:
-    """Save a matplotlib figure atomically (PNG)."""
+    """Save a matplotlib figure (PNG) through the same writer as every other output."""
     import io as _io
     buffer = _io.BytesIO()
     figure.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(buffer.getvalue())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    _atomic_write(path, buffer.getvalue(), "--png")
 
 
 class ResultsTable:

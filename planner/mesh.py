@@ -1,7 +1,8 @@
 """Device meshes with named axes and machine profiles (datasheet constants, never measured).
 
-Profiles are read from the datasheet table ``shared/reference/hardware.csv`` (path configurable),
-from a user JSON file, or are the built-in ``symbolic`` profile (unit bandwidth on every axis,
+Profiles are read from the datasheet table shipped in the package (``planner/data/hardware.csv``,
+each constant's source cited in its header; ``--hardware PATH`` reads another table in the same
+format), from a user JSON file, or are the built-in ``symbolic`` profile (unit bandwidth on every axis,
 no latency, compute ignored: strategies ranked by communication volume alone, as in SMSG).
 
 Mesh specs: ``8``, ``8x8``, ``4x8x8`` (axes named ``node``/``gpu`` or ``a0``, ``a1``, ...) or
@@ -12,26 +13,33 @@ after it fits in one node, and inter-node (per-GPU network bandwidth) otherwise.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import re
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 from planner.errors import MeshError, ProfileError
 
-HARDWARE_CSV_NAME = Path("shared") / "reference" / "hardware.csv"
+# None: the table shipped inside the package (planner/data/hardware.csv).
+DEFAULT_HARDWARE_CSV: Path | None = None
 
 
-def default_hardware_csv() -> Path:
-    """The datasheet table beside the checkout (``../shared/reference/hardware.csv``), else beside the CWD."""
-    for base in (Path(__file__).resolve().parents[2], Path.cwd().parent, Path.cwd()):
-        if (base / HARDWARE_CSV_NAME).is_file():
-            return base / HARDWARE_CSV_NAME
-    return Path(__file__).resolve().parents[2] / HARDWARE_CSV_NAME
+def _hardware_text(path: Path | str | None) -> tuple[str, str]:
+    """The datasheet table's text and a name for messages (the built-in table when ``path`` is None)."""
+    if path is None:
+        return resources.files("planner").joinpath("data", "hardware.csv").read_text(encoding="utf-8"), "built-in"
+    path = Path(path)
+    if not path.is_file():
+        raise ProfileError(f"--hardware: table {path}: file not found")
+    try:
+        return path.read_text(encoding="utf-8"), str(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProfileError(f"--hardware: table {path}: cannot be read ({exc})") from None
 
 
-DEFAULT_HARDWARE_CSV = default_hardware_csv()
 # Latencies are not in the datasheet table: documented assumptions (NCCL-scale per-hop latency).
 INTRA_NODE_LATENCY_S = 2e-6
 INTER_NODE_LATENCY_S = 8e-6
@@ -82,14 +90,12 @@ SYMBOLIC = MachineProfile("symbolic", peak_flops=1e15, memory_bytes=1e15, intra_
                           intra_node_latency=0.0, inter_node_latency=0.0, compute_weight=0.0)
 
 
-def load_profiles(path: Path | str = DEFAULT_HARDWARE_CSV) -> dict[str, MachineProfile]:
-    """Read every device row of a datasheet table in the format of ``hardware.csv``."""
-    path = Path(path)
-    if not path.is_file():
-        raise ProfileError(f"hardware table {path}: file not found (pass --hardware PATH)")
-    lines = [line for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+def load_profiles(path: Path | str | None = DEFAULT_HARDWARE_CSV) -> dict[str, MachineProfile]:
+    """Read every device row of a datasheet table in the format of ``hardware.csv`` (None: built-in)."""
+    text, path = _hardware_text(path)
+    lines = [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
     profiles = {}
-    for row in csv.DictReader(lines):
+    for row in csv.DictReader(io.StringIO("\n".join(lines))):
         try:
             profiles[row["device"]] = MachineProfile(
                 name=row["device"], peak_flops=float(row["peak_bf16_flops"]), memory_bytes=float(row["hbm_bytes"]),
@@ -120,7 +126,7 @@ def profile_from_json(path: Path | str) -> MachineProfile:
         raise ProfileError(f"profile file {path}: {exc}") from None
 
 
-def get_profile(name: str, hardware_csv: Path | str = DEFAULT_HARDWARE_CSV) -> MachineProfile:
+def get_profile(name: str, hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV) -> MachineProfile:
     """A profile by name (``symbolic``, a row of the hardware table) or by path to a JSON file."""
     if name == "symbolic":
         return SYMBOLIC

@@ -220,4 +220,7 @@ class GraphBuilder:
         return names[0]
 
     def build(self) -> Graph:
-        return Graph(self.name, tuple(self._tensors.values()), tuple(self._ops))
+        """The graph; data tensors that no operator reads (folded buffers such as causal masks) are dropped."""
+        read = {o.tensor for op in self._ops for o in op.inputs}
+        tensors = tuple(t for t in self._tensors.values() if t.role != "data" or t.name in read)
+        return Graph(self.name, tensors, tuple(self._ops))

@@ -27,6 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
+from planner.cost import collective_seconds
 from planner.errors import SettingsError
 
 SCHEDULES = ("gpipe", "1f1b")
@@ -102,7 +103,7 @@ class Evaluator:
 
     def send(self, last_layer: int, m: int) -> float:
         nbytes = self.chain.activation_bytes[last_layer, m]
-        return 2.0 * (self.chain.link_latency + nbytes / self.chain.link_bandwidth)
+        return 2.0 * collective_seconds("p2p", 2, self.chain.link_bandwidth, self.chain.link_latency, nbytes)
 
     def stage_time(self, start: int, end: int, m: int) -> float:
         """Layers [start, end) on one stage; sends its output unless it is the last stage."""
@@ -141,10 +142,10 @@ def _result(ev: Evaluator, method: str, cuts: Sequence[int] | None, m: int | Non
         return PipelinePlan(method, ev.schedule, ev.stages, (), 0, 0, math.inf, math.inf, math.inf, False,
                             ev.evaluations, elapsed, "INFEASIBLE")
     evaluations = ev.evaluations
-    total, bottleneck, memory = ev.cost(cuts, m)
-    fits = ev.memory_limit is None or memory <= ev.memory_limit
-    return PipelinePlan(method, ev.schedule, ev.stages, tuple(int(c) for c in cuts), ev.chain.counts[m],
-                        ev.chain.micro_batches[m], total, bottleneck, memory, fits, evaluations, elapsed,
+    total, bottleneck, memory = (float(x) for x in ev.cost(cuts, m))
+    fits = bool(ev.memory_limit is None or memory <= ev.memory_limit)
+    return PipelinePlan(method, ev.schedule, ev.stages, tuple(int(c) for c in cuts), int(ev.chain.counts[m]),
+                        int(ev.chain.micro_batches[m]), total, bottleneck, memory, fits, evaluations, elapsed,
                         "OK" if fits else "INFEASIBLE")
 
 
@@ -205,7 +206,7 @@ def exact_dp(chain: LayerChain, stages: int, schedule: str = "1f1b", memory_limi
     layers = chain.num_layers
     best: tuple[float, tuple[int, ...], int] | None = None
     if stages > layers:
-        return _result(ev, "dp", None, None, start)
+        return _result(ev, "exact", None, None, start)
     starts = []
     for m, count in enumerate(chain.counts):
         prefix = ev._time[:, m]
@@ -234,7 +235,7 @@ def exact_dp(chain: LayerChain, stages: int, schedule: str = "1f1b", memory_limi
                 best = (value, found[1], m)
             if found[0] <= floor:  # the sum cannot shrink further; larger bottlenecks only cost more
                 break
-    return _result(ev, "dp", best[1] if best else None, best[2] if best else None, start)
+    return _result(ev, "exact", best[1] if best else None, best[2] if best else None, start)
 
 
 def _greedy_cuts(ev: Evaluator, m: int, bottleneck: float) -> list[int] | None:
@@ -386,5 +387,28 @@ def even_split(chain: LayerChain, stages: int, schedule: str = "1f1b", memory_li
     return _result(ev, "balanced" if balanced else "even", best[1], best[2], start)
 
 
-METHODS = {"csimd": csimd, "dp": exact_dp, "brute": brute_force, "even": even_split,
+def given_cuts(chain: LayerChain, stages: int, schedule: str, memory_limit: float | None,
+               cuts: Sequence[int]) -> PipelinePlan:
+    """Cost fixed cuts (first layer of stages 1..p-1) at the best micro-batch count of the chain."""
+    start = time.perf_counter()
+    ev = Evaluator(chain, stages, schedule, memory_limit)
+    cuts = tuple(int(c) for c in cuts)
+    if len(cuts) != stages - 1 or list(cuts) != sorted(set(cuts)) or (cuts and not 0 < cuts[0] <= cuts[-1] < chain.num_layers):
+        raise SettingsError(f"cuts: {list(cuts)} are not {stages - 1} increasing layer indices in 1..{chain.num_layers - 1}")
+    m = min(range(len(chain.counts)), key=lambda k: (ev.objective(cuts, k), k))
+    return _result(ev, "given", cuts, m, start)
+
+
+def stage_breakdown(chain: LayerChain, plan: PipelinePlan) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per stage: time per micro-batch (compute, collectives and the send) and memory per device."""
+    ev = Evaluator(chain, plan.stages, plan.schedule, None)
+    m = chain.counts.index(plan.num_microbatches)
+    bounds = (0, *plan.cuts, chain.num_layers)
+    times = tuple(ev.stage_time(bounds[k], bounds[k + 1], m) for k in range(plan.stages))
+    memory = tuple(ev.stage_memory(k, bounds[k], bounds[k + 1], m) for k in range(plan.stages))
+    return times, memory
+
+
+# Cut searches; "exact" is Alpa's dynamic programme (exact_dp).
+METHODS = {"csimd": csimd, "exact": exact_dp, "brute": brute_force, "even": even_split,
            "balanced": lambda c, p, s="1f1b", mem=None: even_split(c, p, s, mem, balanced=True)}

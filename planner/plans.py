@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from planner.cost import CostRecord, breakdown, sum_records, edge_cost, input_layouts, op_cost, output_layouts, seconds
+from planner.cost import CostRecord, breakdown, plan_terms, seconds, sum_records
 from planner.errors import PlannerError
 from planner.problem import Problem
 from planner.strategy import Strategy, enumerate_strategies
@@ -88,38 +88,20 @@ def strategies_from_choice(problem: Problem, choice: Sequence[int]) -> tuple[Str
 
 def integer_objective(problem: Problem, strategies: Sequence[Strategy]) -> tuple[int, CostRecord]:
     """The integer objective (each term rounded once, as in the problem) and the summed record."""
-    mesh, profile, unit = problem.mesh, problem.profile, problem.unit_s
-    parts, outs, ins = [], [], []
-    objective = 0
+    known = []
     for table, strategy in zip(problem.ops, strategies):
-        try:
-            k = table.strategies.index(strategy)
-            record, units = table.records[k], int(table.cost[k])
-            outs.append(table.out_layouts[k])
-            ins.append(table.in_layouts[k])
-        except ValueError:  # a strategy pruned as dominated (or given by a user): cost it afresh
-            record = op_cost(table.op, strategy, mesh, problem.settings, table.inputs)
-            units = int(round(seconds(record, mesh, profile) / unit))
-            outs.append(output_layouts(table.op, strategy))
-            ins.append(input_layouts(table.op, strategy, table.inputs))
-        objective += units
-        parts.append(record)
-    cache: dict[tuple, tuple[int, CostRecord]] = {}  # identical layers share their edge tables
-    for e in problem.edges:
-        a, b = outs[e.src][e.src_slot], ins[e.dst][e.dst_slot]
-        key = (id(e.cost), a, b)
-        if key not in cache:
-            info = problem.ops[e.dst].inputs[e.dst_slot]
-            record = edge_cost(info.shape, info.elem_bytes, a, b, mesh.shape, info.needs_grad)
-            try:
-                units = int(e.cost[e.src_layouts.index(a), e.dst_layouts.index(b)])
-            except ValueError:
-                units = int(round(seconds(record, mesh, profile) / unit))
-            cache[key] = (units, record)
-        units, record = cache[key]
-        objective += units
-        parts.append(record)
-    return objective, sum_records(parts)
+        # a strategy pruned as dominated (or given by a user) is costed afresh by the walk
+        known.append(table.records[table.strategies.index(strategy)] if strategy in table.strategies else None)
+    terms = plan_terms(problem.graph, problem.mesh, problem.settings, strategies,
+                       {t.op.name: t.inputs for t in problem.ops}, known)
+    records = list(terms.ops) + [record for *_, record in terms.edges]
+    units: dict[int, int] = {}  # identical terms share one record object
+    objective = 0
+    for record in records:
+        if id(record) not in units:
+            units[id(record)] = int(round(seconds(record, problem.mesh, problem.profile) / problem.unit_s))
+        objective += units[id(record)]
+    return objective, sum_records(records)
 
 
 def make_plan(problem: Problem, strategies: Sequence[Strategy], *, method: str, status: str,
@@ -147,14 +129,22 @@ def make_plan(problem: Problem, strategies: Sequence[Strategy], *, method: str, 
 
 def strategies_from_mapping(problem: Problem, assignment: Mapping[str, Mapping[str, str | None]],
                             where: str = "plan") -> tuple[Strategy, ...]:
-    """Turn ``{op: {axis: dim}}`` (e.g. a plan JSON) into validated strategies; missing ops replicate."""
+    """Turn ``{op: {axis: dim}}`` (e.g. a plan JSON) into validated strategies, one per operator.
+
+    Every operator of the model must be named (a plan of another model is refused, not padded)."""
     axes = problem.mesh.names
     unknown_ops = set(assignment) - {t.op.name for t in problem.ops}
     if unknown_ops:
         raise PlannerError(f"{where}: field 'operators' names unknown operator {sorted(unknown_ops)[0]!r}")
+    missing = [t.op.name for t in problem.ops if t.op.name not in assignment]
+    if missing:
+        raise PlannerError(f"{where}: field 'operators' lacks {len(missing)} operator(s) of the model, "
+                           f"first {missing[0]!r} (a plan of another model or size?)")
     out = []
     for table in problem.ops:
-        given = assignment.get(table.op.name, {})
+        given = assignment[table.op.name]
+        if not isinstance(given, Mapping):
+            raise PlannerError(f"{where}: operator {table.op.name}: field 'strategy' must map mesh axes to dims")
         bad_axes = set(given) - set(axes)
         if bad_axes:
             raise PlannerError(f"{where}: operator {table.op.name}: field 'strategy' names unknown mesh axis {sorted(bad_axes)[0]!r}")

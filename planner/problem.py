@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from planner.cost import (CostRecord, sum_records, OperandInfo, TrainingSettings, edge_cost, input_layouts, op_cost,
-                          operand_infos, output_layouts, seconds)
+                          operand_infos, output_layouts, plan_terms, seconds)
 from planner.graph import Graph, Operator
 from planner.mesh import MachineProfile, Mesh
 from planner.strategy import Layout, Strategy, enumerate_strategies
@@ -91,13 +91,10 @@ class Problem:
 
     def record(self, choice: Sequence[int]) -> CostRecord:
         """The symbolic cost record of a whole plan (for breakdowns)."""
-        mesh_shape = self.mesh.shape
-        parts = [t.records[c] for t, c in zip(self.ops, choice)]
-        for e in self.edges:
-            info = self.ops[e.dst].inputs[e.dst_slot]
-            parts.append(edge_cost(info.shape, info.elem_bytes, e.src_layouts[e.src_index[choice[e.src]]],
-                                   e.dst_layouts[e.dst_index[choice[e.dst]]], mesh_shape, info.needs_grad))
-        return sum_records(parts)
+        strategies = [t.strategies[c] for t, c in zip(self.ops, choice)]
+        terms = plan_terms(self.graph, self.mesh, self.settings, strategies, {t.op.name: t.inputs for t in self.ops},
+                           [t.records[c] for t, c in zip(self.ops, choice)])
+        return sum_records(list(terms.ops) + [record for *_, record in terms.edges])
 
 
 def _op_key(op: Operator, infos: tuple[OperandInfo, ...]) -> tuple:

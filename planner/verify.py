@@ -12,14 +12,19 @@ mesh axes is attributed to them as its hierarchical equivalent (see ``wire_bytes
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
-from planner.cost import TrainingSettings
+from planner.cost import TrainingSettings, bytes_sent, output_layouts, plan_terms, sum_records
+from planner.errors import SettingsError
 from planner.graph import Graph
-from planner.mesh import Mesh, get_profile
-from planner.plans import integer_objective
-from planner.problem import build_problem
-from planner.strategy import Strategy
+from planner.mesh import Mesh
+from planner.strategy import Strategy, shard_factor
+
+XLA_COMPILER_BYTES = 0.5e9
+NUMPY_BYTES = 16  # per element: float64 values, about twice over at the executor's peak
+XLA_BYTES = 4  # per element of every device's block: float32
 
 VERIFY_SETTINGS = TrainingSettings(dtype="fp32", optimizer="sgd", zero=0, recompute=False)
 
@@ -66,8 +71,8 @@ Transfer = tuple[str, tuple[str, ...], float]  # (kind, mesh axes in mesh order,
 
 def predicted_collectives(graph: Graph, strategies: dict[str, Strategy], mesh: Mesh) -> list[Transfer]:
     """Every collective the cost model charges for the plan."""
-    problem = build_problem(graph, mesh, get_profile("symbolic"), VERIFY_SETTINGS)
-    _, record = integer_objective(problem, tuple(strategies[t.op.name] for t in problem.ops))
+    terms = plan_terms(graph, mesh, VERIFY_SETTINGS, [strategies[op.name] for op in graph.operators])
+    record = sum_records(list(terms.ops) + [r for *_, r in terms.edges])
     return [(c.kind, (mesh.names[c.axis],), c.nbytes) for c in record.comm if c.axis >= 0 and c.nbytes > 0]
 
 
@@ -80,14 +85,12 @@ def wire_bytes(kind: str, axes: tuple[str, ...], nbytes: float, sizes: dict[str,
     inner to outer, buffer n / (product of the axes outside j). This is the order the cost model
     uses (``planner.cost.hierarchical_all_reduce`` and ``redistribute``)."""
     if kind == "p2p":
-        return {"+".join(axes) or "none": nbytes}
-    factor = 2.0 if kind == "all_reduce" else 1.0
+        return {"+".join(axes) or "none": bytes_sent(kind, 1, nbytes)}
     out = {}
     for j, axis in enumerate(axes):
         others = axes[j + 1:] if kind in ("all_reduce", "all_gather") else axes[:j]
         buffer = nbytes / math.prod(sizes[a] for a in others)
-        p = sizes[axis]
-        out[axis] = factor * (p - 1) / p * buffer
+        out[axis] = bytes_sent(kind, sizes[axis], buffer)
     return out
 
 
@@ -106,6 +109,58 @@ def compare(predicted: list[Transfer], compiled: list[Transfer], sizes: dict[str
     by_kind = tuple((k, sum(n for kk, _, n in predicted if kk == k), sum(n for kk, _, n in compiled if kk == k))
                     for k in kinds)
     return tuple(rows), by_kind
+
+
+def estimate_memory(graph: Graph, strategies: dict[str, Strategy], mesh: Mesh, run_numpy: bool,
+                    run_xla: bool) -> tuple[float, float]:
+    """Upper estimate of the bytes the checks hold at once, as (total, part that does not scale with
+    the batch). The two checks run one after the other, so the total is the larger of the two.
+    The numpy executor keeps every tensor unsharded (float64 reference) and every device's block
+    of it under the plan's layout, about twice over at its peak (measured: transformer-block at
+    batch 2 on 8 devices, 6.9 GB against 16 bytes x elements); the XLA check compiles one step
+    (float32) in a subprocess: one copy of every device's blocks and about 0.5 GB for XLA itself."""
+    layout_of = {}
+    for op in graph.operators:
+        for o, layout in zip(op.outputs, output_layouts(op, strategies[op.name])):
+            layout_of[o.tensor] = layout
+    devices = mesh.num_devices
+    numpy_bytes = xla_bytes = fixed = 0.0
+    for t in graph.tensors:
+        factor = shard_factor(layout_of.get(t.name, ()), mesh.shape) if t.name in layout_of else 1
+        spread = t.numel * devices / factor  # elements over all devices
+        numpy_bytes += NUMPY_BYTES * (t.numel + spread)
+        xla_bytes += XLA_BYTES * spread
+        if t.role == "param":
+            fixed += NUMPY_BYTES * (t.numel + spread) if run_numpy else XLA_BYTES * spread
+    total = max(numpy_bytes if run_numpy else 0.0, (xla_bytes + XLA_COMPILER_BYTES) if run_xla else 0.0)
+    return total, fixed
+
+
+def check_memory(graph: Graph, strategies: dict[str, Strategy], mesh: Mesh, run_numpy: bool, run_xla: bool,
+                 limit: float | None = None) -> float:
+    """Refuse (``SettingsError``, one line) when the estimate exceeds ``limit`` (default: half the
+    available memory); the message gives the estimate and a batch that would fit."""
+    limit = limit if limit is not None else available_memory() / 2
+    total, fixed = estimate_memory(graph, strategies, mesh, run_numpy, run_xla)
+    if total <= limit:
+        return total
+    batch = graph.tensors[0].shape[0]
+    scale = (limit - fixed) / max(total - fixed, 1.0)
+    hint = (f"try --batch {max(1, int(batch * scale))} or a shorter --seq" if scale > 0 and int(batch * scale) >= 1
+            else "the parameters alone exceed it: use a smaller model configuration")
+    raise SettingsError(f"--max-memory: the checks need about {total / 1e9:.1f} GB, more than the limit of "
+                        f"{limit / 1e9:.1f} GB; {hint} (or raise --max-memory)")
+
+
+def available_memory() -> float:
+    """MemAvailable from /proc/meminfo (Linux), else the physical memory."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
 def verify_plan(graph: Graph, strategies: dict[str, Strategy], mesh: Mesh, *, run_numpy: bool = True,

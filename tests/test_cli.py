@@ -42,7 +42,8 @@ def test_evaluate_megatron_degrees(tmp_path):
     proc = run("evaluate", "--model", "gpt2-small", "--tp", "4", "--dp", "2", "--csv", str(out_csv))
     assert proc.returncode == 0, proc.stderr
     row = pd.read_csv(out_csv)
-    assert row["mesh"][0] == "dp=2,tp=4" and row["estimated_step_time_s"][0] > 0
+    assert row["mesh"][0] == "pp=1,dp=2,tp=4" and row["stage_mesh"][0] == "dp=2,tp=4"
+    assert row["num_microbatches"][0] == 1 and row["iteration_time_s"][0] > 0 and row["intra_method"][0] == "megatron"
 
 
 @pytest.mark.parametrize("args,field", [

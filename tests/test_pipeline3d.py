@@ -20,9 +20,9 @@ def test_gpt3_175b_on_1024_gpus_pipelines_and_keeps_tensor_parallel_in_node():
 def test_pipeline_command_writes_csv(tmp_path):
     out = tmp_path / "pipe.csv"
     proc = subprocess.run([sys.executable, "-m", "planner", "pipeline", "--model", "gpt:layers=8,hidden=512,heads=8",
-                           "--devices", "32", "--batch", "32", "--method", "dp", "--csv", str(out)],
+                           "--devices", "32", "--batch", "32", "--pipeline-method", "exact", "--csv", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     row = pd.read_csv(out)
-    assert row["method"][0] == "dp" and row["fits_memory"][0]
+    assert row["method"][0] == "exact" and row["intra_method"][0] == "exact" and row["fits_memory"][0]
     assert "pipeline stages" in proc.stdout

@@ -1,0 +1,228 @@
+"""Every command and every option: a run shows the option's effect, or the option is refused (exit 2).
+
+Each row runs ``planner.cli.main`` in-process in a temporary directory and checks what the option
+changed (a file written, a field of the plan, a status, a value passed to the search)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from planner import api
+from planner.cli import main
+
+GPT = "gpt:layers=4,hidden=256,heads=4,seq=64,vocab=512"  # a small pipelinable model
+
+
+def _json(tmp: Path, name: str = "out.json") -> dict:
+    return json.loads((tmp / name).read_text())
+
+
+def _csv(tmp: Path, name: str = "out.csv") -> pd.DataFrame:
+    return pd.read_csv(tmp / name)
+
+
+TABLE = "device,peak_bf16_flops,hbm_bytes,hbm_bandwidth,intra_node_link,intra_node_bandwidth,gpus_per_node," \
+        "inter_node_link,inter_node_bandwidth_per_gpu\ntiny,1e12,1e9,1e11,x,1e10,4,y,1e9\n"
+
+# (id, argv, exit code, check(tmp, captured search arguments, stdout))
+CASES = [
+    ("plan --model zoo", ["plan", "--model", "mlp", "--json", "out.json"], 0, lambda t, c, o: _json(t)["model"] == "mlp"),
+    ("plan --mesh", ["plan", "--model", "mlp", "--mesh", "2x4", "--json", "out.json"], 0,
+     lambda t, c, o: _json(t)["mesh"] == "node=2,gpu=4"),
+    ("plan --device", ["plan", "--model", "mlp", "--device", "h100-80g", "--json", "out.json"], 0,
+     lambda t, c, o: _json(t)["device"] == "h100-80g"),
+    ("plan --hardware", ["plan", "--model", "mlp", "--hardware", "hw.csv", "--device", "tiny", "--json", "out.json"], 0,
+     lambda t, c, o: _json(t)["device"] == "tiny" and _json(t)["memory_limit_bytes"] == 1e9),
+    ("plan --batch", ["plan", "--model", GPT, "--batch", "16", "--json", "out.json"], 0,
+     lambda t, c, o: _json(t)["source"]["batch"] == 16 and c["graph_batch"] == 16),
+    ("plan --seq", ["plan", "--model", "gpt2-small", "--seq", "128", "--batch", "8", "--method", "dp", "--json", "out.json"], 0,
+     lambda t, c, o: _json(t)["source"]["seq"] == 128 and c["graph_seq"] == 128),
+    ("plan --memory", ["plan", "--model", "mlp", "--memory", "40GB", "--json", "out.json"], 0,
+     lambda t, c, o: _json(t)["memory_limit_bytes"] == 40e9),
+    ("plan --memory infeasible", ["plan", "--model", "gpt2-small", "--memory", "1MB", "--json", "out.json"], 3,
+     lambda t, c, o: not (t / "out.json").exists()),
+    ("plan --dtype", ["plan", "--model", "mlp", "--dtype", "fp32", "--json", "out.json"], 0,
+     lambda t, c, o: _json(t)["settings"]["dtype"] == "fp32"),
+    ("plan --optimizer", ["plan", "--model", "mlp", "--optimizer", "sgd", "--json", "out.json"], 0,
+     lambda t, c, o: _json(t)["settings"]["optimizer"] == "sgd"),
+    ("plan --zero", ["plan", "--model", "mlp", "--zero", "3", "--json", "out.json"], 0,
+     lambda t, c, o: _json(t)["settings"]["zero"] == 3),
+    ("plan --recompute", ["plan", "--model", "mlp", "--recompute", "full", "--json", "out.json"], 0,
+     lambda t, c, o: _json(t)["settings"]["recompute"] == "full"),
+    ("plan --csv", ["plan", "--model", "mlp", "--csv", "out.csv"], 0, lambda t, c, o: len(_csv(t)) == 1),
+    ("plan --no-timings", ["plan", "--model", "mlp", "--no-timings", "--json", "out.json", "--csv", "out.csv"], 0,
+     lambda t, c, o: "search_time_s" not in _json(t) and "search_time_s" not in _csv(t)),
+    ("plan --method", ["plan", "--model", "mlp", "--method", "megatron", "--json", "out.json"], 0,
+     lambda t, c, o: _json(t)["method"] == "megatron"),
+    ("plan --time-limit --seed --jobs", ["plan", "--model", "mlp", "--time-limit", "7", "--seed", "5", "--jobs", "2"], 0,
+     lambda t, c, o: (c["time_limit_s"], c["seed"], c["jobs"]) == (7.0, 5, 2)),
+    ("plan --seed too large", ["plan", "--model", "mlp", "--seed", str(2**31)], 2, None),
+    ("plan --require-optimal", ["plan", "--model", "mlp", "--require-optimal", "--json", "out.json"], 4,
+     lambda t, c, o: _json(t)["status"] == "FEASIBLE"),
+    ("plan FEASIBLE without --require-optimal", ["plan", "--model", "mlp"], 0, None),
+    ("plan --schedule without pipeline", ["plan", "--model", "mlp", "--schedule", "gpipe"], 2, None),
+    ("plan --pp without pipeline", ["plan", "--model", "mlp", "--pp", "2"], 2, None),
+    ("plan --num-microbatches without pipeline", ["plan", "--model", "mlp", "--num-microbatches", "2"], 2, None),
+    ("plan --pipeline-method without pipeline", ["plan", "--model", "mlp", "--pipeline-method", "even"], 2, None),
+    ("plan --cuts without pipeline", ["plan", "--model", "mlp", "--cuts", "2"], 2, None),
+    ("plan --pipeline auto --json --csv", ["plan", "--model", GPT, "--mesh", "2x2", "--pipeline", "auto",
+                                           "--json", "out.json", "--csv", "out.csv"], 0,
+     lambda t, c, o: _json(t)["format"] == "planner-3d/1" and _csv(t)["iteration_time_s"][0] == _json(t)["iteration_time_s"]),
+    ("plan --pipeline auto --no-timings", ["plan", "--model", GPT, "--mesh", "2x2", "--pipeline", "auto", "--no-timings",
+                                           "--json", "out.json", "--csv", "out.csv"], 0,
+     lambda t, c, o: "search_time_s" not in _json(t) and "search_time_s" not in _csv(t)),
+    ("plan --pipeline auto --time-limit --seed --jobs --method",
+     ["plan", "--model", GPT, "--mesh", "2x2", "--pipeline", "auto", "--time-limit", "9", "--seed", "3", "--jobs", "2",
+      "--method", "whole"], 0,
+     lambda t, c, o: (c["time_limit_s"], c["seed"], c["jobs"], c["method"]) == (9.0, 3, 2, "whole")),
+    ("plan --pipeline auto --require-optimal", ["plan", "--model", GPT, "--mesh", "2x2", "--pipeline", "auto",
+                                                "--require-optimal"], 4, None),
+    ("plan --pipeline auto --schedule --pp --num-microbatches --pipeline-method",
+     ["plan", "--model", GPT, "--mesh", "2x2", "--pipeline", "auto", "--schedule", "gpipe", "--pp", "2",
+      "--num-microbatches", "4", "--pipeline-method", "exact", "--json", "out.json"], 0,
+     lambda t, c, o: {k: _json(t)["pipeline"][k] for k in ("schedule", "stages", "num_microbatches", "method")}
+     == {"schedule": "gpipe", "stages": 2, "num_microbatches": 4, "method": "exact"}),
+    ("plan --pipeline auto --cuts", ["plan", "--model", GPT, "--mesh", "2x2", "--pipeline", "auto", "--pp", "2",
+                                     "--cuts", "1", "--json", "out.json"], 0,
+     lambda t, c, o: _json(t)["pipeline"]["cuts"] == [1]),
+    ("plan --pipeline auto --cuts without --pp", ["plan", "--model", GPT, "--mesh", "2x2", "--pipeline", "auto",
+                                                  "--cuts", "1"], 2, None),
+    ("plan --pipeline auto infeasible", ["plan", "--model", GPT, "--mesh", "2x2", "--pipeline", "auto", "--memory", "1KB",
+                                         "--json", "out.json"], 3, lambda t, c, o: not (t / "out.json").exists()),
+    ("pipeline --devices", ["pipeline", "--model", GPT, "--devices", "16", "--json", "out.json"], 0,
+     lambda t, c, o: _json(t)["mesh"] == "node=2,gpu=8"),
+    ("pipeline --method dp", ["pipeline", "--model", GPT, "--mesh", "2x2", "--method", "dp", "--json", "out.json"], 0,
+     lambda t, c, o: _json(t)["intra_method"] == "dp"),
+    ("compare --methods --json --csv", ["compare", "--model", "mlp", "--methods", "exact,dp", "--json", "out.json",
+                                        "--csv", "out.csv"], 0,
+     lambda t, c, o: [r["method"] for r in _json(t)["rows"]] == ["exact", "dp"] and list(_csv(t)["method"]) == ["exact", "dp"]),
+    ("compare --no-timings", ["compare", "--model", "mlp", "--methods", "dp", "--no-timings", "--csv", "out.csv"], 0,
+     lambda t, c, o: "search_time_s" not in _csv(t)),
+    ("compare --time-limit --seed", ["compare", "--model", "mlp", "--methods", "exact", "--time-limit", "8", "--seed", "4"],
+     0, lambda t, c, o: (c["time_limit_s"], c["seed"]) == (8.0, 4)),
+    ("evaluate --plan", ["evaluate", "--plan", "flat.json", "--json", "out.json"], 0,
+     lambda t, c, o: _json(t)["objective"] == _json(t, "flat.json")["objective"] and _json(t)["mesh"] == "node=2,gpu=4"),
+    ("evaluate --plan --mesh differs", ["evaluate", "--plan", "flat.json", "--mesh", "8"], 2, None),
+    ("evaluate --plan --tp", ["evaluate", "--plan", "flat.json", "--tp", "2"], 2, None),
+    ("evaluate --plan --memory", ["evaluate", "--plan", "flat.json", "--memory", "1MB"], 0,
+     lambda t, c, o: "of 0.00 GiB" in o),
+    ("evaluate --plan 3D", ["evaluate", "--plan", "p3.json", "--json", "out.json", "--csv", "out.csv"], 0,
+     lambda t, c, o: _json(t)["iteration_time_s"] == _json(t, "p3.json")["iteration_time_s"] and len(_csv(t)) == 1),
+    ("evaluate --tp --dp --pp --micro-batch --schedule",
+     ["evaluate", "--model", GPT, "--batch", "16", "--tp", "2", "--dp", "2", "--pp", "2", "--micro-batch", "2",
+      "--schedule", "gpipe", "--json", "out.json"], 0,
+     lambda t, c, o: (_json(t)["mesh"], _json(t)["pipeline"]["num_microbatches"], _json(t)["pipeline"]["schedule"])
+     == ("pp=2,dp=2,tp=2", 4, "gpipe")),
+    ("evaluate --cuts", ["evaluate", "--model", GPT, "--pp", "2", "--cuts", "3", "--json", "out.json"], 0,
+     lambda t, c, o: _json(t)["pipeline"]["cuts"] == [3]),
+    ("evaluate gradient accumulation", ["evaluate", "--model", GPT, "--batch", "16", "--dp", "2", "--micro-batch", "2",
+                                        "--json", "out.json"], 0,
+     lambda t, c, o: _json(t)["pipeline"]["num_microbatches"] == 4 and _json(t)["pipeline"]["stages"] == 1),
+    ("evaluate --mesh with degrees", ["evaluate", "--model", GPT, "--tp", "2", "--mesh", "2"], 2, None),
+    ("export --tensor-axis --json", ["export", "--plan", "flat.json", "--tensor-axis", "node", "--json", "out.json"], 0,
+     lambda t, c, o: _json(t)["parallelize_plan"]["mesh_axis"] == "node"),
+    ("export 3D refused", ["export", "--plan", "p3.json"], 2, None),
+    ("verify --devices mismatch", ["verify", "--plan", "flat.json", "--devices", "4"], 2, None),
+    ("verify --max-memory", ["verify", "--plan", "flat.json", "--max-memory", "1KB"], 2, None),
+    ("verify --no-xla", ["verify", "--plan", "flat.json", "--no-xla"], 0,
+     lambda t, c, o: "numpy executor" in o and "XLA" not in o),
+    ("compare common options", ["compare", "--model", "mlp", "--methods", "dp", "--mesh", "2x2", "--hardware", "hw.csv",
+                                "--device", "tiny", "--memory", "2e9", "--dtype", "fp32", "--optimizer", "sgd", "--zero",
+                                "1", "--recompute", "full", "--json", "out.json"], 0,
+     lambda t, c, o: {k: _json(t)["rows"][0][k] for k in ("mesh", "device", "memory_limit_bytes", "setting_dtype",
+                                                         "setting_optimizer", "setting_zero", "setting_recompute")}
+     == {"mesh": "node=2,gpu=2", "device": "tiny", "memory_limit_bytes": 2e9, "setting_dtype": "fp32",
+         "setting_optimizer": "sgd", "setting_zero": 1, "setting_recompute": "full"}),
+    ("pipeline common and pipeline options",
+     ["pipeline", "--model", GPT, "--mesh", "2x2", "--hardware", "hw.csv", "--device", "tiny", "--memory", "0.9e9",
+      "--dtype", "fp32", "--optimizer", "sgd", "--zero", "1", "--recompute", "full", "--schedule", "gpipe", "--pp", "2",
+      "--num-microbatches", "4", "--pipeline-method", "brute", "--time-limit", "6", "--seed", "2", "--jobs", "2",
+      "--no-timings", "--json", "out.json", "--csv", "out.csv"], 0,
+     lambda t, c, o: (_json(t)["device"], _json(t)["memory_limit_bytes"], _json(t)["settings"],
+                      _json(t)["pipeline"]["method"], _json(t)["pipeline"]["stages"], "search_time_s" in _csv(t),
+                      c["time_limit_s"], c["seed"], c["jobs"])
+     == ("tiny", 0.9e9, {"dtype": "fp32", "optimizer": "sgd", "zero": 1, "recompute": "full"}, "brute", 2, False,
+         6.0, 2, 2)),
+    ("pipeline --cuts", ["pipeline", "--model", GPT, "--mesh", "2x2", "--pp", "2", "--cuts", "2", "--json", "out.json"], 0,
+     lambda t, c, o: _json(t)["pipeline"]["cuts"] == [2]),
+    ("pipeline --require-optimal", ["pipeline", "--model", GPT, "--mesh", "2x2", "--require-optimal"], 4, None),
+    ("evaluate common options", ["evaluate", "--model", GPT, "--tp", "2", "--hardware", "hw.csv", "--device", "tiny",
+                                 "--dtype", "fp32", "--optimizer", "sgd", "--zero", "1", "--recompute", "full",
+                                 "--no-timings", "--json", "out.json"], 0,
+     lambda t, c, o: (_json(t)["device"], _json(t)["settings"], "search_time_s" in _json(t))
+     == ("tiny", {"dtype": "fp32", "optimizer": "sgd", "zero": 1, "recompute": "full"}, False)),
+    ("models -q", ["models", "-q"], 0, lambda t, c, o: o == ""),
+    ("models", ["models"], 0, lambda t, c, o: "gpt3-175b" in o),
+]
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory):
+    """A flat plan and a 3D plan written by the CLI, shared by the evaluate/export/verify rows."""
+    root = tmp_path_factory.mktemp("plans")
+    assert main(["plan", "--model", "mlp", "--mesh", "2x4", "--batch", "64", "--json", str(root / "flat.json"), "-q"]) == 0
+    assert main(["plan", "--model", GPT, "--mesh", "2x2", "--pipeline", "auto", "--json", str(root / "p3.json"), "-q"]) == 0
+    return root
+
+
+@pytest.mark.parametrize("case_id,argv,code,check", CASES, ids=[c[0] for c in CASES])
+def test_option(case_id, argv, code, check, plans, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "hw.csv").write_text(TABLE)
+    for name in ("flat.json", "p3.json"):
+        (tmp_path / name).write_text((plans / name).read_text())
+    captured = _spy(monkeypatch, force_feasible="require-optimal" in case_id or "FEASIBLE" in case_id)
+    try:
+        result = main(argv)
+    except SystemExit as exc:  # argument errors
+        result = exc.code
+    assert result == code, capsys.readouterr().err
+    out = capsys.readouterr().out
+    if check is not None:
+        assert check(tmp_path, captured, out)
+
+
+def _spy(monkeypatch, force_feasible: bool) -> dict:
+    """Record what the search receives; optionally report FEASIBLE to test --require-optimal."""
+    captured: dict = {}
+    real_plan_problem, real_make_problem = api.plan_problem, api.make_problem
+
+    def plan_problem(problem, memory_limit, method="exact", time_limit_s=60.0, seed=0, jobs=1, progress=None):
+        captured.update(method=method, time_limit_s=time_limit_s, seed=seed, jobs=jobs)
+        found = real_plan_problem(problem, memory_limit, method, time_limit_s, seed, jobs, progress)
+        return dataclasses.replace(found, status="FEASIBLE") if force_feasible and found.status == "OPTIMAL" else found
+
+    def make_problem(graph, cluster, settings=None, batch=None, seq=None):
+        problem = real_make_problem(graph, cluster, settings, batch, seq)
+        captured.update(graph_batch=problem.graph.tensors[0].shape[0],
+                        graph_seq=problem.graph.tensors[0].shape[1] if len(problem.graph.tensors[0].shape) > 1 else None)
+        return problem
+
+    monkeypatch.setattr(api, "plan_problem", plan_problem)
+    monkeypatch.setattr(api, "make_problem", make_problem)
+    return captured
+
+
+def test_every_option_of_every_command_has_a_row():
+    """Each option of each command's parser appears in at least one row (or is a logging flag)."""
+    from planner.cli import build_parser
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    covered = {(c[1][0], a) for c in CASES for a in c[1] if a.startswith("--")}
+    skip = {"--help", "--verbose", "--quiet", "--debug", "--model", "--allow-unknown", "--batch", "--seq",
+            "--tolerance", "--no-numpy"}
+    # import-torch needs torch (tests/test_torch_import.py); verify --tolerance/--no-numpy: tests/test_verify.py
+    missing = []
+    for name, command in sub.choices.items():
+        if name == "import-torch":
+            continue
+        for action in command._actions:
+            for flag in action.option_strings:
+                if flag.startswith("--") and flag not in skip and (name, flag) not in covered:
+                    missing.append(f"{name} {flag}")
+    assert not missing, missing

@@ -1,0 +1,63 @@
+"""One way to cost a plan: every caller (plan report, problem record, pipeline layer chains,
+verification prediction) sums the same terms from ``planner.cost.plan_terms``."""
+
+import dataclasses
+import math
+
+import numpy as np
+from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
+
+from planner.cost import TrainingSettings, breakdown, bytes_sent, collective_seconds, sum_records
+from planner.graph import Graph
+from planner.pipeline3d import cost_layers
+from planner.plans import integer_objective, make_plan
+from planner.problem import build_problem
+from planner.verify import predicted_collectives
+from strategies_gen import graphs, meshes, profiles
+
+
+def _layered(graph: Graph, per_layer: int) -> Graph:
+    ops = tuple(dataclasses.replace(op, layer=i // per_layer) for i, op in enumerate(graph.operators))
+    return Graph(graph.name, graph.tensors, ops)
+
+
+@seed(20261130)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graph=graphs(), mesh=meshes(max_axes=2), profile=profiles(), zero=st.sampled_from((0, 1, 3)),
+       per_layer=st.integers(1, 3), data=st.data())
+def test_every_caller_costs_a_plan_the_same(graph, mesh, profile, zero, per_layer, data):
+    graph = _layered(graph, per_layer)
+    settings_ = TrainingSettings(dtype="fp32", optimizer="sgd", zero=zero)
+    problem = build_problem(graph, mesh, profile, settings_)
+    choice = [data.draw(st.integers(0, len(t.strategies) - 1)) for t in problem.ops]
+    strategies = [t.strategies[c] for t, c in zip(problem.ops, choice)]
+    objective, record = integer_objective(problem, strategies)
+    assert objective == problem.objective(choice)  # the integer tables of the search
+    whole = problem.record(choice)
+    assert whole == record
+    plan = make_plan(problem, strategies, method="test", status="GIVEN")
+    assert plan.objective == objective
+    assert math.isclose(plan.memory_per_device_bytes, record.memory.total, rel_tol=1e-12)
+    # pipeline layer chains: per-layer sums add up to the whole plan
+    layers = cost_layers(graph, mesh, profile, settings_, {t.op.name: s for t, s in zip(problem.ops, strategies)})
+    total = breakdown(record, mesh, profile).total_s
+    assert math.isclose(float(np.sum(layers["time"]) + np.sum(layers["sync"])), total, rel_tol=1e-9, abs_tol=1e-15)
+    assert math.isclose(float(np.sum(layers["activation_memory"]) + np.sum(layers["static_memory"])),
+                        record.memory.total, rel_tol=1e-9, abs_tol=1e-9)
+    # verification (float32, SGD, no ZeRO): the predicted collectives are the record's
+    if zero:
+        problem = build_problem(graph, mesh, profile, dataclasses.replace(settings_, zero=0))
+        record = integer_objective(problem, strategies)[1]
+    predicted = predicted_collectives(graph, {t.op.name: s for t, s in zip(problem.ops, strategies)}, mesh)
+    assert math.isclose(sum(n for *_, n in predicted), sum(c.nbytes for c in record.comm), rel_tol=1e-12)
+
+
+def test_collective_formula_by_hand():
+    # 1 MB all-reduce on 4 devices at 1 GB/s, 1 us per step: 2*3 steps + 2*3/4 MB
+    assert math.isclose(collective_seconds("all_reduce", 4, 1e9, 1e-6, 1e6), 6e-6 + 1.5e-3)
+    assert math.isclose(collective_seconds("all_gather", 4, 1e9, 1e-6, 1e6), 3e-6 + 0.75e-3)
+    assert math.isclose(collective_seconds("p2p", 2, 1e9, 1e-6, 1e6), 1e-6 + 1e-3)
+    assert bytes_sent("all_reduce", 8, 800.0) == 1400.0
+    assert bytes_sent("reduce_scatter", 1, 800.0) == 0.0
+    assert sum_records([]).comm == ()
