@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+
+from experiments.common import run
 import time
 
 SCRIPTS = ("fidelity", "portability", "smsg_models", "verify", "exact_vs_heuristic", "pipeline", "scaling")
@@ -37,4 +39,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

@@ -38,3 +38,14 @@ def pyplot():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
+
+
+def run(main) -> int:
+    """Run an experiment's ``main``: Ctrl-C or SIGTERM stops it at once (exit 130/143, one line),
+    and the configuration it was on is not recorded (``--resume`` runs it again)."""
+    from planner.signals import exit_code, install_handlers
+    install_handlers()
+    try:
+        return main()
+    except KeyboardInterrupt as exc:
+        return exit_code(exc, "experiments")

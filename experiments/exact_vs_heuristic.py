@@ -14,7 +14,7 @@ import argparse
 import sys
 
 import planner
-from experiments.common import add_output_options, png_path, pyplot, results_table
+from experiments.common import add_output_options, png_path, pyplot, results_table, run
 
 MODELS = "gpt2-small,gpt3-1.3b,gpt3-175b,bert-large,resnet50,vgg16,wide-resnet50-2,moe-gpt"
 METHODS = ("exact", "drec", "dp", "zero", "megatron", "greedy", "whole")
@@ -87,4 +87,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

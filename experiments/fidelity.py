@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 import planner
-from experiments.common import add_output_options, png_path, pyplot, results_table
+from experiments.common import add_output_options, png_path, pyplot, results_table, run
 
 REFERENCE = Path(__file__).resolve().parent / "data"  # published measurements, cited in each file
 FIG13_MODEL = "gpt:layers=32,hidden=20480,heads=128,seq=2048,vocab=51200"
@@ -151,4 +151,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

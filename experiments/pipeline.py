@@ -17,7 +17,7 @@ import sys
 import numpy as np
 
 import planner
-from experiments.common import add_output_options, png_path, pyplot, results_table
+from experiments.common import add_output_options, png_path, pyplot, results_table, run
 
 # (model, mesh, global batch, recompute): GPT-3 175B needs full recompute to fit 80 GB in 4 stages.
 ZOO = (("gpt3-13b", "node=8,gpu=8", 128, False), ("gpt3-175b", "node=128,gpu=8", 1536, True),
@@ -108,4 +108,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

@@ -21,7 +21,7 @@ import sys
 import time
 
 import planner
-from experiments.common import add_output_options, png_path, pyplot, results_table
+from experiments.common import add_output_options, png_path, pyplot, results_table, run
 
 BASE = {"devices": 64, "device": "a100-80g", "inter_gbps": None, "batch": 256}
 GBPS = 1e9 / 8  # bytes/s per Gb/s
@@ -116,4 +116,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

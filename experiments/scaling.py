@@ -14,7 +14,7 @@ import argparse
 import sys
 
 import planner
-from experiments.common import add_output_options, png_path, pyplot, results_table
+from experiments.common import add_output_options, png_path, pyplot, results_table, run
 
 MODEL = "gpt:layers={layers},hidden=12288,heads=96,seq=2048,vocab=51200"
 
@@ -84,4 +84,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

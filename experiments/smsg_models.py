@@ -16,7 +16,7 @@ import argparse
 import sys
 
 import planner
-from experiments.common import add_output_options, png_path, pyplot, results_table
+from experiments.common import add_output_options, png_path, pyplot, results_table, run
 
 MODELS = "gpt3-1.3b,bert-large,resnet50,vgg16,wide-resnet50-2,moe-gpt"
 METHODS = ("exact", "drec", "dp", "megatron")
@@ -93,4 +93,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+
+from experiments.common import run
 from pathlib import Path
 
 import pandas as pd
@@ -147,4 +149,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

@@ -15,7 +15,7 @@ import sys
 import time
 
 import planner
-from experiments.common import add_output_options, png_path, pyplot, results_table
+from experiments.common import add_output_options, png_path, pyplot, results_table, run
 
 # model -> (zoo spec, global batch, sequence length): full and small settings
 FULL = {"mlp": ("mlp:hidden=512", 4096, None), "transformer-block": ("transformer-block:hidden=1024,heads=16", 8, 256),
@@ -90,4 +90,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

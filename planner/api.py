@@ -29,6 +29,7 @@ from planner.zoo import load_model
 
 HEURISTICS = {"drec": drec, "dp": data_parallel, "zero": data_parallel, "megatron": megatron, "greedy": greedy}
 METHODS = ("exact", "whole") + tuple(HEURISTICS)
+REPORT_SECONDS_PER_OP = 1e-5
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,12 +72,19 @@ def plan(model: str | Graph, mesh: str | Mesh = "8", device: str | MachineProfil
          method: str = "exact", batch: int | None = None, seq: int | None = None, memory: float | None = None,
          settings: TrainingSettings | None = None, time_limit_s: float = 60.0, seed: int = 0,
          hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV, jobs: int = 1, progress: Progress | None = None) -> Plan:
-    """Plan a model on a cluster with one search method (see ``METHODS``)."""
+    """Plan a model on a cluster with one search method (see ``METHODS``).
+
+    ``time_limit_s`` counts from this call: loading the model, costing, the search and the plan
+    report; ``search_time_s`` of the result counts costing and search only."""
+    begun = time.perf_counter()
     cluster = make_cluster(mesh, device, memory, hardware_csv=hardware_csv)
     graph = resolve_model(model, batch, seq)
     start = time.perf_counter()  # search time: costing every strategy and edge, then the search
     problem = make_problem(graph, cluster, settings)
-    result = plan_problem(problem, cluster.memory_limit, method, time_limit_s, seed, jobs, progress)
+    # the plan report takes time too (measured: 0.9 s per 100k operators)
+    report_s = REPORT_SECONDS_PER_OP * len(problem.ops)
+    remaining = max(0.0, time_limit_s - (time.perf_counter() - begun) - report_s)
+    result = plan_problem(problem, cluster.memory_limit, method, remaining, seed, jobs, progress)
     return replace(result, search_time_s=time.perf_counter() - start)
 
 
@@ -113,7 +121,7 @@ def _search(problem: Problem, memory_limit: float | None, method: str, time_limi
                             result.explanation, notes)
     return make_plan(problem, strategies_from_choice(problem, result.choice), method=method, status=result.status,
                      memory_limit=memory_limit, search_time_s=time.perf_counter() - start, notes=notes,
-                     explanation=result.explanation)
+                     explanation=result.explanation, bound=result.bound)
 
 
 def _failed_plan(problem: Problem, method: str, status: str, elapsed: float, memory_limit: float | None,
@@ -249,10 +257,16 @@ def evaluate_3d(model: str, device: str | MachineProfile = "a100-80g", *, tp: in
     if global_batch % (dp * micro_batch):
         raise SettingsError(f"--batch: global batch {global_batch} is not divisible by dp x micro-batch ({dp} x {micro_batch})")
     mesh = ",".join([f"pp={pp}"] + [f"{name}={size}" for name, size in (("dp", dp), ("tp", tp)) if size > 1])
-    return plan_pipeline(model, mesh, device, batch=global_batch, seq=seq, memory=memory, settings=settings,
-                         schedule=schedule, method="even", intra="megatron" if tp > 1 else "dp", degrees=[pp],
-                         counts=[global_batch // (dp * micro_batch)], cuts=cuts, escalate=False,
-                         fit_required=fit_required, hardware_csv=hardware_csv)
+    result = plan_pipeline(model, mesh, device, batch=global_batch, seq=seq, memory=memory, settings=settings,
+                           schedule=schedule, method="even", intra="megatron" if tp > 1 else "dp", degrees=[pp],
+                           counts=[global_batch // (dp * micro_batch)], cuts=cuts, escalate=False,
+                           fit_required=fit_required, hardware_csv=hardware_csv)
+    for k, axis in enumerate(result.stage_mesh_names):
+        if axis in ("dp", "tp") and not any(strategy[k] is not None for *_, strategy in result.operators):
+            sizes = "the micro-batch" if axis == "dp" else "heads, ffn or vocabulary"
+            raise SettingsError(f"--{axis}: {dict(dp=dp, tp=tp)[axis]} splits nothing in {result.model} "
+                                f"(it divides none of {sizes}); choose a degree that divides them")
+    return result
 
 
 def layer_chain(model: str, mesh: str | Mesh, device: str | MachineProfile = "a100-80g", *, stages: int = 4,

@@ -25,6 +25,7 @@ from planner.mesh import DEFAULT_HARDWARE_CSV, SYMBOLIC, parse_mesh
 from planner.pipeline import METHODS as PIPELINE_METHODS, SCHEDULES
 from planner.plans import Plan
 from planner.report import format_3d, format_plan, summary_3d
+from planner.signals import exit_code, install_handlers
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_INFEASIBLE, EXIT_NOT_OPTIMAL, EXIT_MISMATCH = 0, 2, 3, 4, 5
 log = logging.getLogger("planner")
@@ -272,11 +273,11 @@ def _status_code(status: str, require_optimal: bool, explanation: str = "") -> i
 def _finish(plan: Plan, args: argparse.Namespace) -> int:
     from planner import io
     found = plan.status not in ("INFEASIBLE", "UNKNOWN")
-    if args.json and found:  # no plan file for a run that found no plan
+    if args.json is not None and found:  # no plan file for a run that found no plan
         data = plan.to_dict(timings=not args.no_timings)
         data["source"] = _source(args)
         io.write_json(args.json, data)
-    if args.csv:
+    if args.csv is not None:
         io.write_csv(args.csv, [plan.summary_row(timings=not args.no_timings)])
     _emit(format_plan(plan), args)
     return _status_code(plan.status, getattr(args, "require_optimal", False), plan.explanation)
@@ -284,11 +285,11 @@ def _finish(plan: Plan, args: argparse.Namespace) -> int:
 
 def _finish_3d(result, args: argparse.Namespace) -> int:
     from planner import io
-    if args.json:
+    if args.json is not None:
         data = result.to_dict(timings=not args.no_timings)
         data["source"] = _source(args)
         io.write_json(args.json, data)
-    if args.csv:
+    if args.csv is not None:
         io.write_csv(args.csv, [summary_3d(result, args.model, timings=not args.no_timings)])
     _emit(format_3d(result), args)
     status = "OPTIMAL" if result.intra_status == "OPTIMAL" else result.intra_status
@@ -393,9 +394,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
                        time_limit_s=args.time_limit, seed=args.seed, hardware_csv=args.hardware)
     if args.no_timings:
         rows = [{k: v for k, v in r.items() if k != "search_time_s"} for r in rows]
-    if args.csv:
+    if args.csv is not None:
         io.write_csv(args.csv, rows)
-    if args.json:
+    if args.json is not None:
         io.write_json(args.json, {"source": _source(args), "rows": rows})
     lines = [f"{'method':10s} {'status':10s} {'step ms':>10s} {'gap %':>8s} {'mem GiB':>8s} {'fits':>5s} {'search s':>9s}"]
     for r in rows:
@@ -423,7 +424,7 @@ def cmd_import_torch(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from planner import io
     data = api.export_shardings(api.load_plan(args.plan, args.model, args.batch, args.seq), args.tensor_axis)
-    if args.json:
+    if args.json is not None:
         io.write_json(args.json, data)
     else:
         _emit(json.dumps(data, indent=1), args)
@@ -451,6 +452,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     level = logging.WARNING - 10 * args.verbose if not args.quiet else logging.ERROR
     logging.basicConfig(level=max(level, logging.DEBUG), format="%(levelname)s %(name)s: %(message)s")
+    install_handlers()
     try:
         return COMMANDS[args.command](args)
     except InfeasibleError as exc:
@@ -463,9 +465,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"planner: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        print("planner: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: nothing half-done is written
+        return exit_code(exc)
 
 
 if __name__ == "__main__":

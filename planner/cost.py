@@ -19,7 +19,6 @@ transposed redistribution of the gradient, one mesh axis at a time.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from planner.errors import SettingsError
 from planner.graph import Graph, Operator
@@ -265,6 +264,14 @@ class OperandInfo:
     needs_grad: bool
     elem_bytes: int
     counts_memory: bool  # this op owns the tensor's parameter state or saved activation
+    grad_free: bool = False  # the op sums its input to a scalar: the input's gradient is a broadcast
+
+    @property
+    def edge_grad(self) -> bool:
+        """Whether the edge into this input carries a gradient back that may need moving. The
+        gradient of a full sum is the (replicated) scalar's gradient broadcast, which every device
+        materialises locally in whatever layout the producer needs (XLA emits no collective)."""
+        return self.needs_grad and not self.grad_free
 
 
 def operand_infos(graph: Graph, settings: TrainingSettings) -> dict[str, tuple[OperandInfo, ...]]:
@@ -279,10 +286,11 @@ def operand_infos(graph: Graph, settings: TrainingSettings) -> dict[str, tuple[O
     grads = graph.grad_tensors()
     for op in graph.operators:
         row = []
+        full_sum = op.kind == "reduce" and all(not o.dims for o in op.outputs)
         for operand in op.inputs:
             t = graph.tensor(operand.tensor)
             row.append(OperandInfo(t.shape, t.role, t.name in grads, INTEGER_BYTES if t.integer else settings.elem_bytes,
-                                   owner.get(t.name) == op.name))
+                                   owner.get(t.name) == op.name, full_sum))
         infos[op.name] = tuple(row)
     return infos
 
@@ -305,6 +313,9 @@ def op_cost(op: Operator, strategy: Strategy, mesh: Mesh, settings: TrainingSett
             if dim in op.norm_dims:
                 comm.append(Collective("fwd", "all_reduce", ax, local))
                 comm.append(Collective("bwd", "all_reduce", ax, local))
+    if inputs and inputs[0].grad_free:  # a loss summed over split dims: the scalar is all-reduced
+        split = [ax for ax, dim in enumerate(strategy) if dim is not None and mesh_shape[ax] > 1]
+        comm.extend(hierarchical_all_reduce("fwd", split, settings.elem_bytes, mesh_shape))
     memory = Memory()
     for slot, info in enumerate(inputs):
         layout = input_layout(op, slot, strategy, info.needs_grad)
@@ -359,47 +370,3 @@ def output_layouts(op: Operator, strategy: Strategy) -> tuple[Layout, ...]:
 
 def input_layouts(op: Operator, strategy: Strategy, inputs: tuple[OperandInfo, ...]) -> tuple[Layout, ...]:
     return tuple(input_layout(op, slot, strategy, info.needs_grad) for slot, info in enumerate(inputs))
-
-
-# ---------------------------------------------------------------- one plan, every term
-
-
-@dataclass(frozen=True, slots=True)
-class PlanTerms:
-    """Every cost term of a plan: one record per operator and one per edge (producer -> consumer).
-
-    ``edges`` holds ``(producer op index, consumer op index, input slot, record)``. This is the one
-    walk over a plan; the plan report, ``evaluate``, the heuristics' final costing, the pipeline
-    layer chains and the verification all sum these terms."""
-
-    ops: tuple[CostRecord, ...]
-    edges: tuple[tuple[int, int, int, CostRecord], ...]
-
-
-def plan_terms(graph: Graph, mesh: Mesh, settings: TrainingSettings, strategies: Sequence[Strategy],
-               infos: dict[str, tuple[OperandInfo, ...]] | None = None,
-               op_records: Sequence[CostRecord | None] | None = None) -> PlanTerms:
-    """Cost every operator and every edge of a plan (one strategy per operator, graph order).
-
-    ``op_records`` may carry records already computed for some operators (a problem's tables);
-    identical edges (same shape and layouts) are costed once."""
-    infos = infos if infos is not None else operand_infos(graph, settings)
-    producer = {o.tensor: (i, k) for i, op in enumerate(graph.operators) for k, o in enumerate(op.outputs)}
-    outs = [output_layouts(op, s) for op, s in zip(graph.operators, strategies)]
-    op_terms, edge_terms = [], []
-    cache: dict[tuple, CostRecord] = {}
-    for i, (op, strategy) in enumerate(zip(graph.operators, strategies)):
-        given = op_records[i] if op_records is not None else None
-        op_terms.append(given if given is not None else op_cost(op, strategy, mesh, settings, infos[op.name]))
-        ins = input_layouts(op, strategy, infos[op.name])
-        for slot, operand in enumerate(op.inputs):
-            if operand.tensor not in producer:
-                continue
-            src, k = producer[operand.tensor]
-            info = infos[op.name][slot]
-            key = (info.shape, info.elem_bytes, info.needs_grad, outs[src][k], ins[slot])
-            if key not in cache:
-                cache[key] = edge_cost(info.shape, info.elem_bytes, outs[src][k], ins[slot], mesh.shape,
-                                       info.needs_grad)
-            edge_terms.append((src, i, slot, cache[key]))
-    return PlanTerms(tuple(op_terms), tuple(edge_terms))

@@ -174,7 +174,7 @@ def _level_cost(problem: Problem, vmesh: Mesh, i: int, trial: tuple, assign, dec
         info = problem.ops[e.dst].inputs[e.dst_slot]
         a = output_layouts(problem.ops[e.src].op, src)[e.src_slot]
         b = input_layouts(problem.ops[e.dst].op, dst, problem.ops[e.dst].inputs)[e.dst_slot]
-        cost += seconds(edge_cost(info.shape, info.elem_bytes, a, b, vmesh.shape, info.needs_grad), vmesh,
+        cost += seconds(edge_cost(info.shape, info.elem_bytes, a, b, vmesh.shape, info.edge_grad), vmesh,
                         problem.profile)
     return cost
 

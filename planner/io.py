@@ -38,14 +38,14 @@ def _atomic_write(path: Path | str, data: str | bytes, field: str = "output") ->
     if not str(path):
         raise OutputError(f"{field}: empty path")
     try:
-        target = Path(os.path.realpath(path))
-        if target.exists() and not target.is_file() and not target.is_dir():
-            with open(target, "wb") as handle:  # FIFO, character device: no rename
+        mode = os.stat(path).st_mode if os.path.exists(path) else None  # follows symlinks
+        if mode is not None and stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, "is a directory")
+        if mode is not None and not stat.S_ISREG(mode):
+            with open(path, "wb") as handle:  # FIFO, device, /dev/stdout: written in place, never replaced
                 handle.write(raw)
             return
-        if target.is_dir():
-            raise IsADirectoryError(errno.EISDIR, "is a directory")
-        _replace(target, raw)
+        _replace(Path(os.path.realpath(path)), raw)  # a symlink is written through to its target
     except OSError as exc:
         raise OutputError(f"{where}: cannot write ({exc.strerror or exc})") from None
 
@@ -172,18 +172,33 @@ def _int_list(values: Any, where: str, key: str) -> list[int]:
     return values
 
 
+GRAPH_KEYS = {"graph": {"name", "tensors", "operators"},
+              "tensor": {"name", "shape", "role", "integer", "checkpoint"},
+              "operator": {"name", "kind", "equation", "inputs", "outputs", "sizes", "norm", "unsplittable", "saved",
+                           "layer", "attrs"}}
+
+
+def _no_unknown_keys(entry: Mapping, label: str, where: str) -> None:
+    unknown = sorted(set(entry) - GRAPH_KEYS[label])
+    if unknown:
+        raise GraphError(f"{where}: unknown field {unknown[0]!r} (known: {', '.join(sorted(GRAPH_KEYS[label]))})")
+
+
 def _entries(data: Mapping, key: str, source: str, label: str):
     """Each object of the list ``data[key]`` with a location string naming it."""
     for i, entry in enumerate(_field(data, key, list, source)):
         if not isinstance(entry, dict):
             raise GraphError(f"{source}: {label} #{i}: must be an object")
-        yield entry, f"{source}: {label} {_field(entry, 'name', str, f'{source}: {label} #{i}')}"
+        where = f"{source}: {label} {_field(entry, 'name', str, f'{source}: {label} #{i}')}"
+        _no_unknown_keys(entry, label, where)
+        yield entry, where
 
 
 def graph_from_dict(data: Any, source: str = "graph") -> Graph:
     """Validate and build a graph from its JSON form; errors name the file, operator and field."""
     if not isinstance(data, dict):
         raise GraphError(f"{source}: must hold a JSON object")
+    _no_unknown_keys(data, "graph", source)
     tensors = []
     for t, where in _entries(data, "tensors", source, "tensor"):
         try:
@@ -221,9 +236,11 @@ def graph_from_dict(data: Any, source: str = "graph") -> Graph:
 
 def load_graph(path: Path | str) -> Graph:
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise GraphError(f"--model: cannot read graph file {path} ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise GraphError(f"--model: graph file {path} is not UTF-8 text (a binary file?)") from None
     try:
         data = json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(GraphError(f"{path}: non-finite number {c}")))
     except json.JSONDecodeError as exc:

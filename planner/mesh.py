@@ -70,6 +70,8 @@ class MachineProfile:
                 raise ProfileError(f"profile {self.name}: field '{name}' must be a positive finite number, got {value!r}")
         if not isinstance(self.gpus_per_node, int) or self.gpus_per_node <= 0:
             raise ProfileError(f"profile {self.name}: field 'gpus_per_node' must be a positive integer")
+        if self.efficiency > 1:
+            raise ProfileError(f"profile {self.name}: field 'efficiency' is a fraction of peak, at most 1, got {self.efficiency!r}")
         for name in ("intra_node_latency", "inter_node_latency", "compute_weight"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
@@ -200,7 +202,7 @@ def _parse_sizes(spec: str) -> list[tuple[str | None, int]]:
     out: list[tuple[str | None, int]] = []
     for part in parts:
         name, _, size = part.rpartition("=") if "=" in part else (None, "", part)
-        if not size.isdigit() or int(size) < 1:
+        if not re.fullmatch(r"[0-9]+", size) or int(size) < 1:
             raise MeshError(f"--mesh: cannot parse {spec!r} (size {size!r} is not a positive integer; use 8, 8x8 or node=8,gpu=8)")
         out.append((name, int(size)))
     return out

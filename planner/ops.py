@@ -29,13 +29,19 @@ def parse_operand(text: str, where: str) -> Groups:
             end = text.find(")", i)
             if end < 0 or end == i + 1:
                 raise GraphError(f"{where}: field 'equation' has an unbalanced group in {text!r}")
-            groups.append(tuple(text[i + 1:end]))
+            group = tuple(text[i + 1:end])
+            if not all(c.isascii() and c.isalpha() for c in group):
+                raise GraphError(f"{where}: field 'equation' needs ASCII letters in a group, got {text!r}")
+            groups.append(group)
             i = end + 1
-        elif ch.isalpha():
+        elif ch.isascii() and ch.isalpha():
             groups.append((ch,))
             i += 1
         else:
-            raise GraphError(f"{where}: field 'equation' has bad character {ch!r} in {text!r}")
+            raise GraphError(f"{where}: field 'equation' has bad character {ch!r} in {text!r} (ASCII letters only)")
+    flat = [d for g in groups for d in g]
+    if len(set(flat)) != len(flat):
+        raise GraphError(f"{where}: field 'equation' repeats an index within {text!r} (diagonals are not supported)")
     return tuple(groups)
 
 
@@ -124,6 +130,9 @@ REGISTRY: Mapping[str, OpKind] = _kinds(
 )
 
 
+MULTI_OUTPUT = ("split",)  # kinds whose several outputs the interpreter, executor and XLA check support
+
+
 def op_kind(kind: str, where: str = "operator") -> OpKind:
     """Look up a kind, raising a ``GraphError`` that names the field when it is unknown."""
     try:
@@ -142,6 +151,13 @@ def make_operator(kind: str, name: str, equation: str, inputs: Sequence[str], ou
     ins, outs = parse_equation(equation, where)
     if len(ins) != len(inputs) or len(outs) != len(outputs):
         raise GraphError(f"{where}: field 'equation' has {len(ins)} inputs/{len(outs)} outputs, given {len(inputs)}/{len(outputs)}")
+    if not inputs:
+        raise GraphError(f"{where}: field 'inputs' is empty (every operator reads a tensor)")
+    if len(outputs) > 1 and kind not in MULTI_OUTPUT:
+        raise GraphError(f"{where}: field 'outputs' has {len(outputs)} tensors; only {', '.join(MULTI_OUTPUT)} "
+                         "may have several")
+    if saved is not None and len(saved) != len(inputs):
+        raise GraphError(f"{where}: field 'saved' has {len(saved)} entries for {len(inputs)} inputs")
     order: list[str] = []
     for groups in ins + outs:
         for group in groups:

@@ -28,7 +28,8 @@ from typing import Callable
 
 import numpy as np
 
-from planner.cost import TrainingSettings, operand_infos, output_layouts, plan_terms, seconds, sum_records
+from planner.cost import TrainingSettings, operand_infos, output_layouts, seconds, sum_records
+from planner.terms import plan_terms
 from planner.errors import InfeasibleError, SettingsError
 from planner.exact import solve_exact
 from planner.graph import Graph

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from planner.cost import CostRecord, breakdown, plan_terms, seconds, sum_records
+from planner.cost import CostRecord, breakdown, seconds, sum_records
+from planner.terms import plan_terms
 from planner.errors import PlannerError
 from planner.problem import Problem
 from planner.strategy import Strategy, enumerate_strategies
@@ -47,6 +48,16 @@ class Plan:
     notes: tuple[str, ...] = ()
     explanation: str = ""
     choice: tuple[int, ...] = field(default=(), compare=False, repr=False)
+    bound: int | None = None  # proven lower bound on the objective (exact methods)
+
+    @property
+    def gap_percent(self) -> float | None:
+        """Proven optimality gap: (objective - bound) / bound; 0 when OPTIMAL, None when no bound is known."""
+        if self.status == "OPTIMAL":
+            return 0.0
+        if self.bound is None or self.status in ("INFEASIBLE", "UNKNOWN"):
+            return None
+        return 100.0 * (self.objective - self.bound) / max(1, self.bound)
 
     @property
     def fits_memory(self) -> bool:
@@ -67,6 +78,7 @@ class Plan:
             "memory_breakdown_bytes": dict(self.memory_breakdown), "memory_limit_bytes": self.memory_limit_bytes,
             "fits_memory": self.fits_memory, "mesh": self.mesh, "device": self.device,
             "settings": dict(self.settings), "notes": list(self.notes), "explanation": self.explanation,
+            "bound": self.bound, "gap_percent": self.gap_percent,
             "operators": [{"name": a.name, "kind": a.kind, "strategy": dict(a.strategy)} for a in self.operators],
         }
         if timings:
@@ -106,9 +118,10 @@ def integer_objective(problem: Problem, strategies: Sequence[Strategy]) -> tuple
 
 def make_plan(problem: Problem, strategies: Sequence[Strategy], *, method: str, status: str,
               search_time_s: float = 0.0, memory_limit: float | None = None, notes: Sequence[str] = (),
-              explanation: str = "") -> Plan:
+              explanation: str = "", bound: int | None = None) -> Plan:
     """Cost an assignment of strategies (one per operator, in the problem's order) into a Plan."""
     objective, record = integer_objective(problem, strategies)
+    notes = tuple(notes) + _unused_mesh_note(problem, strategies)
     times = breakdown(record, problem.mesh, problem.profile)
     mem = record.memory
     axes = problem.mesh.names
@@ -124,7 +137,19 @@ def make_plan(problem: Problem, strategies: Sequence[Strategy], *, method: str, 
         memory_limit_bytes=memory_limit, mesh=problem.mesh.spec, device=problem.profile.name,
         settings=(("dtype", settings.dtype), ("optimizer", settings.optimizer), ("zero", settings.zero),
                   ("recompute", "full" if settings.recompute else "none")),
-        operators=ops, search_time_s=search_time_s, notes=tuple(notes), explanation=explanation)
+        operators=ops, search_time_s=search_time_s, notes=tuple(notes), explanation=explanation,
+        bound=None if bound is None else int(bound))
+
+
+def _unused_mesh_note(problem: Problem, strategies: Sequence[Strategy]) -> tuple[str, ...]:
+    """A plan that splits nothing leaves the mesh idle: say so, and why."""
+    if problem.mesh.num_devices == 1 or any(d is not None for s in strategies for d in s):
+        return ()
+    if all(all(d is None for d in s) for t in problem.ops for s in t.strategies):
+        return (f"the mesh is unused: no operator has a dim divisible by an axis size of {problem.mesh.spec}; "
+                "choose a mesh whose axis sizes divide the model's dims",)
+    return (f"the mesh is unused: replicating every operator is cheapest on {problem.mesh.spec} under this cost model "
+            "(communication would cost more than the compute it saves)",)
 
 
 def strategies_from_mapping(problem: Problem, assignment: Mapping[str, Mapping[str, str | None]],

@@ -11,16 +11,20 @@ all exact methods optimise the same integer objective, so they agree to the inte
 
 from __future__ import annotations
 
+import logging
+import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 
 from planner.cost import (CostRecord, sum_records, OperandInfo, TrainingSettings, edge_cost, input_layouts, op_cost,
-                          operand_infos, output_layouts, plan_terms, seconds)
+                          operand_infos, output_layouts, seconds)
+from planner.terms import plan_terms
+from planner.errors import SettingsError
 from planner.graph import Graph, Operator
 from planner.mesh import MachineProfile, Mesh
-from planner.strategy import Layout, Strategy, enumerate_strategies
+from planner.strategy import Layout, Strategy, enumerate_strategies, splittable_dims
 
 DEFAULT_UNIT_S = 1e-9
 
@@ -102,8 +106,23 @@ def _op_key(op: Operator, infos: tuple[OperandInfo, ...]) -> tuple:
             op.flops, op.backward_factor, op.unsplittable, op.norm_dims, op.norm_stats, infos)
 
 
+MAX_UNITS = 2**50  # per term (13 days in ns, 1 PiB): int64 sums over many terms must not overflow
+
+
 def _to_units(value_s: float, unit_s: float) -> int:
-    return int(round(value_s / unit_s))
+    units = value_s / unit_s
+    if not units < MAX_UNITS:  # also catches inf and NaN
+        raise SettingsError(f"--seq/--batch: a cost of {value_s:.3g} s does not fit the integer objective "
+                            f"({unit_s:g} s units); the model or the profile is out of range (shrink --seq/--batch, "
+                            "check the profile's bandwidth and latency)")
+    return int(round(units))
+
+
+def _to_bytes(value: float) -> int:
+    if not value < MAX_UNITS:
+        raise SettingsError(f"--seq/--batch: {value:.3g} bytes per device do not fit the integer program; "
+                            "the model is out of range (shrink --seq/--batch)")
+    return int(round(value))
 
 
 def _build_op_table(op: Operator, infos: tuple[OperandInfo, ...], mesh: Mesh, profile: MachineProfile,
@@ -113,7 +132,7 @@ def _build_op_table(op: Operator, infos: tuple[OperandInfo, ...], mesh: Mesh, pr
         record = op_cost(op, strategy, mesh, settings, infos)
         signature = (output_layouts(op, strategy), input_layouts(op, strategy, infos))
         candidates.append((signature, _to_units(seconds(record, mesh, profile), unit_s),
-                           int(round(record.memory.total)), strategy, record))
+                           _to_bytes(record.memory.total), strategy, record))
     kept = _prune_dominated(candidates)
     return OpTable(op, infos, tuple(c[3] for c in kept), np.array([c[1] for c in kept], dtype=np.int64),
                    np.array([c[2] for c in kept], dtype=np.int64), tuple(c[0][0] for c in kept),
@@ -139,9 +158,36 @@ def _prune_dominated(candidates: list[tuple]) -> list[tuple]:
     return [c for k, c in enumerate(candidates) if k in kept]
 
 
+MAX_LAYOUT_PAIRS = 500_000  # per edge; measured: gpt2-small on 2x2x2x2 (390,625) costs in 73 s on one core
+SLOW_LAYOUT_PAIRS = 50_000
+
+
+def check_size(graph: Graph, mesh: Mesh) -> None:
+    """Refuse, before any work, a mesh on which the strategy tables would take too long to cost.
+
+    Bound per operator: every axis picks nothing or one splittable dim that its size divides;
+    an edge costs every (producer layout, consumer layout) pair, at most the square of that."""
+    worst, name = 1, ""
+    for op in graph.operators:
+        sizes, dims = op.sizes, splittable_dims(op)
+        bound = math.prod(1 + sum(sizes[d] % axis.size == 0 for d in dims) if axis.size > 1 else 1
+                          for axis in mesh.axes)
+        if bound > worst:
+            worst, name = bound, op.name
+    if worst * worst > MAX_LAYOUT_PAIRS:
+        raise SettingsError(f"--mesh: {mesh.spec} gives operator {name} up to {worst:,} strategies (up to {worst * worst:,} "
+                            f"layout pairs per edge, more than {MAX_LAYOUT_PAIRS:,}); use fewer mesh axes (merge "
+                            "axes, e.g. 8x8x8 -> 8x64) or a smaller model")
+    if worst * worst > SLOW_LAYOUT_PAIRS:
+        logging.getLogger("planner").warning(
+            "mesh %s: operator %s has up to %s strategies; costing the layout tables may take minutes",
+            mesh.spec, name, f"{worst:,}")
+
+
 def build_problem(graph: Graph, mesh: Mesh, profile: MachineProfile, settings: TrainingSettings | None = None,
                   unit_s: float = DEFAULT_UNIT_S) -> Problem:
     """Enumerate and cost every operator strategy and every edge layout pair."""
+    check_size(graph, mesh)
     settings = settings or TrainingSettings()
     infos = operand_infos(graph, settings)
     op_cache: dict[tuple, OpTable] = {}
@@ -185,10 +231,10 @@ def _build_edges(graph: Graph, tables: list[OpTable], mesh: Mesh, profile: Machi
             info = table.inputs[slot]
             src_layouts, src_index = indexed(tables[src].out_layouts, src_slot)
             dst_layouts, dst_index = indexed(table.in_layouts, slot)
-            key = (info.shape, info.elem_bytes, info.needs_grad, src_layouts, dst_layouts)
+            key = (info.shape, info.elem_bytes, info.edge_grad, src_layouts, dst_layouts)
             if key not in matrix_cache:
                 matrix_cache[key] = np.array(
-                    [[_to_units(seconds(edge_cost(info.shape, info.elem_bytes, a, b, mesh.shape, info.needs_grad),
+                    [[_to_units(seconds(edge_cost(info.shape, info.elem_bytes, a, b, mesh.shape, info.edge_grad),
                                         mesh, profile), unit_s) for b in dst_layouts] for a in src_layouts],
                     dtype=np.int64)
             edges.append(EdgeTable(operand.tensor, src, src_slot, dst, slot, src_layouts, dst_layouts,

@@ -17,7 +17,10 @@ def _group(name: str) -> str:
 
 def format_plan(plan: Plan) -> str:
     """A flat (intra-operator) plan: status, time breakdown, memory, strategies grouped by layer."""
-    lines = [f"model {plan.model} on mesh {plan.mesh} ({plan.device}), method {plan.method}: {plan.status}",
+    gap = plan.gap_percent
+    proof = "" if plan.status in ("OPTIMAL", "INFEASIBLE", "UNKNOWN") else (
+        f" (proven gap {gap:.2f}% to the bound {plan.bound})" if gap is not None else " (no bound: gap unknown)")
+    lines = [f"model {plan.model} on mesh {plan.mesh} ({plan.device}), method {plan.method}: {plan.status}{proof}",
              f"estimated step time {plan.estimated_step_time_s * 1e3:.3f} ms "
              f"(compute {plan.compute_s * 1e3:.3f} ms, communication {plan.comm_s * 1e3:.3f} ms); "
              f"objective {plan.objective} x {plan.unit_s:g} s"]

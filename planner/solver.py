@@ -22,6 +22,7 @@ CP-SAT runs with a fixed seed, a time limit and a greedy solution hint.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
@@ -29,6 +30,7 @@ from typing import Mapping, Sequence
 import numpy as np
 from ortools.sat.python import cp_model
 
+from planner.signals import run_interruptible
 from planner.problem import Problem
 
 STATUS_NAMES = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE", cp_model.INFEASIBLE: "INFEASIBLE",
@@ -148,6 +150,41 @@ def greedy_choice(problem: Problem, memory_limit: float | None = None) -> tuple[
     return tuple(choice)
 
 
+BUILD_SECONDS_PER_BOOLEAN = 1e-5  # measured: 992k Booleans (GPT-3 shapes, 96 layers, 8x8) built in 7.9 s
+
+
+def program_size(problem: Problem, allowed: Mapping[int, Sequence[int]] | None = None) -> int:
+    """Booleans of the program: strategies, plus layout pairs of edges with several layouts at both ends."""
+    def layouts(op: int, index: np.ndarray, distinct: int) -> int:
+        return len(set(index[list(allowed[op])].tolist())) if allowed and op in allowed else distinct
+    pairs = 0
+    for e in problem.edges:
+        a, b = layouts(e.src, e.src_index, len(e.src_layouts)), layouts(e.dst, e.dst_index, len(e.dst_layouts))
+        pairs += a * b if a > 1 and b > 1 else 0
+    return pairs + sum(len(allowed[i]) if allowed and i in allowed else len(t.strategies)
+                       for i, t in enumerate(problem.ops))
+
+
+def build_seconds(problem: Problem, allowed: Mapping[int, Sequence[int]] | None = None) -> float:
+    """Estimated time to build the CP-SAT model (it is Python, so it is not interruptible by CP-SAT's limit)."""
+    return BUILD_SECONDS_PER_BOOLEAN * program_size(problem, allowed)
+
+
+def separable_bound(problem: Problem) -> int:
+    """A proven lower bound on the objective: every operator and every edge at its own minimum."""
+    return int(sum(int(t.cost.min()) for t in problem.ops) + sum(int(e.cost.min()) for e in problem.edges))
+
+
+def _too_short(problem: Problem, memory_limit: float | None, hint, lower_bound, start: float) -> SolveResult:
+    """The time limit cannot even cover building the model: the greedy plan, with the separable bound."""
+    choice = tuple(hint) if hint is not None else greedy_choice(problem, memory_limit)
+    why = f"time limit shorter than building the CP-SAT model (about {build_seconds(problem):.0f} s): greedy plan"
+    if choice is None or (memory_limit is not None and problem.memory(choice) > memory_limit):
+        return SolveResult("UNKNOWN", None, None, None, time.perf_counter() - start, 0, why)
+    return SolveResult("FEASIBLE", problem.objective(choice), max(separable_bound(problem), lower_bound or 0), choice,
+                       time.perf_counter() - start, 0, why)
+
+
 def min_memory(problem: Problem) -> int:
     """Least memory per device any plan needs (memory is separable per operator)."""
     return int(sum(int(t.memory.min()) for t in problem.ops))
@@ -162,16 +199,21 @@ def explain_infeasible(problem: Problem, memory_limit: float) -> str:
 
 def solve(problem: Problem, memory_limit: float | None = None, time_limit_s: float = 60.0, seed: int = 0,
           workers: int = 1, allowed: Mapping[int, Sequence[int]] | None = None,
-          hint: Sequence[int] | None = None, lower_bound: int | None = None) -> SolveResult:
+          hint: Sequence[int] | None = None, lower_bound: int | None = None,
+          deadline: float | None = None) -> SolveResult:
     """Solve the program with CP-SAT. Deterministic for a fixed seed and worker count.
 
     ``hint`` replaces the greedy solution hint; ``lower_bound`` (a proven bound on the optimum,
-    e.g. a Lagrangian one) is added as a cut on the objective.
+    e.g. a Lagrangian one) is added as a cut on the objective. ``time_limit_s`` counts from the
+    call (building the model included); ``deadline`` (a ``time.perf_counter`` value) caps it too.
     """
     start = time.perf_counter()
+    deadline = min(deadline if deadline is not None else math.inf, start + time_limit_s)
     if memory_limit is not None and min_memory(problem) > memory_limit:
         return SolveResult("INFEASIBLE", None, None, None, time.perf_counter() - start, 0,
                            explain_infeasible(problem, memory_limit))
+    if build_seconds(problem, allowed) > deadline - start and not allowed:
+        return _too_short(problem, memory_limit, hint, lower_bound, start)
     built = build_model(problem, memory_limit, allowed, lower_bound)
     start_hint = hint or (None if allowed else greedy_choice(problem, memory_limit))
     if start_hint is not None:
@@ -179,23 +221,25 @@ def solve(problem: Problem, memory_limit: float | None = None, time_limit_s: flo
             for k, var in row.items():
                 built.model.add_hint(var, k == s)
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = float(time_limit_s)
+    solver.parameters.max_time_in_seconds = max(0.01, deadline - time.perf_counter())
     solver.parameters.random_seed = int(seed)
     solver.parameters.num_workers = int(workers)
     # Measured on gpt2-small (mesh 8): one worker with full LP linearisation proves optimality in
     # about 1 s; two workers without it were still FEASIBLE (6% gap) after 120 s.
     solver.parameters.linearization_level = 2
-    code = solver.solve(built.model)
+    solver.parameters.catch_sigint_signal = False  # Ctrl-C must interrupt, not end the search as a result
+    code = run_interruptible(lambda: solver.solve(built.model), solver.stop_search)
     status = STATUS_NAMES.get(code, "UNKNOWN")
     elapsed = time.perf_counter() - start
+    bound = max(separable_bound(problem), lower_bound or 0)
     if code == cp_model.UNKNOWN and start_hint is not None and (
             memory_limit is None or problem.memory(start_hint) <= memory_limit):
         # Time-out before CP-SAT reported a solution: the best plan known is the hint itself.
-        return SolveResult("FEASIBLE", problem.objective(start_hint), None, tuple(start_hint), elapsed,
+        return SolveResult("FEASIBLE", problem.objective(start_hint), bound, tuple(start_hint), elapsed,
                            built.num_booleans, "time limit reached before CP-SAT improved on its hint")
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         why = explain_infeasible(problem, memory_limit) if code == cp_model.INFEASIBLE and memory_limit else ""
         return SolveResult(status, None, None, None, elapsed, built.num_booleans, why)
     choice = tuple(next(k for k, var in row.items() if solver.boolean_value(var)) for row in built.x)
-    return SolveResult(status, int(round(solver.objective_value)), int(round(solver.best_objective_bound)),
-                       choice, elapsed, built.num_booleans)
+    return SolveResult(status, int(round(solver.objective_value)),
+                       max(bound, int(math.ceil(solver.best_objective_bound - 1e-6))), choice, elapsed, built.num_booleans)

@@ -16,7 +16,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner.cost import TrainingSettings, bytes_sent, output_layouts, plan_terms, sum_records
+from planner.cost import TrainingSettings, bytes_sent, output_layouts, sum_records
+from planner.terms import plan_terms
 from planner.errors import SettingsError
 from planner.graph import Graph
 from planner.mesh import Mesh

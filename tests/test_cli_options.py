@@ -60,7 +60,7 @@ CASES = [
     ("plan --method", ["plan", "--model", "mlp", "--method", "megatron", "--json", "out.json"], 0,
      lambda t, c, o: _json(t)["method"] == "megatron"),
     ("plan --time-limit --seed --jobs", ["plan", "--model", "mlp", "--time-limit", "7", "--seed", "5", "--jobs", "2"], 0,
-     lambda t, c, o: (c["time_limit_s"], c["seed"], c["jobs"]) == (7.0, 5, 2)),
+     lambda t, c, o: 6.0 < c["time_limit_s"] <= 7.0 and (c["seed"], c["jobs"]) == (5, 2)),  # less loading and costing
     ("plan --seed too large", ["plan", "--model", "mlp", "--seed", str(2**31)], 2, None),
     ("plan --require-optimal", ["plan", "--model", "mlp", "--require-optimal", "--json", "out.json"], 4,
      lambda t, c, o: _json(t)["status"] == "FEASIBLE"),

@@ -1,5 +1,5 @@
 """One way to cost a plan: every caller (plan report, problem record, pipeline layer chains,
-verification prediction) sums the same terms from ``planner.cost.plan_terms``."""
+verification prediction) sums the same terms from ``planner.terms.plan_terms``."""
 
 import dataclasses
 import math

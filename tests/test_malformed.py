@@ -95,6 +95,15 @@ GRAPH_CASES = [
     ("norm-unknown-dim", _set(lambda d: _op(d, "ln"), norm="z"), "field 'norm'"),
     ("unsplittable-not-string", _set(lambda d: _op(d, "ln"), unsplittable=["h"]), "field 'unsplittable'"),
     ("name-not-string", lambda d: d.update(name=["mlp"]), "field 'name'"),
+    # round 2: silent wrong results and graphs that planned but could not be verified
+    ("saved-shorter-than-inputs", _set(lambda d: _op(d, "fc1"), saved=[True]), "field 'saved'"),
+    ("unknown-operator-key", _set(lambda d: _op(d, "fc1"), sizez={"b": 8}), "unknown field 'sizez'"),
+    ("unknown-tensor-key", _set(lambda d: _tensor(d, "x"), shap=[8, 16]), "unknown field 'shap'"),
+    ("unknown-top-key", lambda d: d.update(operatorz=[]), "unknown field 'operatorz'"),
+    ("repeated-index", _set(lambda d: _op(d, "gelu"), equation="bb->bf"), "repeats an index"),
+    ("non-ascii-index", _set(lambda d: _op(d, "gelu"), equation="bé->bé"), "field 'equation'"),
+    ("two-outputs", _set(lambda d: _op(d, "gelu"), equation="bf->bf,bf", outputs=["gelu", "gelu2"]), "field 'outputs'"),
+    ("reduce-no-inputs", _set(lambda d: _op(d, "loss"), equation="->", inputs=[]), "field 'inputs'"),
 ]
 
 RAW_CASES = [
@@ -131,6 +140,18 @@ CLI_CASES = [
     ("evaluate-tp-zero", ["evaluate", "--model", "mlp", "--tp", "0"], "--tp"),
     ("evaluate-batch-indivisible", ["evaluate", "--model", "gpt2-small", "--dp", "8", "--batch", "4"], "--batch"),
     ("bad-profile-json", ["plan", "--model", "mlp", "--device", "/nonexistent/profile.json"], "profile"),
+    # round 2
+    ("unicode-digit-mesh", ["plan", "--model", "mlp", "--mesh", "\u00b2"], "--mesh"),
+    ("unicode-digit-model", ["plan", "--model", "gpt:layers=\u0663"], "--model"),
+    ("seq-overflow", ["plan", "--model", "gpt2-small", "--seq", "1000000000"], "--seq"),
+    ("seed-too-large", ["plan", "--model", "mlp", "--seed", str(2**31)], "--seed"),
+    ("moe-capacity-nan", ["plan", "--model", "moe-gpt:capacity_factor=nan"], "capacity_factor"),
+    ("moe-capacity-negative", ["plan", "--model", "moe-gpt:capacity_factor=-1"], "capacity_factor"),
+    ("evaluate-tp-splits-nothing", ["evaluate", "--model", "gpt2-small", "--tp", "5"], "--tp"),
+    ("mesh-too-many-axes", ["plan", "--model", "gpt2-small", "--mesh", "8x8x8x8x8"], "--mesh"),
+    ("empty-json-path", ["plan", "--model", "mlp", "--method", "dp", "--json", ""], "--json"),
+    ("json-is-directory", ["plan", "--model", "mlp", "--method", "dp", "--json", "/tmp"], "--json"),
+    ("pipeline-option-without-pipeline", ["plan", "--model", "mlp", "--pp", "2"], "--pp"),
 ]
 
 
@@ -176,7 +197,44 @@ def test_malformed_command_line(capsys, case_id, argv, field):
 
 
 def test_corpus_size():
-    assert len(GRAPH_CASES) + len(RAW_CASES) + len(CLI_CASES) >= 50
+    assert len(GRAPH_CASES) + len(RAW_CASES) + len(CLI_CASES) >= 80
+
+
+def test_binary_graph_file(tmp_path, capsys):
+    path = tmp_path / "g.json"
+    path.write_bytes(bytes(range(256)) * 4)
+    code, err = _run_inprocess(capsys, ["plan", "--model", str(path)])
+    _check_one_line(code, err, "--model")
+
+
+@pytest.mark.parametrize("field,value", [("efficiency", 5.0), ("intra_node_latency", -1), ("peak_flops", "fast")])
+def test_nonsense_profile_values(tmp_path, capsys, field, value):
+    data = {"peak_flops": 1e12, "memory_bytes": 1e9, "intra_node_bandwidth": 1e10, "inter_node_bandwidth": 1e9,
+            "gpus_per_node": 8, field: value}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    code, err = _run_inprocess(capsys, ["plan", "--model", "mlp", "--device", str(path)])
+    _check_one_line(code, err, field)
+
+
+@pytest.mark.parametrize("strategy", [["b"], None, "b"])
+def test_plan_strategy_of_the_wrong_type(tmp_path, capsys, strategy):
+    plan = tmp_path / "p.json"
+    assert main(["plan", "--model", "mlp", "--method", "dp", "--json", str(plan), "-q"]) == 0
+    data = json.loads(plan.read_text())
+    data["operators"][1]["strategy"] = strategy
+    plan.write_text(json.dumps(data))
+    code, err = _run_inprocess(capsys, ["evaluate", "--plan", str(plan)])
+    _check_one_line(code, err, "strategy")
+
+
+def test_plan_of_another_model_is_refused(tmp_path, capsys):
+    plan = tmp_path / "p.json"
+    assert main(["plan", "--model", "gpt:layers=2,hidden=64,heads=4,seq=16,vocab=128", "--method", "dp", "--json",
+                 str(plan), "-q"]) == 0
+    code, err = _run_inprocess(capsys, ["evaluate", "--plan", str(plan), "--model",
+                                        "gpt:layers=4,hidden=64,heads=4,seq=16,vocab=128"])
+    _check_one_line(code, err, "lacks")
 
 
 @pytest.mark.parametrize("case_id", ["cycle", "nan-size", "bad-mesh"])

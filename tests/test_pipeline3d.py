@@ -26,3 +26,42 @@ def test_pipeline_command_writes_csv(tmp_path):
     row = pd.read_csv(out)
     assert row["method"][0] == "exact" and row["intra_method"][0] == "exact" and row["fits_memory"][0]
     assert "pipeline stages" in proc.stdout
+
+
+def test_fixed_3d_configuration_equals_the_pinned_search(capsys):
+    """`planner evaluate --tp 8 --pp 12 --dp 8 --micro-batch 1` (GPT-3 175B, 768 GPUs, batch 1536) is
+    the 3D search pinned to that configuration: same iteration time, time and memory per stage printed."""
+    from planner.cli import main
+    args = ["--model", "gpt3-175b", "--batch", "1536", "--device", "a100-80g"]
+    assert main(["evaluate", *args, "--tp", "8", "--pp", "12", "--dp", "8", "--micro-batch", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("stage ") >= 12 and "GiB" in out
+    evaluated = planner_api().evaluate_3d("gpt3-175b", "a100-80g", tp=8, pp=12, dp=8, micro_batch=1, batch=1536)
+    searched = plan_pipeline("gpt3-175b", "node=96,gpu=8", "a100-80g", batch=1536, intra="megatron", method="even",
+                             degrees=[12], counts=[1536 // 8], escalate=False)
+    assert f"{evaluated.pipeline.iteration_time_s:.3f} s" in out
+    assert evaluated.pipeline.iteration_time_s == searched.pipeline.iteration_time_s
+    assert evaluated.stage_memory_bytes == searched.stage_memory_bytes
+    assert evaluated.pipeline.cuts == tuple(range(8, 96, 8)) and evaluated.pipeline.fits_memory
+
+
+def planner_api():
+    import planner
+    return planner
+
+
+def test_search_reaches_every_divisor_degree_and_count():
+    result = plan_pipeline("gpt:layers=12,hidden=128,heads=4,seq=32,vocab=256", "node=6,gpu=2", "a100-80g", batch=12)
+    assert {c["stages"] for c in result.candidates} == {1, 2, 3, 6}  # 3 and 6 are not powers of two
+    counts = [c for c in range(1, 13) if 12 % c == 0]
+    from planner.api import layer_chain
+    chain = layer_chain("gpt:layers=12,hidden=128,heads=4,seq=32,vocab=256", "node=6,gpu=2", stages=3, batch=12)[0]
+    assert set(chain.counts) <= set(counts) and 3 in chain.counts
+
+
+def test_gradient_accumulation_is_costed():
+    import planner
+    one = planner.evaluate_3d("gpt2-small", "a100-80g", dp=2, micro_batch=4, batch=8)
+    four = planner.evaluate_3d("gpt2-small", "a100-80g", dp=2, micro_batch=1, batch=8)
+    assert one.pipeline.num_microbatches == 1 and four.pipeline.num_microbatches == 4
+    assert four.pipeline.stages == 1 and four.pipeline.max_memory_bytes < one.pipeline.max_memory_bytes

@@ -103,3 +103,20 @@ def test_compiled_bytes_match_prediction(name, mesh, method):
     report, _ = _verify(MODELS[name](), mesh, method)
     assert report.numpy_max_rel_error < 1e-5
     assert report.xla_ok, report
+
+
+@pytest.mark.parametrize("loss_dim,others", [("b", None), (None, "b"), ("b", "b")])
+def test_sum_loss_gradient_is_free_and_its_value_is_all_reduced(loss_dim, others):
+    """The gradient of a summed loss is a broadcast that every device materialises in any layout:
+    no collective for it (XLA emits none); a loss split over devices all-reduces its scalar."""
+    pytest.importorskip("jax")
+    from planner.mesh import SYMBOLIC, parse_mesh
+    graph = mlp(batch=64, hidden=64, ffn=128)
+    mesh = parse_mesh("4", SYMBOLIC)
+    strategies = {op.name: (loss_dim if op.name == "loss" else others,) for op in graph.operators}
+    report = verify_plan(graph, strategies, mesh, run_numpy=False)
+    assert report.xla_ok, report
+    kinds = {k: (p, x) for k, p, x in report.by_kind}
+    if loss_dim == "b":
+        assert kinds["all_reduce"][0] >= 4  # the fp32 scalar, at least
+    assert "all_gather" not in kinds or others == "b"  # no gather of the loss gradient

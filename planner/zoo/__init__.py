@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import re
+
 import difflib
 from dataclasses import replace
 
@@ -48,6 +50,8 @@ def _parse_params(spec: str, base: GPTConfig) -> GPTConfig:
         if not sep or key not in GPTConfig.__slots__:
             raise ModelError(f"--model: cannot parse parameter {item!r} (known: {', '.join(GPTConfig.__slots__)})")
         try:
+            if key != "capacity_factor" and not re.fullmatch(r"[0-9]+", value):
+                raise ValueError(value)
             fields[key] = float(value) if key == "capacity_factor" else int(value)
         except ValueError:
             raise ModelError(f"--model: parameter {key!r} needs a number, got {value!r}") from None
@@ -65,7 +69,7 @@ def _int_options(text: str, known: tuple[str, ...]) -> dict[str, int]:
         key, _, value = part.partition("=")
         if key not in known:
             raise ModelError(f"--model: unknown field {key!r} (known: {', '.join(known)})")
-        if not value.isdigit() or int(value) < 1:
+        if not re.fullmatch(r"[0-9]+", value) or int(value) < 1:
             raise ModelError(f"--model: field {key!r} must be a positive integer, got {value!r}")
         out[key] = int(value)
     return out

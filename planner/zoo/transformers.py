@@ -36,6 +36,14 @@ class GPTConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ModelError(f"--model: field {name!r} must be a positive integer, got {value!r}")
+        for name in ("ffn", "experts"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ModelError(f"--model: field {name!r} must be a non-negative integer, got {value!r}")
+        if not isinstance(self.capacity_factor, (int, float)) or not 0 < self.capacity_factor <= 64 \
+                or self.capacity_factor != self.capacity_factor:
+            raise ModelError(f"--model: field 'capacity_factor' must be a finite number in (0, 64], "
+                             f"got {self.capacity_factor!r}")
         if self.hidden % self.heads:
             raise ModelError(f"--model: field 'heads' ({self.heads}) must divide hidden ({self.hidden})")
 
