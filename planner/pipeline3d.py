@@ -36,7 +36,7 @@ from planner.graph import Graph
 from planner.mesh import MachineProfile, Mesh, MeshAxis
 from planner.pipeline import METHODS, LayerChain, PipelinePlan, given_cuts, stage_breakdown
 from planner.problem import Problem, build_problem
-from planner.strategy import Strategy, shard_factor
+from planner.strategy import Strategy, divides, shard_factor
 
 PER_MICROBATCH = ("fwd", "bwd")
 
@@ -100,9 +100,7 @@ def stage_mesh(mesh: Mesh, stages: int) -> Mesh:
     outer = mesh.axes[0]
     if outer.size % stages:
         raise SettingsError(f"--pipeline: {stages} stages do not divide mesh axis {outer.name} ({outer.size})")
-    sizes = (outer.size // stages,) + mesh.shape[1:]
-    axes = tuple(MeshAxis(a.name, s, a.bandwidth, a.latency) for a, s in zip(mesh.axes, sizes) if s > 1)
-    return Mesh(axes or (MeshAxis(mesh.axes[-1].name, 1, mesh.axes[-1].bandwidth, mesh.axes[-1].latency),))
+    return mesh.sub_mesh((outer.size // stages,) + mesh.shape[1:])
 
 
 def _layer_of(graph: Graph) -> list[int]:
@@ -173,15 +171,7 @@ def model_chain(load: Callable[[int], Graph], batch: int, counts: list[int], mes
 
 
 def _plan_valid(graph: Graph, mesh: Mesh, strategies: dict[str, Strategy]) -> bool:
-    for op in graph.operators:
-        sizes = op.sizes
-        factor: dict[str, int] = {}
-        for axis, dim in zip(mesh.axes, strategies[op.name]):
-            if dim is not None:
-                factor[dim] = factor.get(dim, 1) * axis.size
-        if any(sizes[d] % f for d, f in factor.items()):
-            return False
-    return True
+    return all(divides(op.sizes, strategies[op.name], mesh) for op in graph.operators)
 
 
 def exact_stage_plan(problem: Problem) -> tuple[tuple[Strategy, ...], str]:

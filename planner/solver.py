@@ -7,10 +7,14 @@ Formulation (one program per graph or per segment)::
                                        tensor, b a layout v can ask for (incl. R* for gradients)
     X_u(a) = sum { x[u,s] : out_layout(u,s) = a }      X_v(b) = sum { x[v,s] : in_layout(v,s) = b }
 
-    exactly_one   sum_s x[o,s] = 1                                  for every o
-    marginals     sum_b y[e,a,b] = X_u(a),  sum_a y[e,a,b] = X_v(b)  for every e, a, b
-    memory        sum_{o,s} mem[o,s] * x[o,s] <= M                  (bytes per device)
+    exactly_one   sum_s x[o,s] = 1                                  for every o      _add_exactly_one
+    marginals     sum_b y[e,a,b] = X_u(a),  sum_a y[e,a,b] = X_v(b)  for every e, a, b _add_marginals
+    memory        sum_{o,s} mem[o,s] * x[o,s] <= M                  (bytes per device)  _add_memory
+    bound         objective >= L                    (a proven lower bound, optional)   build_model
     minimise      sum_{o,s} c[o,s] x[o,s] + sum_{e,a,b} c[e,a,b] y[e,a,b]
+
+Every constraint carries its family's name (``exactly_one[o]``, ``marginal_src[e,a]``,
+``marginal_dst[e,b]``, ``memory``, ``bound``) so that an invalid model names what failed.
 
 The marginal (local-polytope) form is exact in LP on trees and tight on near-trees; the weak
 form y >= x_u + x_v - 1 is never used. An edge whose producer (or consumer) has a single layout
@@ -72,7 +76,7 @@ def build_model(problem: Problem, memory_limit: float | None = None,
     if memory_limit is not None:
         _add_memory(model, problem, x, memory_limit)
     if lower_bound is not None:
-        model.add(sum(objective) >= int(lower_bound))
+        model.add(sum(objective) >= int(lower_bound)).with_name("bound")
     model.minimize(sum(objective))
     count = sum(len(r) for r in x) + sum(len(m) for m in y)
     return BuiltModel(model, x, tuple(y), count)
@@ -84,7 +88,7 @@ def _add_exactly_one(model: cp_model.CpModel, problem: Problem,
     for i, table in enumerate(problem.ops):
         candidates = sorted(set(allowed[i])) if i in allowed else range(len(table.strategies))
         row = {s: model.new_bool_var(f"x[{i},{s}]") for s in candidates}
-        model.add_exactly_one(row.values())
+        model.add_exactly_one(row.values()).with_name(f"exactly_one[{i}]")
         x.append(row)
     return tuple(x)
 
@@ -117,9 +121,9 @@ def _add_marginals(model: cp_model.CpModel, problem: Problem, x, objective: list
                     if c:
                         objective.append(c * y[(a, b)])
             for a, ga in src_groups.items():
-                model.add(sum(y[(a, b)] for b in dst_groups) == sum(ga))
+                model.add(sum(y[(a, b)] for b in dst_groups) == sum(ga)).with_name(f"marginal_src[{e_idx},{a}]")
             for b, gb in dst_groups.items():
-                model.add(sum(y[(a, b)] for a in src_groups) == sum(gb))
+                model.add(sum(y[(a, b)] for a in src_groups) == sum(gb)).with_name(f"marginal_dst[{e_idx},{b}]")
         y_maps.append(y)
     return y_maps
 
@@ -127,7 +131,7 @@ def _add_marginals(model: cp_model.CpModel, problem: Problem, x, objective: list
 def _add_memory(model: cp_model.CpModel, problem: Problem, x, memory_limit: float) -> None:
     terms = [int(problem.ops[i].memory[s]) * var for i, row in enumerate(x) for s, var in row.items()
              if problem.ops[i].memory[s]]
-    model.add(sum(terms) <= int(memory_limit))
+    model.add(sum(terms) <= int(memory_limit)).with_name("memory")
 
 
 def greedy_choice(problem: Problem, memory_limit: float | None = None) -> tuple[int, ...]:

@@ -49,15 +49,16 @@ def enumerate_strategies(op: Operator, mesh: Mesh) -> list[Strategy]:
     sizes = op.sizes
     dims = splittable_dims(op)
     choices = [[None] + (dims if axis.size > 1 else []) for axis in mesh.axes]
-    out = []
-    for strategy in itertools.product(*choices):
-        factor: dict[str, int] = {}
-        for axis, dim in zip(mesh.axes, strategy):
-            if dim is not None:
-                factor[dim] = factor.get(dim, 1) * axis.size
-        if all(sizes[d] % f == 0 for d, f in factor.items()):
-            out.append(tuple(strategy))
-    return out
+    return [tuple(strategy) for strategy in itertools.product(*choices) if divides(sizes, strategy, mesh)]
+
+
+def divides(sizes: dict[str, int], strategy: Strategy, mesh: Mesh) -> bool:
+    """Every split dim's size is divisible by the product of the mesh axes that split it."""
+    factor: dict[str, int] = {}
+    for axis, dim in zip(mesh.axes, strategy):
+        if dim is not None:
+            factor[dim] = factor.get(dim, 1) * axis.size
+    return all(d in sizes and sizes[d] % f == 0 for d, f in factor.items())
 
 
 def parallel_degree(strategy: Strategy, mesh: Mesh) -> int:

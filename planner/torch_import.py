@@ -38,7 +38,7 @@ BINARY = {"add": "add", "add_": "add", "sub": "add", "mul": "mul", "div": "mul",
 VIEWS = {"view", "reshape", "_unsafe_view", "flatten", "unsqueeze", "squeeze", "unflatten"}
 
 
-class ImportError_(GraphError):
+class TorchImportError(GraphError):
     """An exported op the importer cannot map (names the op)."""
 
 
@@ -67,7 +67,7 @@ class _Importer:
         """Fresh letters for an operator; the first is 'b' when it has the batch size (so the
         data-parallel baseline, which splits 'b', applies to imported graphs)."""
         if count > len(LETTERS):
-            raise ImportError_(f"import: a tensor of rank {count} is beyond the {len(LETTERS)} einsum letters")
+            raise TorchImportError(f"import: a tensor of rank {count} is beyond the {len(LETTERS)} einsum letters")
         if count and first_size is not None and first_size == self.batch:
             return ["b"] + list(LETTERS[:count - 1])
         return list(LETTERS[:count])
@@ -76,7 +76,7 @@ class _Importer:
         out = self.gb.op(kind, node.name, equation, list(inputs), sizes=sizes, out=node.name, **extra)
         want = tuple(node.meta["val"].shape)
         if self.gb.shape(out) != want:
-            raise ImportError_(f"import: operator {node.name} ({node.target}): shape {self.gb.shape(out)} != traced {want}")
+            raise TorchImportError(f"import: operator {node.name} ({node.target}): shape {self.gb.shape(out)} != traced {want}")
         self.value[node.name] = out
         self.kind[out] = "activation"
 
@@ -226,11 +226,11 @@ class _Importer:
     def unknown(self, node, tensors: list[str]) -> None:
         target = str(node.target)
         if not self.allow_unknown:
-            raise ImportError_(f"import: unsupported operator {target} at node {node.name} "
+            raise TorchImportError(f"import: unsupported operator {target} at node {node.name} "
                                "(pass --allow-unknown to plan it as a replicated opaque operator)")
         val = node.meta.get("val")
         if not hasattr(val, "shape"):
-            raise ImportError_(f"import: unsupported multi-output operator {target} at node {node.name}")
+            raise TorchImportError(f"import: unsupported multi-output operator {target} at node {node.name}")
         pool = iter(LETTERS)
         sizes, operands = {}, []
         for t in tensors:
@@ -292,7 +292,7 @@ def import_module(module, example_inputs: tuple, *, name: str = "", allow_unknow
     try:
         import torch
     except ImportError:
-        raise ImportError_("import: PyTorch is not installed (pip install -e '.[torch]')") from None
+        raise TorchImportError("import: PyTorch is not installed (pip install -e '.[torch]')") from None
     module = module.eval()
     program = torch.export.export(module, tuple(example_inputs), kwargs=kwargs or {})
     return import_program(program, name or type(module).__name__.lower(), allow_unknown)
@@ -313,7 +313,7 @@ def import_program(program, name: str, allow_unknown: bool = False) -> Graph:
     first = next((o for o in (outputs if isinstance(outputs, (list, tuple)) else [outputs])
                   if hasattr(o, "name") and imp.kind.get(imp.value.get(o.name)) == "activation"), None)
     if first is None:
-        raise ImportError_("import: the module returns no floating tensor computed from its parameters")
+        raise TorchImportError("import: the module returns no floating tensor computed from its parameters")
     out = imp.value[first.name]
     letters = "".join(LETTERS[: len(imp.gb.shape(out))])
     imp.gb.op("reduce", "loss", f"{letters}->", [out], out="loss")

@@ -7,7 +7,7 @@ weights are downloaded); ``file.py:function`` calls a function returning ``(modu
 
 from __future__ import annotations
 
-from planner.torch_import import ImportError_
+from planner.torch_import import TorchImportError
 
 
 def _options(text: str, where: str) -> dict[str, int]:
@@ -15,7 +15,7 @@ def _options(text: str, where: str) -> dict[str, int]:
     for part in filter(None, text.split(",")):
         key, _, value = part.partition("=")
         if not value.isdigit() or int(value) < 1:
-            raise ImportError_(f"{where}: option {part!r} must be key=positive integer")
+            raise TorchImportError(f"{where}: option {part!r} must be key=positive integer")
         out[key.strip()] = int(value)
     return out
 
@@ -43,20 +43,20 @@ def build_spec(spec: str):
             cfg = ResNetConfig(num_labels=o.get("classes", 1000))
             image = o.get("image", 224)
             return ResNetForImageClassification(cfg), (torch.zeros(o.get("batch", 8), 3, image, image),), "resnet50-torch"
-        raise ImportError_(f"{where}: unknown preset {model!r} (known: hf:gpt2, hf:resnet50)")
+        raise TorchImportError(f"{where}: unknown preset {model!r} (known: hf:gpt2, hf:resnet50)")
     path, _, function = spec.rpartition(":")
     if not path.endswith(".py") or not function:
-        raise ImportError_(f"import-torch: SPEC must be hf:gpt2, hf:resnet50 or file.py:function, got {spec!r}")
+        raise TorchImportError(f"import-torch: SPEC must be hf:gpt2, hf:resnet50 or file.py:function, got {spec!r}")
     import importlib.util
     loader = importlib.util.spec_from_file_location("planner_user_module", path)
     if loader is None:
-        raise ImportError_(f"import-torch: cannot load {path}")
+        raise TorchImportError(f"import-torch: cannot load {path}")
     module = importlib.util.module_from_spec(loader)
     try:
         loader.loader.exec_module(module)
     except OSError as exc:
-        raise ImportError_(f"import-torch: cannot read {path} ({exc.strerror})") from None
+        raise TorchImportError(f"import-torch: cannot read {path} ({exc.strerror})") from None
     if not hasattr(module, function):
-        raise ImportError_(f"import-torch: {path} has no function {function!r}")
+        raise TorchImportError(f"import-torch: {path} has no function {function!r}")
     built = getattr(module, function)()
     return built[0], tuple(built[1]), function

@@ -70,3 +70,11 @@ def test_build_model_exposes_typed_variable_maps(a100):
     assert [len(r) for r in built.x] == [len(t.strategies) for t in problem.ops]
     assert len(built.y) == len(problem.edges)
     assert built.num_booleans == sum(len(r) for r in built.x) + sum(len(m) for m in built.y)
+
+
+def test_constraints_are_named_after_their_family():
+    from planner.api import make_cluster, make_problem
+    problem = make_problem("mlp", make_cluster("2x4", "a100-80g"))
+    built = build_model(problem, memory_limit=80e9, lower_bound=1)
+    names = {c.name.split("[")[0] for c in built.model.proto.constraints}
+    assert names == {"exactly_one", "marginal_src", "marginal_dst", "memory", "bound"}

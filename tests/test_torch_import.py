@@ -10,7 +10,7 @@ pytest.importorskip("transformers")
 import planner  # noqa: E402
 from planner.cli import main  # noqa: E402
 from planner.io import load_graph  # noqa: E402
-from planner.torch_import import ImportError_, import_module  # noqa: E402
+from planner.torch_import import TorchImportError, import_module  # noqa: E402
 from planner.torch_presets import build_spec  # noqa: E402
 
 
@@ -48,7 +48,7 @@ def test_unknown_op_is_named_or_opaque():
             return torch.cumsum(self.fc(x), dim=-1)
 
     x = torch.zeros(4, 8)
-    with pytest.raises(ImportError_, match="cumsum"):
+    with pytest.raises(TorchImportError, match="cumsum"):
         import_module(Odd(), (x,))
     graph = import_module(Odd(), (x,), allow_unknown=True)
     opaque = [op for op in graph.operators if op.kind == "opaque"]
