@@ -292,8 +292,7 @@ def _finish_3d(result, args: argparse.Namespace) -> int:
     if args.csv is not None:
         io.write_csv(args.csv, [summary_3d(result, args.model, timings=not args.no_timings)])
     _emit(format_3d(result), args)
-    status = "OPTIMAL" if result.intra_status == "OPTIMAL" else result.intra_status
-    return _status_code(status if result.pipeline.fits_memory else "INFEASIBLE",
+    return _status_code(result.intra_status if result.pipeline.fits_memory else "INFEASIBLE",
                         getattr(args, "require_optimal", False))
 
 
@@ -318,8 +317,9 @@ def _jobs(args: argparse.Namespace) -> int:
 def cmd_pipeline(args: argparse.Namespace) -> int:
     if args.cuts is not None and args.pp is None:
         raise SettingsError("--cuts: needs --pp (fixed cuts belong to one pipeline degree)")
+    mesh = args.mesh or ("8" if args.command == "plan" else None)  # `pipeline` may size it from --devices
     result = api.plan_pipeline(
-        args.model, args.mesh, args.device or "a100-80g", devices=getattr(args, "devices", None), batch=args.batch,
+        args.model, mesh, args.device or "a100-80g", devices=getattr(args, "devices", None), batch=args.batch,
         seq=args.seq, memory=args.memory, settings=_settings(args), schedule=args.schedule or "1f1b",
         method=args.pipeline_method or "csimd", intra=args.method, time_limit_s=args.time_limit, seed=args.seed,
         jobs=_jobs(args), degrees=[args.pp] if args.pp else None,

@@ -121,7 +121,8 @@ def make_plan(problem: Problem, strategies: Sequence[Strategy], *, method: str, 
               explanation: str = "", bound: int | None = None) -> Plan:
     """Cost an assignment of strategies (one per operator, in the problem's order) into a Plan."""
     objective, record = integer_objective(problem, strategies)
-    notes = tuple(notes) + _unused_mesh_note(problem, strategies)
+    if status not in ("INFEASIBLE", "UNKNOWN"):  # a failed search reports a placeholder plan: no remark on it
+        notes = tuple(notes) + _unused_mesh_note(problem, strategies, status == "OPTIMAL")
     times = breakdown(record, problem.mesh, problem.profile)
     mem = record.memory
     axes = problem.mesh.names
@@ -141,15 +142,18 @@ def make_plan(problem: Problem, strategies: Sequence[Strategy], *, method: str, 
         bound=None if bound is None else int(bound))
 
 
-def _unused_mesh_note(problem: Problem, strategies: Sequence[Strategy]) -> tuple[str, ...]:
-    """A plan that splits nothing leaves the mesh idle: say so, and why."""
+def _unused_mesh_note(problem: Problem, strategies: Sequence[Strategy], optimal: bool) -> tuple[str, ...]:
+    """A plan that splits nothing leaves the mesh idle: say so, and why (only a proven optimum says
+    that replication is cheapest; a heuristic or a time-limited plan just split nothing)."""
     if problem.mesh.num_devices == 1 or any(d is not None for s in strategies for d in s):
         return ()
     if all(all(d is None for d in s) for t in problem.ops for s in t.strategies):
         return (f"the mesh is unused: no operator has a dim divisible by an axis size of {problem.mesh.spec}; "
                 "choose a mesh whose axis sizes divide the model's dims",)
-    return (f"the mesh is unused: replicating every operator is cheapest on {problem.mesh.spec} under this cost model "
-            "(communication would cost more than the compute it saves)",)
+    if optimal:
+        return (f"the mesh is unused: replicating every operator is cheapest on {problem.mesh.spec} under this cost "
+                "model (communication would cost more than the compute it saves)",)
+    return (f"the mesh is unused: this plan splits no operator over {problem.mesh.spec}",)
 
 
 def strategies_from_mapping(problem: Problem, assignment: Mapping[str, Mapping[str, str | None]],

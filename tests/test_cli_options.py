@@ -94,6 +94,8 @@ CASES = [
                                                   "--cuts", "1"], 2, None),
     ("plan --pipeline auto infeasible", ["plan", "--model", GPT, "--mesh", "2x2", "--pipeline", "auto", "--memory", "1KB",
                                          "--json", "out.json"], 3, lambda t, c, o: not (t / "out.json").exists()),
+    ("plan --pipeline auto default mesh", ["plan", "--model", GPT, "--pipeline", "auto", "--json", "out.json"], 0,
+     lambda t, c, o: _json(t)["mesh"] == "gpu=8"),
     ("pipeline --devices", ["pipeline", "--model", GPT, "--devices", "16", "--json", "out.json"], 0,
      lambda t, c, o: _json(t)["mesh"] == "node=2,gpu=8"),
     ("pipeline --method dp", ["pipeline", "--model", GPT, "--mesh", "2x2", "--method", "dp", "--json", "out.json"], 0,

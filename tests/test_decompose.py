@@ -22,10 +22,11 @@ MATRIX = [("mlp", "8"), ("transformer-block", "2x4"), ("gpt2-small", "8"), ("res
 def _check(problem, limit):
     decomposed, notes = solve_exact(problem, limit, time_limit_s=120)
     whole = solve(problem, limit, time_limit_s=120)
-    if whole.status != "OPTIMAL":
-        pytest.skip(f"whole program not OPTIMAL within 120 s ({whole.status})")
     assert decomposed.status == "OPTIMAL"
-    assert decomposed.objective == whole.objective
+    if whole.status == "OPTIMAL":
+        assert decomposed.objective == whole.objective
+    else:  # CP-SAT stopped at its limit: the exact optimum lies between its bound and its plan
+        assert whole.status == "FEASIBLE" and whole.bound <= decomposed.objective <= whole.objective
     assert problem.objective(decomposed.choice) == decomposed.objective
     plan = make_plan(problem, strategies_from_choice(problem, decomposed.choice), method="exact", status="OPTIMAL")
     assert plan.objective == decomposed.objective
