@@ -24,7 +24,6 @@ from planner.solver import solve
 from planner import pipeline3d
 from planner.pipeline import METHODS as PIPELINE_METHODS
 from planner.pipeline3d import Plan3D
-from planner.pipeline import PipelinePlan
 from planner.zoo import load_model
 
 HEURISTICS = {"drec": drec, "dp": data_parallel, "zero": data_parallel, "megatron": megatron, "greedy": greedy}

@@ -296,3 +296,37 @@ def test_generated_graph_json_is_rejected_by_field(tmp_path, case):
     # The message names the field, the file, or (for a dropped/renamed entity) what references it.
     assert key.split(".")[0] in message or "non-finite" in message or "unknown tensor" in message \
         or "no operator produces" in message or "cycle" in message or "field 'inputs'" in message, message
+
+
+def test_plan_naming_an_operator_twice_is_refused(tmp_path, capsys):
+    plan = tmp_path / "p.json"
+    assert main(["plan", "--model", "mlp", "--method", "dp", "--json", str(plan), "-q"]) == 0
+    data = json.loads(plan.read_text())
+    data["operators"].append(dict(data["operators"][0], strategy={"gpu": None}))  # the last one used to win
+    plan.write_text(json.dumps(data))
+    code, err = _run_inprocess(capsys, ["evaluate", "--plan", str(plan)])
+    _check_one_line(code, err, "twice")
+
+
+def test_graph_dims_of_2_to_the_47_overflow_cleanly(tmp_path, capsys):
+    data = copy.deepcopy(VALID)
+    for op in data["operators"]:
+        if "b" in op["sizes"]:
+            op["sizes"]["b"] = 2**47  # 2**40 still plans (a 12 s step); 2**47 exceeds int64 sums
+    for t in data["tensors"]:
+        if t["name"] in ("x", "ln", "fc1", "gelu", "fc2", "residual"):
+            t["shape"][0] = 2**47
+    path = tmp_path / "huge.json"
+    path.write_text(json.dumps(data))
+    code, err = _run_inprocess(capsys, ["plan", "--model", str(path), "--memory", "none"])
+    _check_one_line(code, err, "--seq/--batch")
+
+
+@pytest.mark.parametrize("field,value", [("inter_node_bandwidth", 1e-30), ("inter_node_latency", 1e30)])
+def test_extreme_profile_constants_overflow_cleanly(tmp_path, capsys, field, value):
+    data = {"peak_flops": 1e12, "memory_bytes": 1e15, "intra_node_bandwidth": 1e10, "inter_node_bandwidth": 1e9,
+            "gpus_per_node": 1, field: value}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    code, err = _run_inprocess(capsys, ["plan", "--model", "mlp", "--mesh", "2x4", "--device", str(path)])
+    _check_one_line(code, err, "out of range")
