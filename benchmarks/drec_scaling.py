@@ -11,7 +11,7 @@ import sys
 import time
 
 from planner import make_cluster, make_problem
-from planner.heuristics import drec
+from planner.search.baselines import drec
 
 MODEL = "gpt:layers={},hidden=12288,heads=96,seq=2048,vocab=51200"
 

@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 from planner import GraphBuilder
-from planner.io import save_graph, write_csv
+from planner.ir.graph_json import save_graph
+from planner.outputs import write_csv
 
 GPT3_96 = "gpt:layers=96,hidden=12288,heads=96,seq=2048,vocab=51200"
 

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from planner import model_names
-from planner.io import write_csv
+from planner.outputs import write_csv
 
 MEASURE = ("import resource, subprocess, sys, time; t = time.perf_counter(); "
            "p = subprocess.run(sys.argv[1:], capture_output=True, text=True); "

@@ -11,8 +11,8 @@ import sys
 import time
 
 from planner import make_cluster, make_problem
-from planner.io import write_csv
-from planner.solver import solve
+from planner.outputs import write_csv
+from planner.search.solver import solve
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,10 +1,18 @@
-"""What every experiment script shares: the --out/--resume options and the resumable results table."""
+"""What every experiment script shares: the --out/--resume options, the resumable results table
+and PNG output (both written through ``planner.outputs``, the package's one file writer)."""
 
 from __future__ import annotations
 
 import argparse
+import io
+import math
+from pathlib import Path
+from typing import Any, Iterable, Mapping
 
-import planner
+import pandas as pd
+
+from planner.outputs import write_bytes, write_csv
+
 
 
 def add_output_options(parser: argparse.ArgumentParser, default_out: str) -> None:
@@ -15,9 +23,9 @@ def add_output_options(parser: argparse.ArgumentParser, default_out: str) -> Non
                         help="also write a PNG next to the CSV (needs matplotlib; default on)")
 
 
-def results_table(args: argparse.Namespace, keys: tuple[str, ...]) -> planner.ResultsTable:
+def results_table(args: argparse.Namespace, keys: tuple[str, ...]) -> ResultsTable:
     """The CSV of this run; written atomically after every configuration."""
-    return planner.ResultsTable(args.out, keys, resume=args.resume)
+    return ResultsTable(args.out, keys, resume=args.resume)
 
 
 def png_path(args: argparse.Namespace) -> str | None:
@@ -49,3 +57,43 @@ def run(main) -> int:
         return main()
     except KeyboardInterrupt as exc:
         return exit_code(exc, "experiments")
+
+
+def write_png(path: Path | str, figure: Any) -> None:
+    """Save a matplotlib figure (PNG) through the same writer as every other output."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
+    write_bytes(path, buffer.getvalue(), "--png")
+
+
+class ResultsTable:
+    """A results CSV written row by row, atomically, so an interrupted experiment can resume.
+
+    Every ``add`` rewrites the whole file through a temporary file and a rename: the CSV on disk is
+    always absent or complete. With ``resume=True`` the rows already in the file are kept and
+    ``done(key)`` tells which configurations to skip; ``key_columns`` name the configuration.
+    """
+
+    def __init__(self, path: Path | str, key_columns: Iterable[str], resume: bool = False) -> None:
+        self.path = Path(path)
+        self.key_columns = tuple(key_columns)
+        self.rows: list[dict] = []
+        if resume and self.path.exists():
+            frame = pd.read_csv(self.path, keep_default_na=False, na_values=[""])
+            self.rows = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
+                         for r in frame.to_dict("records")]
+        self._done = {self._key(r) for r in self.rows}
+
+    def _key(self, row: Mapping[str, Any]) -> tuple:
+        return tuple(str(row.get(k)) for k in self.key_columns)
+
+    def done(self, **config: Any) -> bool:
+        """True when a row with this configuration (the key columns) is already written."""
+        return self._key(config) in self._done
+
+    def add(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Append rows (one configuration's worth) and rewrite the file atomically."""
+        for row in rows:
+            self.rows.append(dict(row))
+            self._done.add(self._key(row))
+        write_csv(self.path, self.rows)

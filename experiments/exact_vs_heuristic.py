@@ -14,7 +14,7 @@ import argparse
 import sys
 
 import planner
-from experiments.common import add_output_options, png_path, pyplot, results_table, run
+from experiments.common import add_output_options, png_path, pyplot, results_table, run, write_png
 
 MODELS = "gpt2-small,gpt3-1.3b,gpt3-175b,bert-large,resnet50,vgg16,wide-resnet50-2,moe-gpt"
 METHODS = ("exact", "drec", "dp", "zero", "megatron", "greedy", "whole")
@@ -45,7 +45,7 @@ def plot(rows: list[dict], path: str) -> None:
     ax.set_xticks([i + 0.4 for i in range(len(configs))], [f"{m}\n{me}" for m, me in configs], fontsize=6, rotation=90)
     ax.set(ylabel="gap to exact (%)", yscale="symlog", title="Heuristics against the exact plan")
     ax.legend(fontsize=7)
-    planner.write_png(path, fig)
+    write_png(path, fig)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             if table.done(model=graph_name, mesh=planner.make_cluster(mesh, args.device).mesh.spec):
                 continue
             devices = planner.make_cluster(mesh, args.device).mesh.num_devices
-            batch = max(planner.load_model(model).tensors[0].shape[0], devices * args.batch_per_device)
+            batch = max(planner.load_model(model).batch_size, devices * args.batch_per_device)
             group = planner.compare(model, mesh, args.device, methods=METHODS, batch=batch,
                                     time_limit_s=args.whole_time_limit)
             for r in group:

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 import planner
-from experiments.common import add_output_options, png_path, pyplot, results_table, run
+from experiments.common import add_output_options, png_path, pyplot, results_table, run, write_png
 
 REFERENCE = Path(__file__).resolve().parent / "data"  # published measurements, cited in each file
 FIG13_MODEL = "gpt:layers=32,hidden=20480,heads=128,seq=2048,vocab=51200"
@@ -112,7 +112,7 @@ def plot(rows: list[dict], path: str) -> None:
     right.set(title="Figure 13 (162B, 64 GPUs)", ylabel="1 / predicted step (1/s)")
     twin.set_ylabel("measured TFLOP/s per GPU")
     right.tick_params(axis="x", labelsize=7)
-    planner.write_png(path, fig)
+    write_png(path, fig)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,7 @@
 """Pipeline planning: CSIMD against the exact DP (and baselines) on random chains and zoo models.
 
 Random chains: heterogeneous layer times, nonlinear in the micro-batch size (see
-planner.random_chain), 2-8 stages, with and without a binding memory limit. Zoo models: the layer
+experiments.chains.random_chain), 2-8 stages, with and without a binding memory limit. Zoo models: the layer
 chain of the exact intra-operator plan on a stage sub-mesh. Columns: source, layers, stages,
 method, status, objective (iteration time, s), gap to the exact DP in percent, evaluations, search
 time, micro-batches.
@@ -17,7 +17,8 @@ import sys
 import numpy as np
 
 import planner
-from experiments.common import add_output_options, png_path, pyplot, results_table, run
+from experiments.chains import random_chain
+from experiments.common import add_output_options, png_path, pyplot, results_table, run, write_png
 
 # (model, mesh, global batch, recompute): GPT-3 175B needs full recompute to fit 80 GB in 4 stages.
 ZOO = (("gpt3-13b", "node=8,gpu=8", 128, False), ("gpt3-175b", "node=128,gpu=8", 1536, True),
@@ -47,11 +48,11 @@ def random_configs(instances: int, big: list[int]):
     for k in range(instances):
         layers = int(rng.integers(8, 65))
         stages = int(rng.choice([2, 4, 8]))
-        chain = planner.random_chain(k, layers)
+        chain = random_chain(k, layers)
         memory = float(chain.static_memory.sum() / stages * 1.5 + 1e9) if k % 2 else None
         yield "random", k, (lambda chain=chain: chain), stages, memory
     for layers in big:
-        yield "random-large", layers, (lambda layers=layers: planner.random_chain(layers, layers)), 8, None
+        yield "random-large", layers, (lambda layers=layers: random_chain(layers, layers)), 8, None
 
 
 def zoo_configs(models):
@@ -73,7 +74,7 @@ def plot(rows: list[dict], path: str) -> None:
     ax.set(xlabel="gap to the exact DP (%)", ylabel="fraction of instances", xscale="symlog",
            title="Pipeline plans on random chains")
     ax.legend(fontsize=7)
-    planner.write_png(path, fig)
+    write_png(path, fig)
 
 
 def main(argv: list[str] | None = None) -> int:

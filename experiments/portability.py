@@ -21,7 +21,7 @@ import sys
 import time
 
 import planner
-from experiments.common import add_output_options, png_path, pyplot, results_table, run
+from experiments.common import add_output_options, png_path, pyplot, results_table, run, write_png
 
 BASE = {"devices": 64, "device": "a100-80g", "inter_gbps": None, "batch": 256}
 GBPS = 1e9 / 8  # bytes/s per Gb/s
@@ -83,7 +83,7 @@ def plot(rows: list[dict], path: str) -> None:
         ax.plot([r["devices"] for r in sel], [r["replan_time_s"] for r in sel], "o-", label=model)
     ax.set(xscale="log", xlabel="devices", ylabel="re-planning time (s)", title="Re-planning cost (no profiling)")
     ax.legend(fontsize=7)
-    planner.write_png(path, fig)
+    write_png(path, fig)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,7 @@ import argparse
 import sys
 
 import planner
-from experiments.common import add_output_options, png_path, pyplot, results_table, run
+from experiments.common import add_output_options, png_path, pyplot, results_table, run, write_png
 
 MODEL = "gpt:layers={layers},hidden=12288,heads=96,seq=2048,vocab=51200"
 
@@ -52,7 +52,7 @@ def plot(rows: list[dict], path: str) -> None:
             ax.plot([r["layers"] for r in whole], [r["whole_search_time_s"] for r in whole], "x--", label=f"whole {mesh}")
     ax.set(xlabel="layers", ylabel="search time (s)", yscale="log", title="Exact search time, GPT h=12288")
     ax.legend(fontsize=7)
-    planner.write_png(path, fig)
+    write_png(path, fig)
 
 
 def main(argv: list[str] | None = None) -> int:

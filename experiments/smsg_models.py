@@ -16,7 +16,7 @@ import argparse
 import sys
 
 import planner
-from experiments.common import add_output_options, png_path, pyplot, results_table, run
+from experiments.common import add_output_options, png_path, pyplot, results_table, run, write_png
 
 MODELS = "gpt3-1.3b,bert-large,resnet50,vgg16,wide-resnet50-2,moe-gpt"
 METHODS = ("exact", "drec", "dp", "megatron")
@@ -57,7 +57,7 @@ def plot(rows: list[dict], path: str) -> None:
         ax.minorticks_off()
     axes[0][0].set_ylabel("scaling efficiency")
     axes[0][0].legend(fontsize=7)
-    planner.write_png(path, fig)
+    write_png(path, fig)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -139,8 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     base = Path(args.results)
     if args.readme:
-        import planner
-        planner.write_text(args.readme, fill(Path(args.readme).read_text(), base))
+        from planner.outputs import write_text
+        write_text(args.readme, fill(Path(args.readme).read_text(), base))
         return 0
     for marker, fn, name in TABLES:
         if (base / name).is_file():

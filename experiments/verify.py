@@ -15,7 +15,7 @@ import sys
 import time
 
 import planner
-from experiments.common import add_output_options, png_path, pyplot, results_table, run
+from experiments.common import add_output_options, png_path, pyplot, results_table, run, write_png
 
 # model -> (zoo spec, global batch, sequence length): full and small settings
 FULL = {"mlp": ("mlp:hidden=512", 4096, None), "transformer-block": ("transformer-block:hidden=1024,heads=16", 8, 256),
@@ -53,7 +53,7 @@ def plot(rows: list[dict], path: str) -> None:
     ax.set(xlabel="predicted bytes sent per device", ylabel="compiled (XLA, CPU) bytes sent per device",
            title="Cost model vs compiled collectives")
     ax.legend(fontsize=7)
-    planner.write_png(path, fig)
+    write_png(path, fig)
 
 
 def main(argv: list[str] | None = None) -> int:

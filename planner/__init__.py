@@ -1,19 +1,39 @@
-"""planner: exact, profiling-free parallelisation plans for deep-learning training."""
+"""planner: exact, profiling-free parallelisation plans for deep-learning training.
 
-from planner.api import METHODS, Cluster, LoadedPlan, compare, evaluate, evaluate_3d, export_shardings, load_plan, plan_for_verification, verify_loaded, layer_chain, plan_pipeline, make_cluster, make_problem, plan, plan_problem
-from planner.cost import TrainingSettings
+The package is layered; each layer imports only the ones above it in this list:
+
+    planner.errors, planner.signals, planner.outputs   base: errors, interrupts, the one file writer
+    planner.ir          graphs in einsum form: IR, operator registry, builder, graph JSON
+    planner.zoo         built-in models (built with planner.ir)
+    planner.cluster     device meshes and machine profiles (datasheet constants)
+    planner.cost        settings, strategies and layouts, collectives, redistribution, operator costs,
+                        the costed Problem every search works on
+    planner.search      CP-SAT program, elimination, decomposition, exact search, baselines, brute force
+    planner.plans       Plan: the result of a search, with its cost breakdown
+    planner.pipeline    schedules, pipeline searches (exact DP, brute force, CSIMD), 3D plans
+    planner.engines     leaves: torch import, JAX/DTensor export, numpy executor, XLA checks, verify
+    planner.api         the functions below; planner.cli is the command line on top of it
+"""
+
+from planner.api import (METHODS, Cluster, LoadedPlan, compare, evaluate, evaluate_3d, export_shardings, layer_chain,
+                         load_plan, make_cluster, make_problem, plan, plan_for_verification, plan_pipeline,
+                         plan_problem, verify_loaded)
+from planner.cluster.mesh import Mesh, parse_mesh
+from planner.cluster.profiles import MachineProfile, get_profile
+from planner.cost.settings import TrainingSettings
 from planner.errors import GraphError, MeshError, ModelError, PlannerError, ProfileError, SettingsError
-from planner.graph import Graph, Operator, Tensor
-from planner.mesh import Mesh, MachineProfile, get_profile, parse_mesh
-from planner.ops import REGISTRY, GraphBuilder
+from planner.ir.graph import Graph, Operator, Tensor
+from planner.ir.graph_json import load_graph, save_graph
+from planner.ir.ops import REGISTRY, GraphBuilder
+from planner.outputs import write_csv
+from planner.pipeline.schedule import LayerChain
+from planner.pipeline.search import METHODS as PIPELINE_METHODS
 from planner.plans import Plan
 from planner.zoo import load_model, model_names
-from planner.chains import random_chain
-from planner.io import ResultsTable, write_csv, write_png, write_text
-from planner.pipeline import METHODS as PIPELINE_METHODS, LayerChain
 
-__all__ = ["METHODS", "Cluster", "compare", "layer_chain", "plan_pipeline", "LayerChain", "random_chain",
-           "PIPELINE_METHODS", "ResultsTable", "write_csv", "write_png", "write_text", "Graph", "GraphBuilder", "GraphError", "MachineProfile", "Mesh", "MeshError", "ModelError",
-           "Operator", "Plan", "PlannerError", "ProfileError", "REGISTRY", "SettingsError", "Tensor",
-           "TrainingSettings", "evaluate", "evaluate_3d", "LoadedPlan", "export_shardings", "load_plan", "plan_for_verification", "verify_loaded", "get_profile", "load_model", "make_cluster", "make_problem",
-           "model_names", "parse_mesh", "plan", "plan_problem"]
+__all__ = ["METHODS", "PIPELINE_METHODS", "REGISTRY", "Cluster", "Graph", "GraphBuilder", "GraphError", "LayerChain",
+           "LoadedPlan", "MachineProfile", "Mesh", "MeshError", "ModelError", "Operator", "Plan", "PlannerError",
+           "ProfileError", "SettingsError", "Tensor", "TrainingSettings", "compare", "evaluate", "evaluate_3d",
+           "export_shardings", "get_profile", "layer_chain", "load_graph", "load_model", "load_plan", "make_cluster",
+           "make_problem", "model_names", "parse_mesh", "plan", "plan_for_verification", "plan_pipeline",
+           "plan_problem", "save_graph", "verify_loaded", "write_csv"]

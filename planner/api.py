@@ -12,18 +12,19 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from planner.cost import TrainingSettings
+from planner.cost.settings import TrainingSettings
 from planner.errors import InfeasibleError, PlannerError, SettingsError
-from planner.graph import Graph
-from planner.heuristics import data_parallel, drec, greedy, megatron
-from planner.mesh import DEFAULT_HARDWARE_CSV, MachineProfile, Mesh, get_profile, parse_mesh
+from planner.ir.graph import Graph
+from planner.search.baselines import data_parallel, drec, greedy, megatron
+from planner.cluster.mesh import Mesh, parse_mesh
+from planner.cluster.profiles import DEFAULT_HARDWARE_CSV, MachineProfile, get_profile
 from planner.plans import Plan, make_plan, strategies_from_choice, strategies_from_mapping
-from planner.problem import Problem, build_problem
-from planner.exact import MAX_WHOLE_PROGRAM, Progress, program_size, solve_exact
-from planner.solver import solve
-from planner import pipeline3d
-from planner.pipeline import METHODS as PIPELINE_METHODS
-from planner.pipeline3d import Plan3D
+from planner.cost.problem import Problem, build_problem
+from planner.search.exact import MAX_WHOLE_PROGRAM, Progress, program_size, solve_exact
+from planner.search.solver import solve
+from planner.pipeline import threed
+from planner.pipeline.search import METHODS as PIPELINE_METHODS
+from planner.pipeline.threed import Plan3D
 from planner.zoo import load_model
 
 HEURISTICS = {"drec": drec, "dp": data_parallel, "zero": data_parallel, "megatron": megatron, "greedy": greedy}
@@ -57,7 +58,7 @@ def resolve_model(model: str | Graph, batch: int | None = None, seq: int | None 
     if isinstance(model, Graph):
         return model
     if isinstance(model, str) and model.endswith(".json"):
-        from planner.io import load_graph
+        from planner.ir.graph_json import load_graph
         return load_graph(model)
     return load_model(model, batch, seq)
 
@@ -143,7 +144,7 @@ def evaluate(model: str | Graph, mesh: str | Mesh, device: str | MachineProfile 
         mesh = f"dp={dp},tp={tp}" if tp > 1 and dp > 1 else f"{'tp' if tp > 1 else 'dp'}={tp * dp}"
     cluster = make_cluster(mesh, device, memory, hardware_csv=hardware_csv)
     problem = make_problem(model, cluster, settings, batch, seq)
-    samples = problem.graph.tensors[0].shape[0]
+    samples = problem.graph.batch_size
     if assignment is None and samples % (dp or 1):
         raise SettingsError(f"--batch: the global batch {samples} is not divisible by --dp {dp}")
     start = time.perf_counter()
@@ -232,8 +233,8 @@ def plan_pipeline(model: str, mesh: str | Mesh | None = None, device: str | Mach
         settings = replace(settings, zero=3)
     cluster = make_cluster(mesh, profile, memory, devices)
     load = _zoo_loader(model, seq)
-    global_batch = resolve_model(model, batch, seq).tensors[0].shape[0]
-    return pipeline3d.plan_pipeline(load, cluster.mesh, cluster.profile, global_batch, settings, cluster.memory_limit,
+    global_batch = resolve_model(model, batch, seq).batch_size
+    return threed.plan_pipeline(load, cluster.mesh, cluster.profile, global_batch, settings, cluster.memory_limit,
                                     schedule, method, degrees, counts, stage_planner(intra, time_limit_s, seed, jobs),
                                     intra, cuts, escalate, fit_required, progress)
 
@@ -252,7 +253,7 @@ def evaluate_3d(model: str, device: str | MachineProfile = "a100-80g", *, tp: in
     for name, value in (("tp", tp), ("pp", pp), ("dp", dp), ("micro-batch", micro_batch)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise SettingsError(f"--{name}: must be a positive integer, got {value!r}")
-    global_batch = resolve_model(model, batch, seq).tensors[0].shape[0]
+    global_batch = resolve_model(model, batch, seq).batch_size
     if global_batch % (dp * micro_batch):
         raise SettingsError(f"--batch: global batch {global_batch} is not divisible by dp x micro-batch ({dp} x {micro_batch})")
     mesh = ",".join([f"pp={pp}"] + [f"{name}={size}" for name, size in (("dp", dp), ("tp", tp)) if size > 1])
@@ -273,13 +274,13 @@ def layer_chain(model: str, mesh: str | Mesh, device: str | MachineProfile = "a1
                 hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV):
     """The layer chain of a zoo model for ``stages`` pipeline stages over the outermost mesh axis:
     the exact intra-operator plan on the stage sub-mesh, re-costed at every micro-batch count
-    that divides the batch (see ``planner.pipeline3d``)."""
+    that divides the batch (see ``planner.pipeline.threed``)."""
     cluster = make_cluster(mesh, device, float("inf"), hardware_csv=hardware_csv)
     load = _zoo_loader(model, seq)
-    global_batch = resolve_model(model, batch, seq).tensors[0].shape[0]
-    sub = pipeline3d.stage_mesh(cluster.mesh, stages)
-    found = pipeline3d.stage_chain(load, cluster.mesh, sub, cluster.profile, global_batch,
-                                   settings or TrainingSettings(), stages, pipeline3d.divisors(global_batch))
+    global_batch = resolve_model(model, batch, seq).batch_size
+    sub = threed.stage_mesh(cluster.mesh, stages)
+    found = threed.stage_chain(load, cluster.mesh, sub, cluster.profile, global_batch,
+                                   settings or TrainingSettings(), stages, threed.divisors(global_batch))
     if found is None:
         raise SettingsError(f"--batch: no micro-batch count keeps the stage plan valid for {model}")
     return found
@@ -329,15 +330,15 @@ def evaluate_3d_file(data: dict, model: str, device: str | MachineProfile = "a10
         raise SettingsError(f"{where}: field 'pipeline' lacks or mangles {exc}") from None
     cluster = make_cluster(data["mesh"], device, memory, hardware_csv=hardware_csv)
     load = _zoo_loader(model, seq)
-    global_batch = resolve_model(model, batch, seq).tensors[0].shape[0]
+    global_batch = resolve_model(model, batch, seq).batch_size
     if global_batch % count:
         raise SettingsError(f"{where}: num_microbatches {count} does not divide the batch {global_batch}")
-    sub = pipeline3d.stage_mesh(cluster.mesh, stages)
+    sub = threed.stage_mesh(cluster.mesh, stages)
     settings = settings or TrainingSettings()
     problem = build_problem(load(global_batch // count), sub, cluster.profile, settings)
     chosen = strategies_from_mapping(problem, {o["name"]: o["strategy"] for o in data["operators"]}, where=where)
     strategies = {t.op.name: s for t, s in zip(problem.ops, chosen)}
-    return pipeline3d.recost(load, cluster.mesh, cluster.profile, global_batch, settings, cluster.memory_limit, stages,
+    return threed.recost(load, cluster.mesh, cluster.profile, global_batch, settings, cluster.memory_limit, stages,
                              cuts, count, schedule, strategies, str(data.get("intra_method", "given")))
 
 
@@ -364,7 +365,7 @@ def load_plan(path: Path | str, model: str | Graph | None = None, batch: int | N
 def plan_for_verification(model: str | Graph, mesh: str, method: str = "exact", *, batch: int | None = None,
                           seq: int | None = None, device: str = "a100-80g") -> LoadedPlan:
     """Plan under the settings the XLA check compiles (float32, SGD, no ZeRO, no memory limit)."""
-    from planner.verify import VERIFY_SETTINGS
+    from planner.engines.verify import VERIFY_SETTINGS
     cluster = make_cluster(mesh, device, float("inf"))
     graph = resolve_model(model, batch, seq)
     result = plan_problem(make_problem(graph, cluster, VERIFY_SETTINGS), None, method)
@@ -374,7 +375,7 @@ def plan_for_verification(model: str | Graph, mesh: str, method: str = "exact", 
 
 def export_shardings(loaded: LoadedPlan, tensor_axis: str | None = None) -> dict:
     """JAX PartitionSpecs, DTensor placements and a Linear parallelize plan of a loaded plan."""
-    from planner.export import export_plan, linear_parallel_plan
+    from planner.engines.export import export_plan, linear_parallel_plan
     exported = export_plan(loaded.graph, loaded.strategies, loaded.mesh)
     data = exported.to_dict(loaded.graph)
     axis = tensor_axis or loaded.mesh.names[-1]
@@ -384,10 +385,10 @@ def export_shardings(loaded: LoadedPlan, tensor_axis: str | None = None) -> dict
 
 def verify_loaded(loaded: LoadedPlan, *, run_numpy: bool = True, run_xla: bool = True, tolerance: float = 0.05,
                   devices: int | None = None, max_memory: float | None = None):
-    """Numpy executor and XLA checks of a loaded plan (``planner.verify``). Refuses at once (one
+    """Numpy executor and XLA checks of a loaded plan (``planner.engines.verify``). Refuses at once (one
     line with the estimate) when the checks would need more than ``max_memory`` bytes (default:
     half the machine's available memory)."""
-    from planner.verify import check_memory, verify_plan
+    from planner.engines.verify import check_memory, verify_plan
     if devices is not None and devices != loaded.mesh.num_devices:
         raise SettingsError(f"--devices: the plan's mesh {loaded.mesh.spec} has {loaded.mesh.num_devices} devices, not {devices}")
     check_memory(loaded.graph, loaded.strategies, loaded.mesh, run_numpy, run_xla, max_memory)

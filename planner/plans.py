@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from planner.cost import CostRecord, breakdown, seconds, sum_records
-from planner.terms import plan_terms
+from planner.cost.records import CostRecord, breakdown, seconds, sum_records
+from planner.cost.terms import plan_terms
 from planner.errors import PlannerError
-from planner.problem import Problem
-from planner.strategy import Strategy, enumerate_strategies
+from planner.cost.problem import Problem
+from planner.cost.strategy import Strategy, enumerate_strategies
 
 
 @dataclass(frozen=True, slots=True)

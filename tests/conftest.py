@@ -8,7 +8,7 @@ REFERENCE = REPO / "experiments" / "data"  # published measurements, cited in ea
 
 @pytest.fixture(scope="session")
 def a100():
-    from planner.mesh import get_profile
+    from planner.cluster.profiles import get_profile
     return get_profile("a100-80g")
 
 

@@ -14,7 +14,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 sys.path.insert(0, sys.argv[3])
-from planner.export import torch_placements  # noqa: E402
+from planner.engines.export import torch_placements  # noqa: E402
 from test_dtensor import make_mlp  # noqa: E402
 
 

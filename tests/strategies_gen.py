@@ -2,8 +2,9 @@
 
 from hypothesis import strategies as st
 
-from planner.mesh import SYMBOLIC, MeshAxis, Mesh
-from planner.ops import GraphBuilder
+from planner.cluster.mesh import MeshAxis, Mesh
+from planner.cluster.profiles import SYMBOLIC
+from planner.ir.ops import GraphBuilder
 
 SIZES = (2, 4, 8)
 KINDS = ("matmul", "relu", "add", "softmax", "layernorm", "transpose")
@@ -51,5 +52,5 @@ def graphs(draw, min_ops=2, max_ops=7):
 
 
 def profiles():
-    from planner.mesh import MachineProfile
+    from planner.cluster.profiles import MachineProfile
     return st.sampled_from((SYMBOLIC, MachineProfile("test", 1e12, 1e12, 100e9, 10e9, 8)))

@@ -212,7 +212,7 @@ def _spy(monkeypatch, force_feasible: bool) -> dict:
 
 def test_every_option_of_every_command_has_a_row():
     """Each option of each command's parser appears in at least one row (or is a logging flag)."""
-    from planner.cli import build_parser
+    from planner.cli.parser import build_parser
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
     covered = {(c[1][0], a) for c in CASES for a in c[1] if a.startswith("--")}

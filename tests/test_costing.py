@@ -1,19 +1,24 @@
 """One way to cost a plan: every caller (plan report, problem record, pipeline layer chains,
-verification prediction) sums the same terms from ``planner.terms.plan_terms``."""
+verification prediction) sums the same terms from ``planner.cost.terms.plan_terms``."""
 
 import dataclasses
 import math
+
+import pytest
 
 import numpy as np
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from planner.cost import TrainingSettings, breakdown, bytes_sent, collective_seconds, sum_records
-from planner.graph import Graph
-from planner.pipeline3d import cost_layers
+from planner.cost.collectives import bytes_sent, collective_seconds
+from planner.cost.records import breakdown, sum_records
+from planner.cost.settings import TrainingSettings
+from planner.ir.graph import Graph
+from planner.pipeline.schedule import point_to_point_seconds
+from planner.pipeline.threed import cost_layers
 from planner.plans import integer_objective, make_plan
-from planner.problem import build_problem
-from planner.verify import predicted_collectives
+from planner.cost.problem import build_problem
+from planner.engines.verify import predicted_collectives
 from strategies_gen import graphs, meshes, profiles
 
 
@@ -57,7 +62,9 @@ def test_collective_formula_by_hand():
     # 1 MB all-reduce on 4 devices at 1 GB/s, 1 us per step: 2*3 steps + 2*3/4 MB
     assert math.isclose(collective_seconds("all_reduce", 4, 1e9, 1e-6, 1e6), 6e-6 + 1.5e-3)
     assert math.isclose(collective_seconds("all_gather", 4, 1e9, 1e-6, 1e6), 3e-6 + 0.75e-3)
-    assert math.isclose(collective_seconds("p2p", 2, 1e9, 1e-6, 1e6), 1e-6 + 1e-3)
+    assert math.isclose(point_to_point_seconds(1e6, 1e9, 1e-6), 1e-6 + 1e-3)  # a pipeline send
+    with pytest.raises(ValueError, match="unknown collective kind 'p2p'"):
+        collective_seconds("p2p", 2, 1e9, 1e-6, 1e6)
     assert bytes_sent("all_reduce", 8, 800.0) == 1400.0
     assert bytes_sent("reduce_scatter", 1, 800.0) == 0.0
     assert sum_records([]).comm == ()

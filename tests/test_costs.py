@@ -2,10 +2,13 @@
 
 import pytest
 
-from planner.cost import TrainingSettings, edge_cost, op_cost, operand_infos, seconds
-from planner.mesh import parse_mesh
-from planner.ops import GraphBuilder
-from planner.strategy import GRAD_PARTIAL, PARTIAL, REPLICATE, enumerate_strategies, operand_layout
+from planner.cost.operators import op_cost, operand_infos
+from planner.cost.records import seconds
+from planner.cost.redistribution import edge_cost
+from planner.cost.settings import TrainingSettings
+from planner.cluster.mesh import parse_mesh
+from planner.ir.ops import GraphBuilder
+from planner.cost.strategy import GRAD_PARTIAL, PARTIAL, REPLICATE, enumerate_strategies, operand_layout
 
 B, K, N = 64, 128, 256
 P = 8

@@ -39,7 +39,7 @@ def _megatron_by_hand(graph):
 @pytest.mark.parametrize("method", ["megatron", "dp", "exact"])
 def test_exported_placements_run_on_four_gloo_processes(tmp_path, method):
     from planner.api import LoadedPlan, export_shardings, make_cluster, make_problem, plan_problem
-    from planner.torch_import import import_module
+    from planner.engines.torch_import import import_module
 
     module, x = make_mlp()
     graph = import_module(module, (x,), name="mlp-torch")
@@ -70,5 +70,5 @@ def test_exported_placements_run_on_four_gloo_processes(tmp_path, method):
 
 
 def _leaf_placements(graph, strategies, mesh, tensor):
-    from planner.export import export_plan, placements_of
+    from planner.engines.export import export_plan, placements_of
     return placements_of(export_plan(graph, strategies, mesh).leaf_layout(tensor))

@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.api import make_cluster
-from planner.executor import check_plan, redistribute, scatter
-from planner.export import export_plan, placements_of, spec_of
-from planner.interpret import random_feeds, run_graph
-from planner.strategy import PARTIAL, REPLICATE, enumerate_strategies
+from planner.engines.executor import check_plan, redistribute, scatter
+from planner.engines.export import export_plan, placements_of, spec_of
+from planner.engines.interpret import random_feeds, run_graph
+from planner.cost.strategy import PARTIAL, REPLICATE, enumerate_strategies
 from planner.zoo import load_model
 from planner.zoo.transformers import mlp, transformer_block
 from planner.zoo.vision import resnet

@@ -30,7 +30,7 @@ def test_no_module_refers_to_a_parent_of_the_repository():
 
 
 def test_builtin_datasheet_table_is_packaged():
-    from planner.mesh import load_profiles
+    from planner.cluster.profiles import load_profiles
     profiles = load_profiles()  # no path: the table inside the package
     assert {"v100-16g", "a100-40g", "a100-80g", "h100-80g", "h200-141g"} <= set(profiles)
     assert profiles["a100-80g"].peak_flops == 312e12 and profiles["a100-80g"].memory_bytes == 80e9

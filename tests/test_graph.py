@@ -3,8 +3,8 @@
 import pytest
 
 from planner.errors import GraphError
-from planner.graph import Graph, Operand, Operator, Tensor
-from planner.ops import GraphBuilder, make_operator
+from planner.ir.graph import Graph, Tensor
+from planner.ir.ops import GraphBuilder, make_operator
 
 
 def test_cycle_is_rejected():

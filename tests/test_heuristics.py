@@ -5,8 +5,7 @@ import pytest
 
 from planner import make_cluster, make_problem
 from planner.api import compare
-from planner.heuristics import data_parallel, drec, greedy, megatron
-from planner.plans import make_plan
+from planner.search.baselines import data_parallel, drec, greedy, megatron
 from planner.zoo.transformers import mlp, transformer_block
 
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from planner.errors import GraphError
-from planner.io import graph_to_dict, load_graph, save_graph
+from planner.ir.graph_json import graph_to_dict, load_graph, save_graph
 from planner.zoo import load_model
 
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from planner.cli import main
 from planner.errors import GraphError
-from planner.io import graph_to_dict, load_graph
+from planner.ir.graph_json import graph_to_dict, load_graph
 from planner.zoo.transformers import mlp
 
 VALID = graph_to_dict(mlp(batch=8, hidden=16))  # ln, fc1, gelu, fc2, residual, loss

@@ -5,7 +5,8 @@ import json
 import pytest
 
 from planner.errors import MeshError, ProfileError
-from planner.mesh import SYMBOLIC, get_profile, parse_mesh
+from planner.cluster.mesh import parse_mesh
+from planner.cluster.profiles import SYMBOLIC, get_profile
 
 
 def test_mesh_specs(a100):
@@ -49,7 +50,7 @@ def test_profiles_from_datasheet_and_json(tmp_path):
 
 def test_parallel_segment_workers_give_the_same_plan():
     from planner import make_cluster, make_problem
-    from planner.exact import solve_exact
+    from planner.search.exact import solve_exact
     problem = make_problem("resnet50", make_cluster("8", "a100-80g"))
     one, _ = solve_exact(problem, jobs=1)
     two, _ = solve_exact(problem, jobs=2)

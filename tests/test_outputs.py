@@ -92,7 +92,7 @@ def test_dev_stdout_receives_the_plan_and_survives(tmp_path):
 
 
 def test_relative_graph_path_in_a_plan_works_from_another_directory(tmp_path, monkeypatch):
-    from planner.io import save_graph
+    from planner.ir.graph_json import save_graph
     from planner.zoo.transformers import mlp
     work, other = tmp_path / "work", tmp_path / "other"
     work.mkdir()

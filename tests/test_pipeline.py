@@ -7,8 +7,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings, seed
 from hypothesis import strategies as st
 
-from planner.chains import random_chain
-from planner.pipeline import Evaluator, LayerChain, brute_force, csimd, even_split, exact_dp
+from experiments.chains import random_chain
+from planner.pipeline.schedule import Evaluator, LayerChain
+from planner.pipeline.search import brute_force, csimd, even_split, exact_dp
 
 
 @seed(11)

@@ -1,9 +1,9 @@
 """Known strategies are rediscovered by the exact planner."""
 
 from planner import make_cluster, make_problem, plan
-from planner.heuristics import data_parallel
+from planner.search.baselines import data_parallel
 from planner.plans import make_plan, strategies_from_choice
-from planner.solver import solve
+from planner.search.solver import solve
 from planner.zoo.transformers import transformer_block
 
 COLUMN = {"attn.q": "a", "attn.k": "a", "attn.v": "a", "attn.scores": "a", "attn.softmax": "a",

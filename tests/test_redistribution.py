@@ -2,8 +2,8 @@
 
 import pytest
 
-from planner.cost import edge_cost, redistribute
-from planner.strategy import GRAD_PARTIAL, PARTIAL, REPLICATE
+from planner.cost.redistribution import edge_cost, redistribute
+from planner.cost.strategy import GRAD_PARTIAL, PARTIAL, REPLICATE
 
 SHAPE = (16, 32)
 BYTES = 2
@@ -63,3 +63,71 @@ def test_shard_replicate_shard_never_beats_all_to_all():
     direct = sum(n for _, _, n in moves((0,), (1,)))
     via_replicate = sum(n for _, _, n in moves((0,), (REPLICATE,)))
     assert direct < via_replicate
+
+
+def _layouts(options, axes):
+    import itertools
+    return list(itertools.product(options, repeat=axes))
+
+
+@pytest.mark.parametrize("shape", [(8, 8, 8), (2, 8, 4)])
+def test_executor_performs_the_cost_models_steps(shape):
+    """One definition of a layout change: every pair of valid layouts on a 2x2x2 mesh, performed on
+    local numpy shards by the executor, lands on the target blocks exactly, and the cost model
+    charges one collective per non-slice step of the same sequence (the all-reduce: one per
+    hierarchical level). The small-dim shape makes some steps wait for the gathers."""
+    import numpy as np
+
+    from planner.cost.redistribution import redistribution_steps
+    from planner.cost.strategy import layout_divides
+    from planner.engines.executor import Sharded, coords, redistribute as perform, scatter
+
+    mesh = (2, 2, 2)
+    value = np.random.default_rng(0).normal(size=shape)
+    waited = 0
+    for src in _layouts((REPLICATE, PARTIAL, 0, 1, 2), 3):
+        base = tuple(REPLICATE if p == PARTIAL else p for p in src)
+        if not layout_divides(shape, base, mesh):
+            continue
+        start = scatter(value, base, mesh)
+        partial_axes = [ax for ax, p in enumerate(src) if p == PARTIAL]
+        local = {c: v if all(c[ax] == 0 for ax in partial_axes) else 0 * v for c, v in start.local.items()}
+        for dst in _layouts((REPLICATE, 0, 1, 2), 3):
+            if not layout_divides(shape, dst, mesh):
+                continue
+            steps = redistribution_steps(shape, src, dst, mesh)
+            assert all(layout_divides(shape, tuple(REPLICATE if p == PARTIAL else p for p in s.after), mesh) for s in steps)
+            waited += any(a.kind != "all_gather" and b.kind == "all_gather" for a, b in zip(steps[1:], steps))
+            out = perform(Sharded(local, src, shape), dst, mesh)
+            want = scatter(value, dst, mesh)
+            assert out.layout == dst
+            assert all(np.allclose(out.local[c], want.local[c]) for c in coords(mesh)), (src, dst)
+            charged = redistribute(shape, BYTES, src, dst, mesh, "fwd")
+            collectives = sum(2 * len(s.axes) - 1 if s.kind == "all_reduce" else s.kind != "slice" for s in steps)
+            assert len(charged) == collectives, (src, dst)
+    assert waited > 0 if shape[0] == 2 else waited == 0
+
+
+@pytest.mark.parametrize("shape", [(2, 4, 8), (8, 4, 2), (4, 4, 4), (2, 2, 16), (16, 2, 2)])
+def test_every_step_is_a_valid_layout(shape):
+    """On an uneven 2x2x4 mesh, between any two valid layouts, no intermediate layout cuts a dim into
+    more blocks than it has rows, and the steps end on the target."""
+    from planner.cost.redistribution import redistribution_steps
+    from planner.cost.strategy import layout_divides
+
+    mesh = (2, 2, 4)
+    pairs = 0
+    for src in _layouts((REPLICATE, PARTIAL, 0, 1, 2), 3):
+        if not layout_divides(shape, tuple(REPLICATE if p == PARTIAL else p for p in src), mesh):
+            continue
+        for dst in _layouts((REPLICATE, 0, 1, 2), 3):
+            if not layout_divides(shape, dst, mesh):
+                continue
+            steps = redistribution_steps(shape, src, dst, mesh)
+            pairs += 1
+            assert not steps or steps[-1].after == dst
+            assert all(a.after == b.before for a, b in zip(steps, steps[1:]))
+            for step in steps:
+                assert layout_divides(shape, tuple(REPLICATE if p == PARTIAL else p for p in step.after), mesh), \
+                    (src, dst, step)
+    assert pairs > 1000

@@ -4,10 +4,11 @@ import numpy as np
 from hypothesis import HealthCheck, assume, given, settings, seed
 from hypothesis import strategies as st
 
-from planner.cost import TrainingSettings
+from planner.cost.settings import TrainingSettings
 from planner.plans import make_plan, strategies_from_choice
-from planner.problem import brute_force, build_problem
-from planner.solver import build_model, solve
+from planner.cost.problem import build_problem
+from planner.search.brute import brute_force
+from planner.search.solver import build_model, solve
 from strategies_gen import graphs, meshes, profiles
 
 MAX_COMBINATIONS = 2_000_000
@@ -38,7 +39,7 @@ def test_solver_equals_brute_force(graph, mesh, profile, zero):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(graph=graphs(max_ops=5), mesh=meshes(max_axes=2), fraction=st.floats(0.0, 1.0))
 def test_solver_equals_brute_force_under_a_memory_limit(graph, mesh, fraction):
-    from planner.mesh import SYMBOLIC
+    from planner.cluster.profiles import SYMBOLIC
     problem = build_problem(graph, mesh, SYMBOLIC)
     assume(_small(problem))  # counted by hypothesis: too many discards fail the test instead of passing it
     low = sum(int(t.memory.min()) for t in problem.ops)
@@ -52,7 +53,7 @@ def test_solver_equals_brute_force_under_a_memory_limit(graph, mesh, fraction):
 
 
 def test_infeasible_memory_is_explained(a100):
-    from planner.mesh import parse_mesh
+    from planner.cluster.mesh import parse_mesh
     from planner.zoo import load_model
     problem = build_problem(load_model("gpt2-small"), parse_mesh("8", a100), a100)
     result = solve(problem, memory_limit=1e6)
@@ -61,7 +62,7 @@ def test_infeasible_memory_is_explained(a100):
 
 
 def test_build_model_exposes_typed_variable_maps(a100):
-    from planner.mesh import parse_mesh
+    from planner.cluster.mesh import parse_mesh
     from planner.zoo.transformers import mlp
     problem = build_problem(mlp(batch=64, hidden=64), parse_mesh("2x4", a100), a100)
     built = build_model(problem)

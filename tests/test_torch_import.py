@@ -9,9 +9,9 @@ pytest.importorskip("transformers")
 
 import planner  # noqa: E402
 from planner.cli import main  # noqa: E402
-from planner.io import load_graph  # noqa: E402
-from planner.torch_import import TorchImportError, import_module  # noqa: E402
-from planner.torch_presets import build_spec  # noqa: E402
+from planner.ir.graph_json import load_graph  # noqa: E402
+from planner.engines.torch_import import TorchImportError, import_module  # noqa: E402
+from planner.engines.torch_presets import build_spec  # noqa: E402
 
 
 @pytest.mark.parametrize("spec,expected_kinds", [

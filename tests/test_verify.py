@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from planner.api import make_cluster, make_problem, plan_problem
-from planner.cost import Collective, hierarchical_all_reduce
-from planner.verify import VERIFY_SETTINGS, compare, verify_plan, wire_bytes
-from planner.xla import parse_collectives, replica_groups
+from planner.cost.collectives import Collective, hierarchical_all_reduce
+from planner.engines.verify import VERIFY_SETTINGS, compare, verify_plan, wire_bytes
+from planner.engines.xla import parse_collectives, replica_groups
 from planner.zoo import load_model
 from planner.zoo.transformers import mlp, transformer_block
 
@@ -110,7 +110,8 @@ def test_sum_loss_gradient_is_free_and_its_value_is_all_reduced(loss_dim, others
     """The gradient of a summed loss is a broadcast that every device materialises in any layout:
     no collective for it (XLA emits none); a loss split over devices all-reduces its scalar."""
     pytest.importorskip("jax")
-    from planner.mesh import SYMBOLIC, parse_mesh
+    from planner.cluster.mesh import parse_mesh
+    from planner.cluster.profiles import SYMBOLIC
     graph = mlp(batch=64, hidden=64, ffn=128)
     mesh = parse_mesh("4", SYMBOLIC)
     strategies = {op.name: (loss_dim if op.name == "loss" else others,) for op in graph.operators}

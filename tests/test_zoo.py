@@ -5,8 +5,9 @@ import csv
 import pytest
 
 from planner.errors import ModelError
-from planner.mesh import parse_mesh
-from planner.problem import brute_force, build_problem
+from planner.cluster.mesh import parse_mesh
+from planner.cost.problem import build_problem
+from planner.search.brute import brute_force
 from planner.zoo import load_model, model_names
 from planner.zoo.transformers import mlp
 

@@ -11,7 +11,7 @@ import difflib
 from dataclasses import replace
 
 from planner.errors import ModelError
-from planner.graph import Graph
+from planner.ir.graph import Graph
 from planner.zoo.transformers import LM_BATCH, GPTConfig, bert, gpt, mlp, transformer_block
 from planner.zoo.vision import VISION_BATCH, resnet, vgg16
 

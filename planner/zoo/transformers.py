@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.errors import ModelError
-from planner.graph import Graph
-from planner.ops import GraphBuilder
+from planner.ir.graph import Graph
+from planner.ir.ops import GraphBuilder
 
 LM_BATCH = 8
 

@@ -7,8 +7,8 @@ Default global batch: 64 images of 224x224.
 
 from __future__ import annotations
 
-from planner.graph import Graph
-from planner.ops import GraphBuilder
+from planner.ir.graph import Graph
+from planner.ir.ops import GraphBuilder
 
 VISION_BATCH = 64
 NO_SPATIAL = "HW"

@@ -1,0 +1,257 @@
+"""One function per command (``cmd_<name>``): check the options that cannot apply, call the API,
+write the outputs, print the report, return the exit code."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Sequence
+
+from planner import api
+from planner.cost.settings import TrainingSettings
+from planner.errors import SettingsError
+from planner.cluster.mesh import parse_mesh
+from planner.cluster.profiles import SYMBOLIC
+from planner.ir.graph_json import save_graph
+from planner.outputs import write_csv, write_json
+from planner.plans import Plan
+from planner.cli.report import format_3d, format_plan, summary_3d
+from planner.cli.parser import (DEGREE_OPTIONS, EXIT_INFEASIBLE, EXIT_MISMATCH, EXIT_NOT_OPTIMAL,
+                                EXIT_OK, PIPELINE_OPTIONS, SETTINGS_DEFAULTS, log)
+
+
+
+def progress_bar(args: argparse.Namespace):
+    """A one-line progress bar on stderr, only when stderr is a terminal and not --quiet."""
+    if args.quiet or not sys.stderr.isatty():
+        return None
+
+    def report(done: int, total: int, label: str) -> None:
+        width = 30
+        filled = int(width * done / max(1, total))
+        end = "\n" if done >= total else ""
+        print(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}", end=end, file=sys.stderr, flush=True)
+    return report
+
+
+def _settings(args: argparse.Namespace, base: dict | None = None) -> TrainingSettings:
+    """Settings from the options; an option not given takes ``base`` (a plan file's) or the default."""
+    values = {k: getattr(args, k) if getattr(args, k) is not None else (base or SETTINGS_DEFAULTS).get(k, v)
+              for k, v in SETTINGS_DEFAULTS.items()}
+    return TrainingSettings(values["dtype"], values["optimizer"], int(values["zero"]), values["recompute"] == "full")
+
+
+def _given(args: argparse.Namespace, names: Sequence[str]) -> list[str]:
+    return ["--" + n.replace("_", "-") for n in names if getattr(args, n, None) not in (None, False)]
+
+
+def _refuse(args: argparse.Namespace, names: Sequence[str], why: str) -> None:
+    given = _given(args, names)
+    if given:
+        raise SettingsError(f"{given[0]}: {why}")
+
+
+def _emit(text: str, args: argparse.Namespace) -> None:
+    """Print the report unless --quiet; a closed stdout (``| head``) ends the printing quietly."""
+    if args.quiet:
+        return
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes stdout at exit
+
+
+def _source(args: argparse.Namespace) -> dict:
+    model = args.model
+    if isinstance(model, str) and model.endswith(".json"):
+        model = os.path.abspath(model)  # a plan read from another directory still finds its graph
+    return {"model": model, "batch": args.batch, "seq": args.seq}
+
+
+def _status_code(status: str, require_optimal: bool, explanation: str = "") -> int:
+    if status in ("OPTIMAL", "HEURISTIC", "GIVEN", "OK"):
+        return EXIT_OK
+    if status == "FEASIBLE":
+        log.warning("the solver stopped at its time limit: the plan is FEASIBLE, not proven optimal "
+                    "(raise --time-limit for a proof)")
+        if require_optimal:
+            print("planner: error: --require-optimal: the plan is FEASIBLE, not proven optimal", file=sys.stderr)
+            return EXIT_NOT_OPTIMAL
+        return EXIT_OK
+    if status == "INFEASIBLE":
+        print(f"planner: infeasible: {explanation or 'no plan fits the memory limit'}", file=sys.stderr)
+    else:
+        print(f"planner: no plan: the search ended {status} ({explanation or 'raise --time-limit'})", file=sys.stderr)
+    return EXIT_INFEASIBLE
+
+
+def _finish(plan: Plan, args: argparse.Namespace) -> int:
+    found = plan.status not in ("INFEASIBLE", "UNKNOWN")
+    if args.json is not None and found:  # no plan file for a run that found no plan
+        data = plan.to_dict(timings=not args.no_timings)
+        data["source"] = _source(args)
+        write_json(args.json, data)
+    if args.csv is not None:
+        write_csv(args.csv, [plan.summary_row(timings=not args.no_timings)])
+    _emit(format_plan(plan), args)
+    return _status_code(plan.status, getattr(args, "require_optimal", False), plan.explanation)
+
+
+def _finish_3d(result, args: argparse.Namespace) -> int:
+    if args.json is not None:
+        data = result.to_dict(timings=not args.no_timings)
+        data["source"] = _source(args)
+        write_json(args.json, data)
+    if args.csv is not None:
+        write_csv(args.csv, [summary_3d(result, args.model, timings=not args.no_timings)])
+    _emit(format_3d(result), args)
+    return _status_code(result.intra_status if result.pipeline.fits_memory else "INFEASIBLE",
+                        getattr(args, "require_optimal", False))
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from planner.zoo import load_model, model_names
+    lines = [f"{'model':20s} {'parameters':>14s} {'operators':>10s} {'GFLOPs/sample':>14s}"]
+    for name in model_names():
+        graph = load_model(name)
+        samples = graph.batch_size
+        lines.append(f"{name:20s} {graph.num_params:14,d} {len(graph.operators):10d} {graph.flops / samples / 1e9:14.2f}")
+    _emit("\n".join(lines), args)
+    return EXIT_OK
+
+
+def _jobs(args: argparse.Namespace) -> int:
+    cpus = os.cpu_count() or 1
+    if args.jobs > cpus:
+        log.warning("--jobs %d: capped at the %d CPUs of this machine", args.jobs, cpus)
+    return min(args.jobs, cpus)
+
+
+def cmd_pipeline(args: argparse.Namespace) -> int:
+    if args.cuts is not None and args.pp is None:
+        raise SettingsError("--cuts: needs --pp (fixed cuts belong to one pipeline degree)")
+    mesh = args.mesh or ("8" if args.command == "plan" else None)  # `pipeline` may size it from --devices
+    result = api.plan_pipeline(
+        args.model, mesh, args.device or "a100-80g", devices=getattr(args, "devices", None), batch=args.batch,
+        seq=args.seq, memory=args.memory, settings=_settings(args), schedule=args.schedule or "1f1b",
+        method=args.pipeline_method or "csimd", intra=args.method, time_limit_s=args.time_limit, seed=args.seed,
+        jobs=_jobs(args), degrees=[args.pp] if args.pp else None,
+        counts=[args.num_microbatches] if args.num_microbatches else None, cuts=args.cuts,
+        hardware_csv=args.hardware, progress=progress_bar(args))
+    return _finish_3d(result, args)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    if args.pipeline == "auto":
+        return cmd_pipeline(args)
+    _refuse(args, PIPELINE_OPTIONS, "only with --pipeline auto (or `planner pipeline`)")
+    plan = api.plan(args.model, args.mesh or "8", args.device or "a100-80g", method=args.method, batch=args.batch,
+                    seq=args.seq, memory=args.memory, settings=_settings(args), time_limit_s=args.time_limit,
+                    seed=args.seed, hardware_csv=args.hardware, jobs=_jobs(args), progress=progress_bar(args))
+    return _finish(plan, args)
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    if args.plan:
+        _refuse(args, DEGREE_OPTIONS, "not with --plan (the plan file fixes the configuration)")
+        return _evaluate_file(args)
+    if args.tp is None and args.dp is None and args.pp is None:
+        raise SettingsError("--plan: give a plan JSON (--plan PATH) or Megatron degrees (--tp/--dp/--pp)")
+    _refuse(args, ("mesh",), "not with --tp/--dp/--pp (the mesh is pp=P,dp=D,tp=T)")
+    if not args.model:
+        raise SettingsError("--model: required with --tp/--dp/--pp")
+    dp = args.dp or 1
+    micro_batch = args.micro_batch
+    if micro_batch is None:
+        samples = api.resolve_model(args.model, args.batch, args.seq).batch_size
+        if samples % dp:
+            raise SettingsError(f"--batch: the global batch {samples} is not divisible by --dp {dp}")
+        micro_batch = samples // dp
+    result = api.evaluate_3d(args.model, args.device or "a100-80g", tp=args.tp or 1, pp=args.pp or 1, dp=dp,
+                             micro_batch=micro_batch, batch=args.batch, seq=args.seq, settings=_settings(args),
+                             schedule=args.schedule or "1f1b", memory=args.memory, cuts=args.cuts,
+                             hardware_csv=args.hardware, fit_required=False)
+    return _finish_3d(result, args)
+
+
+def _evaluate_file(args: argparse.Namespace) -> int:
+    """Re-cost a plan JSON on its own mesh, device, settings and memory limit (options given override)."""
+    data = api.read_plan_file(args.plan)
+    if args.mesh and parse_mesh(args.mesh, SYMBOLIC).spec != parse_mesh(data["mesh"], SYMBOLIC).spec:
+        raise SettingsError(f"--mesh: {args.mesh!r} differs from the plan's mesh {data['mesh']!r}; drop --mesh")
+    source = data.get("source") or {}
+    args.model = args.model or source.get("model")
+    if not args.model:
+        raise SettingsError(f"--model: {args.plan} has no 'source' model; pass --model")
+    batch, seq = args.batch or source.get("batch"), args.seq or source.get("seq")
+    device = args.device or data.get("device") or "a100-80g"
+    memory = args.memory if args.memory is not None else (data.get("memory_limit_bytes") or float("inf"))
+    settings = _settings(args, data.get("settings"))
+    if "pipeline" in data:
+        result = api.evaluate_3d_file(data, args.model, device, batch=batch, seq=seq, settings=settings,
+                                      memory=memory, hardware_csv=args.hardware, where=f"--plan {args.plan}")
+        return _finish_3d(result, args)
+    assignment = {o["name"]: o["strategy"] for o in data["operators"]}
+    plan = api.evaluate(args.model, data["mesh"], device, assignment=assignment, batch=batch, seq=seq, memory=memory,
+                        settings=settings, hardware_csv=args.hardware)
+    return _finish(plan, args)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    rows = api.compare(args.model, args.mesh or "8", args.device or "a100-80g", methods=tuple(args.methods.split(",")),
+                       batch=args.batch, seq=args.seq, memory=args.memory, settings=_settings(args),
+                       time_limit_s=args.time_limit, seed=args.seed, hardware_csv=args.hardware)
+    if args.no_timings:
+        rows = [{k: v for k, v in r.items() if k != "search_time_s"} for r in rows]
+    if args.csv is not None:
+        write_csv(args.csv, rows)
+    if args.json is not None:
+        write_json(args.json, {"source": _source(args), "rows": rows})
+    lines = [f"{'method':10s} {'status':10s} {'step ms':>10s} {'gap %':>8s} {'mem GiB':>8s} {'fits':>5s} {'search s':>9s}"]
+    for r in rows:
+        gap = "-" if r["gap_percent"] is None else f"{r['gap_percent']:.2f}"
+        search = f"{r['search_time_s']:9.3f}" if "search_time_s" in r else f"{'-':>9s}"
+        lines.append(f"{r['method']:10s} {r['status']:10s} {r['estimated_step_time_s'] * 1e3:10.3f} {gap:>8s} "
+                     f"{r['memory_per_device_bytes'] / 2**30:8.2f} {str(r['fits_memory']):>5s} {search}")
+    _emit("\n".join(lines), args)
+    return EXIT_OK
+
+
+def cmd_import_torch(args: argparse.Namespace) -> int:
+    from planner.engines.torch_import import import_module
+    from planner.engines.torch_presets import build_spec
+    module, inputs, name = build_spec(args.spec)
+    graph = import_module(module, inputs, name=name, allow_unknown=args.allow_unknown)
+    torch_params = sum(p.numel() for p in module.parameters())
+    save_graph(graph, args.json)
+    _emit(f"imported {name}: {len(graph.operators)} operators, {graph.num_params:,d} parameters "
+          f"(torch module: {torch_params:,d}), {graph.flops / 1e9:.2f} GFLOPs forward -> {args.json}", args)
+    return EXIT_OK
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    data = api.export_shardings(api.load_plan(args.plan, args.model, args.batch, args.seq), args.tensor_axis)
+    if args.json is not None:
+        write_json(args.json, data)
+    else:
+        _emit(json.dumps(data, indent=1), args)
+    return EXIT_OK
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from planner.engines.verify import format_report
+    loaded = api.load_plan(args.plan, args.model, args.batch, args.seq)
+    report = api.verify_loaded(loaded, run_numpy=not args.no_numpy, run_xla=not args.no_xla, tolerance=args.tolerance,
+                               devices=args.devices, max_memory=args.max_memory)
+    _emit(f"plan {args.plan}: {loaded.graph.name} on mesh {loaded.mesh.spec}\n{format_report(report)}", args)
+    if not report.ok:
+        print("planner: verify: mismatch beyond tolerance", file=sys.stderr)
+        return EXIT_MISMATCH
+    return EXIT_OK
+
+
+COMMANDS = {"models": cmd_models, "import-torch": cmd_import_torch, "export": cmd_export, "verify": cmd_verify,
+            "plan": cmd_plan, "evaluate": cmd_evaluate, "compare": cmd_compare, "pipeline": cmd_pipeline}

@@ -1,0 +1,193 @@
+"""The argument parser of every command: options, their types and defaults, and exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import sys
+
+from planner import api
+from planner.cluster.profiles import DEFAULT_HARDWARE_CSV
+from planner.pipeline.schedule import SCHEDULES
+from planner.pipeline.search import METHODS as PIPELINE_METHODS
+
+EXIT_OK, EXIT_BAD_INPUT, EXIT_INFEASIBLE, EXIT_NOT_OPTIMAL, EXIT_MISMATCH = 0, 2, 3, 4, 5
+log = logging.getLogger("planner")
+
+
+
+
+def _bytes(text: str) -> float:
+    if text.strip().lower() in ("none", "inf", "unlimited"):
+        return float("inf")
+    match = re.fullmatch(r"\s*([0-9.eE+-]+)\s*([KMGT]i?B?|B)?\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"cannot parse byte size {text!r} (e.g. 80e9, 40GiB, 16GB)")
+    value = float(match.group(1))
+    unit = (match.group(2) or "B").rstrip("B") or ""
+    scale = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}[unit]
+    return value * scale
+
+
+def _add_logging(p: argparse.ArgumentParser, top: bool) -> None:
+    # Accepted before or after the command; the command's copy only overrides when given.
+    default = (lambda value: value) if top else (lambda value: argparse.SUPPRESS)
+    p.add_argument("-v", "--verbose", action="count", default=default(0), help="more log lines (-vv: debug)")
+    p.add_argument("-q", "--quiet", action="store_true", default=default(False), help="errors only; no plan text")
+    p.add_argument("--debug", action="store_true", default=default(False), help="show tracebacks")
+
+
+SETTINGS_DEFAULTS = {"dtype": "bf16", "optimizer": "adam", "zero": 0, "recompute": "none"}
+
+
+def _add_common(p: argparse.ArgumentParser, model_required: bool = True) -> None:
+    _add_logging(p, top=False)
+    p.add_argument("--model", required=model_required,
+                   help="zoo name, parametric spec (gpt:layers=4,hidden=512,heads=8) or graph .json")
+    p.add_argument("--mesh", help="mesh spec: 8, 2x4, node=8,gpu=8 (default 8)")
+    p.add_argument("--device", help="machine profile: symbolic, a hardware table row, or a .json file (default a100-80g)")
+    p.add_argument("--hardware", default=DEFAULT_HARDWARE_CSV,
+                   help="datasheet table in the format of planner/data/hardware.csv (default: the built-in table)")
+    p.add_argument("--batch", type=_positive_int, help="global batch (zoo default if omitted)")
+    p.add_argument("--seq", type=_positive_int, help="sequence length (language models)")
+    p.add_argument("--memory", type=_bytes, help="memory limit per device in bytes, or none (default: the device's memory)")
+    # None: the default below, or the plan file's own value when one is read back
+    p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="default bf16")
+    p.add_argument("--optimizer", choices=["adam", "sgd"], help="default adam")
+    p.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="ZeRO stage on data-parallel axes (default 0)")
+    p.add_argument("--recompute", choices=["none", "full"], help="activation recompute (default none)")
+    p.add_argument("--json", help="write the plan as JSON here")
+    p.add_argument("--csv", help="write one summary row as CSV here")
+    p.add_argument("--no-timings", action="store_true", help="drop search times from JSON and CSV (byte-identical reruns)")
+
+
+def _add_search(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--method", default="exact", choices=list(api.METHODS),
+                   help="intra-operator search (default exact; dp = data parallelism, zero = ZeRO-3)")
+    p.add_argument("--time-limit", type=_seconds, default=60.0,
+                   help="solver time limit in seconds (default 60; with a pipeline: per stage plan)")
+    p.add_argument("--require-optimal", action="store_true",
+                   help="exit 4 when the solver stops at its time limit with a FEASIBLE (not proven optimal) plan")
+    p.add_argument("--seed", type=_seed, default=0, help="solver seed, 0..2^31-1 (default 0)")
+    p.add_argument("--jobs", type=_positive_int, default=1,
+                   help="worker processes for distinct segments (default 1; at most the CPU count)")
+
+
+DEGREE_OPTIONS = ("tp", "dp", "pp", "micro_batch", "schedule", "cuts")  # evaluate: a fixed 3D configuration
+PIPELINE_OPTIONS = ("schedule", "pp", "num_microbatches", "pipeline_method", "cuts")
+
+
+def _add_pipeline(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--schedule", choices=list(SCHEDULES), help="pipeline schedule (default 1f1b)")
+    p.add_argument("--pp", type=_positive_int, help="pipeline degree (default: search every divisor)")
+    p.add_argument("--num-microbatches", type=_positive_int, help="micro-batch count (default: search every divisor)")
+    p.add_argument("--pipeline-method", choices=list(PIPELINE_METHODS),
+                   help="cut search (default csimd; exact = Alpa's dynamic programme)")
+    p.add_argument("--cuts", type=_cuts, help="fixed stage cuts: first layer of stages 1..p-1, e.g. 8,16,24 (needs --pp)")
+
+
+def _cuts(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(c) for c in text.split(",") if c.strip()) if text.strip() else ()
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be comma-separated layer indices, got {text!r}") from None
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if not 0 <= value < 2**31:
+        raise argparse.ArgumentTypeError(f"must be in 0..2^31-1, got {text!r}")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    """Argument errors as one line naming the option, exit code 2 (no usage dump)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive finite number of seconds, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="planner", description="Exact, profiling-free parallelisation planner.")
+    _add_logging(parser, top=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    m = sub.add_parser("models", help="list the model zoo")
+    _add_logging(m, top=False)
+    p = sub.add_parser("plan", help="search a plan (intra-operator, or 3D with --pipeline auto)")
+    _add_common(p)
+    _add_search(p)
+    p.add_argument("--pipeline", choices=["none", "auto"], default="none",
+                   help="auto: search pipeline degree, cuts and micro-batches too (3D plan); default none")
+    _add_pipeline(p)
+    c = sub.add_parser("compare", help="compare search methods on one model and cluster")
+    _add_common(c)
+    c.add_argument("--methods", default=",".join(api.METHODS), help="comma-separated methods (default: all)")
+    c.add_argument("--time-limit", type=_seconds, default=60.0, help="solver time limit per method (default 60)")
+    c.add_argument("--seed", type=_seed, default=0)
+    pp = sub.add_parser("pipeline", help="3D plan: pipeline stages with intra-operator plans (= plan --pipeline auto)")
+    _add_common(pp)
+    _add_search(pp)
+    pp.add_argument("--devices", type=_positive_int, help="device count (mesh node=N/8,gpu=8 unless --mesh)")
+    _add_pipeline(pp)
+    e = sub.add_parser("evaluate", help="cost a given plan: a plan JSON (flat or 3D) or Megatron degrees")
+    _add_common(e, model_required=False)
+    e.add_argument("--plan", help="plan JSON written by `planner plan --json` (flat or 3D)")
+    e.add_argument("--tp", type=_positive_int, help="tensor-parallel degree (Megatron pattern, innermost)")
+    e.add_argument("--dp", type=_positive_int, help="data-parallel degree")
+    e.add_argument("--pp", type=_positive_int, help="pipeline degree (even layer split unless --cuts)")
+    e.add_argument("--micro-batch", type=_positive_int,
+                   help="samples per micro-batch and replica (default: batch / dp, one micro-batch)")
+    e.add_argument("--schedule", choices=list(SCHEDULES), help="pipeline schedule (default 1f1b)")
+    e.add_argument("--cuts", type=_cuts, help="stage cuts: first layer of stages 1..p-1 (default: even split)")
+    i = sub.add_parser("import-torch", help="import an nn.Module through torch.export into a graph JSON")
+    _add_logging(i, top=False)
+    i.add_argument("spec", help="hf:gpt2[:layers=12,seq=1024,batch=1], hf:resnet50[:batch=8] or file.py:function "
+                                "(returning (module, example_inputs))")
+    i.add_argument("--json", required=True, help="graph JSON to write (then: planner plan --model it)")
+    i.add_argument("--allow-unknown", action="store_true", help="map unsupported ops to replicated opaque operators")
+    x = sub.add_parser("export", help="JAX PartitionSpecs, DTensor placements and a Linear plan of a plan JSON")
+    _add_plan_source(x)
+    x.add_argument("--tensor-axis", help="mesh axis of the Linear parallelize plan (default: the innermost)")
+    x.add_argument("--json", help="write the shardings here (default: print)")
+    v = sub.add_parser("verify", help="check a plan: numpy executor vs unsharded, XLA collectives vs the cost model")
+    _add_plan_source(v)
+    v.add_argument("--devices", type=_positive_int, help="emulated devices (must equal the plan's mesh size)")
+    v.add_argument("--tolerance", type=float, default=0.05, help="relative tolerance on bytes (default 0.05)")
+    v.add_argument("--no-xla", action="store_true", help="skip the XLA compilation (no JAX needed)")
+    v.add_argument("--no-numpy", action="store_true", help="skip the numpy executor")
+    v.add_argument("--max-memory", type=_bytes,
+                   help="refuse when the estimated memory of the checks exceeds this (default: half the free memory)")
+    return parser
+
+
+def _add_plan_source(p: argparse.ArgumentParser) -> None:
+    _add_logging(p, top=False)
+    p.add_argument("--plan", required=True, help="plan JSON written by `planner plan --json`")
+    p.add_argument("--model", help="model of the plan (default: the plan's 'source')")
+    p.add_argument("--batch", type=_positive_int, help="global batch (default: the plan's 'source')")
+    p.add_argument("--seq", type=_positive_int, help="sequence length (default: the plan's 'source')")

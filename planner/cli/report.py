@@ -1,0 +1,83 @@
+"""Text reports of plans for the terminal (the command line prints these; nothing here writes files)."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+from planner.pipeline.threed import Plan3D
+from planner.plans import Plan
+
+GIB = 2**30
+
+
+def _group(name: str) -> str:
+    return re.sub(r"(?<=[a-z])\d+(?=\.)", "*", name)
+
+
+def format_plan(plan: Plan) -> str:
+    """A flat (intra-operator) plan: status, time breakdown, memory, strategies grouped by layer."""
+    gap = plan.gap_percent
+    proof = "" if plan.status in ("OPTIMAL", "INFEASIBLE", "UNKNOWN") else (
+        f" (proven gap {gap:.2f}% to the bound {plan.bound})" if gap is not None else " (no bound: gap unknown)")
+    lines = [f"model {plan.model} on mesh {plan.mesh} ({plan.device}), method {plan.method}: {plan.status}{proof}",
+             f"estimated step time {plan.estimated_step_time_s * 1e3:.3f} ms "
+             f"(compute {plan.compute_s * 1e3:.3f} ms, communication {plan.comm_s * 1e3:.3f} ms); "
+             f"objective {plan.objective} x {plan.unit_s:g} s"]
+    if plan.comm_by_kind_s:
+        lines.append("communication: " + ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in plan.comm_by_kind_s if v))
+    mem = ", ".join(f"{k} {v / GIB:.2f}" for k, v in plan.memory_breakdown)
+    limit = f" of {plan.memory_limit_bytes / GIB:.2f} GiB" if plan.memory_limit_bytes else ""
+    lines.append(f"memory per device {plan.memory_per_device_bytes / GIB:.2f} GiB{limit} ({mem} GiB)")
+    lines.append(f"search time {plan.search_time_s:.2f} s")
+    lines.extend(f"note: {note}" for note in plan.notes)
+    if plan.explanation:
+        lines.append(f"why: {plan.explanation}")
+    groups: dict[str, Counter] = {}
+    for a in plan.operators:
+        text = ",".join(f"{axis}:{dim or '-'}" for axis, dim in a.strategy)
+        groups.setdefault(_group(a.name), Counter())[text] += 1
+    lines.append("strategies (mesh axis: split dim, '-' replicated):")
+    for group, counts in groups.items():
+        lines.append(f"  {group:32s} " + "; ".join(f"{s}" + (f" x{n}" if n > 1 else "") for s, n in counts.most_common()))
+    return "\n".join(lines)
+
+
+def format_3d(result: Plan3D) -> str:
+    """A 3D plan: pipeline, per-stage time and memory, stage plan, and the candidates compared."""
+    pipe = result.pipeline
+    limit = f" of {result.memory_limit_bytes / GIB:.2f} GiB" if result.memory_limit_bytes else ""
+    lines = [f"3D plan for {result.model} on mesh {result.mesh} ({result.device}): {pipe.stages} pipeline stages of "
+             f"mesh {result.stage_mesh}, {pipe.num_microbatches} micro-batches of {pipe.micro_batch} "
+             f"({pipe.schedule}, cuts by {pipe.method}); stage plan by {result.intra_method}: {result.intra_status}",
+             f"estimated iteration time {pipe.iteration_time_s:.3f} s (bottleneck stage {pipe.bottleneck_s * 1e3:.2f} ms); "
+             f"max memory per device {pipe.max_memory_bytes / GIB:.2f} GiB{limit} "
+             f"({'fits' if pipe.fits_memory else 'does not fit'})",
+             f"stage cuts (first layer of stages 1..p-1): {list(pipe.cuts)}",
+             f"settings: recompute {'full' if result.settings.recompute else 'none'}, zero {result.settings.zero}; "
+             "linear layers split: " + ", ".join(f"{a}:{d or '-'}" for a, d in result.tensor_parallel_dims),
+             f"search time {result.search_time_s:.2f} s",
+             "per stage: time per micro-batch (ms), memory per device (GiB):"]
+    for k, (t, m) in enumerate(zip(result.stage_times_s, result.stage_memory_bytes)):
+        lines.append(f"  stage {k:3d} {t * 1e3:10.3f} ms {m / GIB:8.2f} GiB")
+    if result.candidates:
+        lines.append("candidates (stages, stage mesh, recompute, zero, M, s, GiB, fits):")
+        for c in result.candidates:
+            lines.append(f"  {c['stages']:4d} {c['stage_mesh']:18s} {str(c['recompute']):5s} {c['zero']} "
+                         f"{c['num_microbatches']:5d} {c['iteration_time_s']:10.3f} {c['max_memory_bytes'] / GIB:8.2f} "
+                         f"{c['fits_memory']}")
+    return "\n".join(lines)
+
+
+def summary_3d(result: Plan3D, model: str, timings: bool = True) -> dict:
+    """One flat CSV row of a 3D plan."""
+    pipe = result.pipeline
+    row = {"model": model, "mesh": result.mesh, "device": result.device, "stages": pipe.stages,
+           "stage_mesh": result.stage_mesh, "num_microbatches": pipe.num_microbatches, "micro_batch": pipe.micro_batch,
+           "schedule": pipe.schedule, "method": pipe.method, "intra_method": result.intra_method,
+           "intra_status": result.intra_status, "status": pipe.status, "iteration_time_s": pipe.iteration_time_s,
+           "max_memory_bytes": pipe.max_memory_bytes, "fits_memory": pipe.fits_memory,
+           "cuts": " ".join(map(str, pipe.cuts)), "recompute": result.settings.recompute, "zero": result.settings.zero}
+    if timings:
+        row["search_time_s"] = result.search_time_s
+    return row

@@ -1,0 +1,138 @@
+"""Machine profiles: datasheet constants of a device and its interconnects, never measured.
+
+Profiles are read from the datasheet table shipped in the package (``planner/cluster/data/hardware.csv``,
+each constant's source cited in its header; ``--hardware PATH`` reads another table in the same
+format), from a user JSON file, or are the built-in ``symbolic`` profile (unit bandwidth on every axis,
+no latency, compute ignored: strategies ranked by communication volume alone, as in SMSG).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from planner.errors import ProfileError
+
+# None: the table shipped inside the package (planner/cluster/data/hardware.csv).
+DEFAULT_HARDWARE_CSV: Path | None = None
+
+
+def _hardware_text(path: Path | str | None) -> tuple[str, str]:
+    """The datasheet table's text and a name for messages (the built-in table when ``path`` is None)."""
+    if path is None:
+        return resources.files("planner.cluster").joinpath("data", "hardware.csv").read_text(encoding="utf-8"), "built-in"
+    path = Path(path)
+    if not path.is_file():
+        raise ProfileError(f"--hardware: table {path}: file not found")
+    try:
+        return path.read_text(encoding="utf-8"), str(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProfileError(f"--hardware: table {path}: cannot be read ({exc})") from None
+
+
+# Latencies are not in the datasheet table: documented assumptions (NCCL-scale per-hop latency).
+INTRA_NODE_LATENCY_S = 2e-6
+INTER_NODE_LATENCY_S = 8e-6
+# Sustained fraction of peak FLOP/s; Megatron-LM measures 44-52% (SC'21 Table 1). Fitted in experiments/fidelity.py.
+DEFAULT_EFFICIENCY = 0.5
+SYMBOLIC_BANDWIDTH = 1e9  # 1 byte costs 1 ns: the integer objective of the symbolic profile is in bytes.
+
+
+@dataclass(frozen=True, slots=True)
+class MachineProfile:
+    """Datasheet constants of one device type and its interconnects."""
+
+    name: str
+    peak_flops: float
+    memory_bytes: float
+    intra_node_bandwidth: float
+    inter_node_bandwidth: float
+    gpus_per_node: int
+    efficiency: float = DEFAULT_EFFICIENCY
+    intra_node_latency: float = INTRA_NODE_LATENCY_S
+    inter_node_latency: float = INTER_NODE_LATENCY_S
+    compute_weight: float = 1.0  # 0 for the symbolic profile: compute balanced, ignored
+
+    def __post_init__(self) -> None:
+        for name in ("peak_flops", "memory_bytes", "intra_node_bandwidth", "inter_node_bandwidth", "efficiency"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ProfileError(f"profile {self.name}: field '{name}' must be a positive finite number, got {value!r}")
+        if not isinstance(self.gpus_per_node, int) or self.gpus_per_node <= 0:
+            raise ProfileError(f"profile {self.name}: field 'gpus_per_node' must be a positive integer")
+        if self.efficiency > 1:
+            raise ProfileError(f"profile {self.name}: field 'efficiency' is a fraction of peak, at most 1, got {self.efficiency!r}")
+        for name in ("intra_node_latency", "inter_node_latency", "compute_weight"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ProfileError(f"profile {self.name}: field '{name}' must be a non-negative number")
+
+    @property
+    def flops_per_second(self) -> float:
+        return self.peak_flops * self.efficiency
+
+    def with_overrides(self, **changes: float) -> "MachineProfile":
+        fields = {f: getattr(self, f) for f in self.__slots__}
+        fields.update(changes)
+        return MachineProfile(**fields)
+
+
+SYMBOLIC = MachineProfile("symbolic", peak_flops=1e15, memory_bytes=1e15, intra_node_bandwidth=SYMBOLIC_BANDWIDTH,
+                          inter_node_bandwidth=SYMBOLIC_BANDWIDTH, gpus_per_node=1, efficiency=1.0,
+                          intra_node_latency=0.0, inter_node_latency=0.0, compute_weight=0.0)
+
+
+def load_profiles(path: Path | str | None = DEFAULT_HARDWARE_CSV) -> dict[str, MachineProfile]:
+    """Read every device row of a datasheet table in the format of ``hardware.csv`` (None: built-in)."""
+    text, path = _hardware_text(path)
+    lines = [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    profiles = {}
+    for row in csv.DictReader(io.StringIO("\n".join(lines))):
+        try:
+            profiles[row["device"]] = MachineProfile(
+                name=row["device"], peak_flops=float(row["peak_bf16_flops"]), memory_bytes=float(row["hbm_bytes"]),
+                intra_node_bandwidth=float(row["intra_node_bandwidth"]),
+                inter_node_bandwidth=float(row["inter_node_bandwidth_per_gpu"]),
+                gpus_per_node=int(row["gpus_per_node"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProfileError(f"hardware table {path}: row {row.get('device')!r} is malformed ({exc})") from None
+    return profiles
+
+
+def profile_from_json(path: Path | str) -> MachineProfile:
+    """A user profile: a JSON object with the fields of ``MachineProfile``."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ProfileError(f"profile file {path}: cannot be read as JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ProfileError(f"profile file {path}: must hold a JSON object")
+    known = set(MachineProfile.__slots__)
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ProfileError(f"profile file {path}: unknown field {unknown[0]!r}")
+    data.setdefault("name", Path(path).stem)
+    try:
+        return MachineProfile(**data)
+    except TypeError as exc:
+        raise ProfileError(f"profile file {path}: {exc}") from None
+
+
+def get_profile(name: str, hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV) -> MachineProfile:
+    """A profile by name (``symbolic``, a row of the hardware table) or by path to a JSON file."""
+    if name == "symbolic":
+        return SYMBOLIC
+    if name.endswith(".json"):
+        return profile_from_json(name)
+    profiles = load_profiles(hardware_csv)
+    if name not in profiles:
+        import difflib
+        close = difflib.get_close_matches(name, list(profiles) + ["symbolic"], n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ProfileError(f"--device: unknown device profile {name!r}{hint} (known: symbolic, {', '.join(sorted(profiles))})")
+    return profiles[name]

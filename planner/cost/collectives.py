@@ -1,0 +1,62 @@
+"""Collectives: the bytes a device sends and the ring alpha-beta time of each collective kind.
+
+Collective times on one axis of size p, bandwidth B, latency a, for n bytes (ring algorithms):
+
+    all_gather, reduce_scatter, all_to_all:  (p-1)*a + (p-1)/p * n/B
+    all_reduce:                           2*(p-1)*a + 2*(p-1)/p * n/B
+
+A reduction over several axes is hierarchical (``hierarchical_all_reduce``): it moves the bytes of
+one flat ring all-reduce over all those devices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    """Bytes moved by ``count`` collectives of one kind on one mesh axis in one phase."""
+
+    phase: str  # fwd | bwd (per micro-batch) | grad (gradient sync) | opt (after the optimizer step)
+    kind: str
+    axis: int
+    nbytes: float
+    count: int = 1
+
+
+def bytes_sent(kind: str, size: int, nbytes: float) -> float:
+    """Bytes one device sends in a ring collective of ``nbytes`` over ``size`` devices."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown collective kind {kind!r} (known: {', '.join(KINDS)})")
+    if size <= 1:
+        return 0.0
+    return (2.0 if kind == "all_reduce" else 1.0) * (size - 1) / size * nbytes
+
+
+def collective_seconds(kind: str, size: int, bandwidth: float, latency: float, nbytes: float, count: int = 1) -> float:
+    """Ring alpha-beta time of ``count`` collectives moving ``nbytes`` in total on one axis."""
+    if size <= 1:
+        return 0.0
+    steps = (2 if kind == "all_reduce" else 1) * (size - 1)
+    return steps * latency * count + bytes_sent(kind, size, nbytes) / bandwidth
+
+
+def hierarchical_all_reduce(phase: str, axes: list[int], nbytes: float,
+                            mesh_shape: tuple[int, ...]) -> list[Collective]:
+    """All-reduce of ``nbytes`` over several mesh axes (outermost first): reduce-scatter on the
+    inner axes (innermost first), all-reduce of the scattered buffer on the outermost axis,
+    all-gather back. It moves the bytes of one flat ring all-reduce over all those devices."""
+    if not axes:
+        return []
+    out, buffer = [], nbytes
+    for ax in reversed(axes[1:]):
+        out.append(Collective(phase, "reduce_scatter", ax, buffer))
+        buffer /= mesh_shape[ax]
+    out.append(Collective(phase, "all_reduce", axes[0], buffer))
+    for ax in axes[1:]:
+        buffer *= mesh_shape[ax]
+        out.append(Collective(phase, "all_gather", ax, buffer))
+    return out

@@ -1,0 +1,248 @@
+"""The costed problem: per operator its valid strategies with integer costs, per edge a layout table.
+
+Every search method (brute force, CP-SAT, the decomposition, the heuristics) works on this one
+object, so differences between methods come from the search alone.
+
+Integer units: a cost in seconds becomes ``round(seconds / unit_s)`` with ``unit_s = 1e-9`` by
+default (1 ns; under the ``symbolic`` profile 1 unit = 1 byte). Every term is rounded once, so the
+integer objective of a plan differs from its float time by at most (number of terms) * unit / 2;
+all exact methods optimise the same integer objective, so they agree to the integer unit.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from planner.cost.operators import OperandInfo, input_layouts, op_cost, operand_infos, output_layouts
+from planner.cost.records import CostRecord, sum_records, seconds
+from planner.cost.redistribution import edge_cost
+from planner.cost.settings import TrainingSettings
+from planner.cost.terms import plan_terms
+from planner.errors import SettingsError
+from planner.ir.graph import Graph, Operator
+from planner.cluster.mesh import Mesh
+from planner.cluster.profiles import MachineProfile
+from planner.cost.strategy import Layout, Strategy, enumerate_strategies, splittable_dims
+
+DEFAULT_UNIT_S = 1e-9
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class OpTable:
+    """One operator's candidate strategies with integer cost and memory (bytes) each."""
+
+    op: Operator
+    inputs: tuple[OperandInfo, ...]
+    strategies: tuple[Strategy, ...]
+    cost: np.ndarray
+    memory: np.ndarray
+    out_layouts: tuple[tuple[Layout, ...], ...]  # [strategy][output slot]
+    in_layouts: tuple[tuple[Layout, ...], ...]  # [strategy][input slot]
+    records: tuple[CostRecord, ...] = ()  # the symbolic cost of each strategy
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class EdgeTable:
+    """A tensor from a producer output slot to a consumer input slot, costed per layout pair."""
+
+    tensor: str
+    src: int
+    src_slot: int
+    dst: int
+    dst_slot: int
+    src_layouts: tuple[Layout, ...]
+    dst_layouts: tuple[Layout, ...]
+    cost: np.ndarray  # [len(src_layouts), len(dst_layouts)]
+    src_index: np.ndarray  # producer strategy -> row
+    dst_index: np.ndarray  # consumer strategy -> column
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Problem:
+    """A graph costed on a cluster: its operator tables (in graph order) and edge tables, the costs
+    in integer multiples of ``unit_s`` seconds."""
+
+    graph: Graph
+    ops: tuple[OpTable, ...]
+    edges: tuple[EdgeTable, ...]
+    mesh: Mesh
+    profile: MachineProfile
+    settings: TrainingSettings
+    unit_s: float
+    _producer_index: dict = field(default_factory=dict, repr=False)
+
+    def op_index(self, name: str) -> int:
+        for i, table in enumerate(self.ops):
+            if table.op.name == name:
+                return i
+        raise KeyError(name)
+
+    def producer_layout_index(self, tensor: str) -> np.ndarray:
+        """For the producer of ``tensor``: its strategy -> index of the tensor's layout (edge rows)."""
+        if not self._producer_index:
+            for e in self.edges:
+                self._producer_index.setdefault(e.tensor, e.src_index)
+        return self._producer_index[tensor]
+
+    def objective(self, choice: Sequence[int]) -> int:
+        """Integer objective of a choice of strategy index per operator."""
+        total = sum(int(t.cost[c]) for t, c in zip(self.ops, choice))
+        for e in self.edges:
+            total += int(e.cost[e.src_index[choice[e.src]], e.dst_index[choice[e.dst]]])
+        return total
+
+    def memory(self, choice: Sequence[int]) -> int:
+        return sum(int(t.memory[c]) for t, c in zip(self.ops, choice))
+
+    def record(self, choice: Sequence[int]) -> CostRecord:
+        """The symbolic cost record of a whole plan (for breakdowns)."""
+        strategies = [t.strategies[c] for t, c in zip(self.ops, choice)]
+        terms = plan_terms(self.graph, self.mesh, self.settings, strategies, {t.op.name: t.inputs for t in self.ops},
+                           [t.records[c] for t, c in zip(self.ops, choice)])
+        return sum_records(list(terms.ops) + [record for *_, record in terms.edges])
+
+
+def _op_key(op: Operator, infos: tuple[OperandInfo, ...]) -> tuple:
+    return (op.kind, op.dims, tuple((o.dims, o.saved) for o in op.inputs), tuple(o.dims for o in op.outputs),
+            op.flops, op.backward_factor, op.unsplittable, op.norm_dims, op.norm_stats, infos)
+
+
+MAX_UNITS = 2**50  # per term (13 days in ns, 1 PiB): int64 sums over many terms must not overflow
+
+
+def _to_units(value_s: float, unit_s: float) -> int:
+    units = value_s / unit_s
+    if not units < MAX_UNITS:  # also catches inf and NaN
+        raise SettingsError(f"--seq/--batch: a cost of {value_s:.3g} s does not fit the integer objective "
+                            f"({unit_s:g} s units); the model or the profile is out of range (shrink --seq/--batch, "
+                            "check the profile's bandwidth and latency)")
+    return int(round(units))
+
+
+def _to_bytes(value: float) -> int:
+    if not value < MAX_UNITS:
+        raise SettingsError(f"--seq/--batch: {value:.3g} bytes per device do not fit the integer program; "
+                            "the model is out of range (shrink --seq/--batch)")
+    return int(round(value))
+
+
+def _build_op_table(op: Operator, infos: tuple[OperandInfo, ...], mesh: Mesh, profile: MachineProfile,
+                    settings: TrainingSettings, unit_s: float) -> OpTable:
+    candidates = []
+    for strategy in enumerate_strategies(op, mesh):
+        record = op_cost(op, strategy, mesh, settings, infos)
+        signature = (output_layouts(op, strategy), input_layouts(op, strategy, infos))
+        candidates.append((signature, _to_units(seconds(record, mesh, profile), unit_s),
+                           _to_bytes(record.memory.total), strategy, record))
+    kept = _prune_dominated(candidates)
+    return OpTable(op, infos, tuple(c[3] for c in kept), np.array([c[1] for c in kept], dtype=np.int64),
+                   np.array([c[2] for c in kept], dtype=np.int64), tuple(c[0][0] for c in kept),
+                   tuple(c[0][1] for c in kept), tuple(c[4] for c in kept))
+
+
+def _prune_dominated(candidates: list[tuple]) -> list[tuple]:
+    """Drop a strategy when another has the same layouts everywhere and no more cost nor memory.
+
+    Edge costs depend on layouts only, so such a strategy can never be needed by an optimum.
+    """
+    by_signature: dict[tuple, list[int]] = {}
+    for k, c in enumerate(candidates):
+        by_signature.setdefault(c[0], []).append(k)
+    kept = set()
+    for group in by_signature.values():
+        for k in group:
+            cost, memory = candidates[k][1], candidates[k][2]
+            # beaten: another is no worse in both and strictly better in one, or equal and listed earlier
+            if not any(candidates[j][1] <= cost and candidates[j][2] <= memory
+                       and ((candidates[j][1], candidates[j][2]) != (cost, memory) or j < k) for j in group if j != k):
+                kept.add(k)
+    return [c for k, c in enumerate(candidates) if k in kept]
+
+
+MAX_LAYOUT_PAIRS = 500_000  # per edge; measured: gpt2-small on 2x2x2x2 (390,625) costs in 73 s on one core
+SLOW_LAYOUT_PAIRS = 50_000
+
+
+def check_size(graph: Graph, mesh: Mesh) -> None:
+    """Refuse, before any work, a mesh on which the strategy tables would take too long to cost.
+
+    Bound per operator: every axis picks nothing or one splittable dim that its size divides;
+    an edge costs every (producer layout, consumer layout) pair, at most the square of that."""
+    worst, name = 1, ""
+    for op in graph.operators:
+        sizes, dims = op.sizes, splittable_dims(op)
+        bound = math.prod(1 + sum(sizes[d] % axis.size == 0 for d in dims) if axis.size > 1 else 1
+                          for axis in mesh.axes)
+        if bound > worst:
+            worst, name = bound, op.name
+    if worst * worst > MAX_LAYOUT_PAIRS:
+        raise SettingsError(f"--mesh: {mesh.spec} gives operator {name} up to {worst:,} strategies (up to {worst * worst:,} "
+                            f"layout pairs per edge, more than {MAX_LAYOUT_PAIRS:,}); use fewer mesh axes (merge "
+                            "axes, e.g. 8x8x8 -> 8x64) or a smaller model")
+    if worst * worst > SLOW_LAYOUT_PAIRS:
+        logging.getLogger("planner").warning(
+            "mesh %s: operator %s has up to %s strategies; costing the layout tables may take minutes",
+            mesh.spec, name, f"{worst:,}")
+
+
+def build_problem(graph: Graph, mesh: Mesh, profile: MachineProfile, settings: TrainingSettings | None = None,
+                  unit_s: float = DEFAULT_UNIT_S) -> Problem:
+    """Enumerate and cost every operator strategy and every edge layout pair."""
+    check_size(graph, mesh)
+    settings = settings or TrainingSettings()
+    infos = operand_infos(graph, settings)
+    op_cache: dict[tuple, OpTable] = {}
+    tables = []
+    for op in graph.operators:
+        key = _op_key(op, infos[op.name])
+        if key not in op_cache:
+            op_cache[key] = _build_op_table(op, infos[op.name], mesh, profile, settings, unit_s)
+        cached = op_cache[key]
+        tables.append(OpTable(op, cached.inputs, cached.strategies, cached.cost, cached.memory,
+                              cached.out_layouts, cached.in_layouts, cached.records))
+    edges = _build_edges(graph, tables, mesh, profile, unit_s)
+    return Problem(graph, tuple(tables), edges, mesh, profile, settings, unit_s)
+
+
+def _layout_index(layouts: Sequence[Layout]) -> tuple[tuple[Layout, ...], np.ndarray]:
+    distinct = tuple(sorted(set(layouts)))
+    position = {lay: i for i, lay in enumerate(distinct)}
+    return distinct, np.array([position[lay] for lay in layouts], dtype=np.int64)
+
+
+def _build_edges(graph: Graph, tables: list[OpTable], mesh: Mesh, profile: MachineProfile,
+                 unit_s: float) -> tuple[EdgeTable, ...]:
+    position = {t.op.name: i for i, t in enumerate(tables)}
+    out_slot = {o.tensor: (position[t.op.name], k) for t in tables for k, o in enumerate(t.op.outputs)}
+    matrix_cache: dict[tuple, np.ndarray] = {}
+    index_cache: dict[tuple, tuple] = {}
+
+    def indexed(layouts: tuple, slot: int) -> tuple:
+        key = (id(layouts), slot)  # op tables of identical operators share their layout tuples
+        if key not in index_cache:
+            index_cache[key] = (layouts, _layout_index([lay[slot] for lay in layouts]))
+        return index_cache[key][1]
+
+    edges = []
+    for dst, table in enumerate(tables):
+        for slot, operand in enumerate(table.op.inputs):
+            if operand.tensor not in out_slot:
+                continue  # parameters and data inputs: no producer
+            src, src_slot = out_slot[operand.tensor]
+            info = table.inputs[slot]
+            src_layouts, src_index = indexed(tables[src].out_layouts, src_slot)
+            dst_layouts, dst_index = indexed(table.in_layouts, slot)
+            key = (info.shape, info.elem_bytes, info.edge_grad, src_layouts, dst_layouts)
+            if key not in matrix_cache:
+                matrix_cache[key] = np.array(
+                    [[_to_units(seconds(edge_cost(info.shape, info.elem_bytes, a, b, mesh.shape, info.edge_grad),
+                                        mesh, profile), unit_s) for b in dst_layouts] for a in src_layouts],
+                    dtype=np.int64)
+            edges.append(EdgeTable(operand.tensor, src, src_slot, dst, slot, src_layouts, dst_layouts,
+                                   matrix_cache[key], src_index, dst_index))
+    return tuple(edges)

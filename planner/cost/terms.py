@@ -1,0 +1,59 @@
+"""The one walk over a plan: every operator's and every edge's cost record.
+
+The plan report, ``evaluate``, the heuristics' final costing, the pipeline layer chains and the
+verification all sum these terms (tests/test_costing.py checks that they agree on random graphs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from planner.cost.operators import OperandInfo, input_layouts, op_cost, operand_infos, output_layouts
+from planner.cost.records import CostRecord
+from planner.cost.redistribution import edge_cost
+from planner.cost.settings import TrainingSettings
+from planner.ir.graph import Graph
+from planner.cluster.mesh import Mesh
+from planner.cost.strategy import Strategy
+
+
+@dataclass(frozen=True, slots=True)
+class PlanTerms:
+    """Every cost term of a plan: one record per operator and one per edge (producer -> consumer).
+
+    ``edges`` holds ``(producer op index, consumer op index, input slot, record)``. This is the one
+    walk over a plan; the plan report, ``evaluate``, the heuristics' final costing, the pipeline
+    layer chains and the verification all sum these terms."""
+
+    ops: tuple[CostRecord, ...]
+    edges: tuple[tuple[int, int, int, CostRecord], ...]
+
+
+def plan_terms(graph: Graph, mesh: Mesh, settings: TrainingSettings, strategies: Sequence[Strategy],
+               infos: dict[str, tuple[OperandInfo, ...]] | None = None,
+               op_records: Sequence[CostRecord | None] | None = None) -> PlanTerms:
+    """Cost every operator and every edge of a plan (one strategy per operator, graph order).
+
+    ``op_records`` may carry records already computed for some operators (a problem's tables);
+    identical edges (same shape and layouts) are costed once."""
+    infos = infos if infos is not None else operand_infos(graph, settings)
+    producer = {o.tensor: (i, k) for i, op in enumerate(graph.operators) for k, o in enumerate(op.outputs)}
+    outs = [output_layouts(op, s) for op, s in zip(graph.operators, strategies)]
+    op_terms, edge_terms = [], []
+    cache: dict[tuple, CostRecord] = {}
+    for i, (op, strategy) in enumerate(zip(graph.operators, strategies)):
+        given = op_records[i] if op_records is not None else None
+        op_terms.append(given if given is not None else op_cost(op, strategy, mesh, settings, infos[op.name]))
+        ins = input_layouts(op, strategy, infos[op.name])
+        for slot, operand in enumerate(op.inputs):
+            if operand.tensor not in producer:
+                continue
+            src, k = producer[operand.tensor]
+            info = infos[op.name][slot]
+            key = (info.shape, info.elem_bytes, info.edge_grad, outs[src][k], ins[slot])
+            if key not in cache:
+                cache[key] = edge_cost(info.shape, info.elem_bytes, outs[src][k], ins[slot], mesh.shape,
+                                       info.edge_grad)
+            edge_terms.append((src, i, slot, cache[key]))
+    return PlanTerms(tuple(op_terms), tuple(edge_terms))

@@ -1,0 +1,147 @@
+"""The graph JSON format: ``graph_to_dict`` / ``save_graph`` and a validating ``load_graph``.
+
+Graph JSON schema (``planner plan --model graph.json``)::
+
+    {"name": str, "batch_dim": str (optional, default "b": the op dim that counts samples),
+     "tensors": [{"name": str, "shape": [int, ...], "role": "activation"|"param"|"data",
+                  "integer": bool (optional), "checkpoint": bool (optional)}],
+     "operators": [{"name": str, "kind": str (a registry kind), "equation": "bsh,hf->bsf",
+                    "inputs": [tensor names], "outputs": [tensor names], "sizes": {dim: int},
+                    "norm": "dims" (optional), "unsplittable": "dims" (optional),
+                    "saved": [bool per input] (optional), "layer": int|null (optional),
+                    "attrs": {str: int} (optional: pool kernel/stride/padding, conv stride/padding)}]}
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+from planner.errors import GraphError
+from planner.ir.graph import Graph, Operator, Tensor
+from planner.ir.ops import make_operator
+from planner.outputs import write_json
+
+
+def equation_of(op: Operator) -> str:
+    def operand(groups: tuple[tuple[str, ...], ...]) -> str:
+        return "".join(g[0] if len(g) == 1 else "(" + "".join(g) + ")" for g in groups)
+    return ",".join(operand(o.dims) for o in op.inputs) + "->" + ",".join(operand(o.dims) for o in op.outputs)
+
+
+def graph_to_dict(graph: Graph) -> dict:
+    return {
+        "name": graph.name,
+        "batch_dim": graph.batch_dim,
+        "tensors": [{"name": t.name, "shape": list(t.shape), "role": t.role, "integer": t.integer,
+                     "checkpoint": t.checkpoint} for t in graph.tensors],
+        "operators": [{"name": op.name, "kind": op.kind, "equation": equation_of(op),
+                       "inputs": [o.tensor for o in op.inputs], "outputs": [o.tensor for o in op.outputs],
+                       "sizes": dict(op.dims), "norm": "".join(sorted(op.norm_dims)),
+                       "unsplittable": "".join(sorted(op.unsplittable)), "saved": [o.saved for o in op.inputs],
+                       "layer": op.layer, "attrs": dict(op.attrs)} for op in graph.operators],
+    }
+
+
+def save_graph(graph: Graph, path: Path | str) -> None:
+    write_json(path, graph_to_dict(graph))
+
+
+def _field(obj: Mapping, key: str, kind: type | tuple, where: str, default: Any = ...) -> Any:
+    if key not in obj:
+        if default is ...:
+            raise GraphError(f"{where}: missing field '{key}'")
+        return default
+    value = obj[key]
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool and bool not in (kind if isinstance(kind, tuple) else (kind,))):
+        raise GraphError(f"{where}: field '{key}' has the wrong type ({type(value).__name__})")
+    return value
+
+
+def _int_list(values: Any, where: str, key: str) -> list[int]:
+    if not isinstance(values, list):
+        raise GraphError(f"{where}: field '{key}' must be a list")
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise GraphError(f"{where}: field '{key}' needs integers, got {v!r}")
+        if v <= 0 or v > 2**48:
+            raise GraphError(f"{where}: field '{key}' needs positive sizes below 2^48, got {v!r}")
+    return values
+
+
+GRAPH_KEYS = {"graph": {"name", "batch_dim", "tensors", "operators"},
+              "tensor": {"name", "shape", "role", "integer", "checkpoint"},
+              "operator": {"name", "kind", "equation", "inputs", "outputs", "sizes", "norm", "unsplittable", "saved",
+                           "layer", "attrs"}}
+
+
+def _no_unknown_keys(entry: Mapping, label: str, where: str) -> None:
+    unknown = sorted(set(entry) - GRAPH_KEYS[label])
+    if unknown:
+        raise GraphError(f"{where}: unknown field {unknown[0]!r} (known: {', '.join(sorted(GRAPH_KEYS[label]))})")
+
+
+def _entries(data: Mapping, key: str, source: str, label: str):
+    """Each object of the list ``data[key]`` with a location string naming it."""
+    for i, entry in enumerate(_field(data, key, list, source)):
+        if not isinstance(entry, dict):
+            raise GraphError(f"{source}: {label} #{i}: must be an object")
+        where = f"{source}: {label} {_field(entry, 'name', str, f'{source}: {label} #{i}')}"
+        _no_unknown_keys(entry, label, where)
+        yield entry, where
+
+
+def graph_from_dict(data: Any, source: str = "graph") -> Graph:
+    """Validate and build a graph from its JSON form; errors name the file, operator and field."""
+    if not isinstance(data, dict):
+        raise GraphError(f"{source}: must hold a JSON object")
+    _no_unknown_keys(data, "graph", source)
+    tensors = []
+    for t, where in _entries(data, "tensors", source, "tensor"):
+        try:
+            tensors.append(Tensor(t["name"], tuple(_int_list(_field(t, "shape", list, where), where, "shape")),
+                                  _field(t, "role", str, where, "activation"), _field(t, "integer", bool, where, False),
+                                  _field(t, "checkpoint", bool, where, False)))
+        except GraphError as exc:
+            message = str(exc)
+            raise GraphError(message if message.startswith(source) else f"{source}: {message}") from None
+    ops = []
+    for o, where in _entries(data, "operators", source, "operator"):
+        name = o["name"]
+        sizes = _field(o, "sizes", dict, where)
+        for dim, size in sizes.items():
+            _int_list([size], where, f"sizes.{dim}")
+        inputs = _field(o, "inputs", list, where)
+        outputs = _field(o, "outputs", list, where)
+        if not all(isinstance(x, str) for x in inputs + outputs):
+            raise GraphError(f"{where}: fields 'inputs'/'outputs' must list tensor names")
+        saved = _field(o, "saved", list, where, None)
+        layer = _field(o, "layer", (int, type(None)), where, None)
+        attrs = _field(o, "attrs", dict, where, {})
+        try:
+            ops.append(make_operator(_field(o, "kind", str, where), name, _field(o, "equation", str, where), inputs,
+                                     outputs, sizes, norm=_field(o, "norm", str, where, ""),
+                                     unsplittable=_field(o, "unsplittable", str, where, ""), saved=saved, layer=layer,
+                                     attrs=attrs))
+        except GraphError as exc:
+            raise GraphError(f"{source}: {exc}") from None
+    try:
+        return Graph(_field(data, "name", str, source, Path(source).stem), tuple(tensors), tuple(ops),
+                     _field(data, "batch_dim", str, source, "b"))
+    except GraphError as exc:
+        raise GraphError(f"{source}: {exc}") from None
+
+
+def load_graph(path: Path | str) -> Graph:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise GraphError(f"--model: cannot read graph file {path} ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise GraphError(f"--model: graph file {path} is not UTF-8 text (a binary file?)") from None
+    try:
+        data = json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(GraphError(f"{path}: non-finite number {c}")))
+    except json.JSONDecodeError as exc:
+        raise GraphError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    return graph_from_dict(data, str(path))

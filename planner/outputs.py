@@ -1,0 +1,78 @@
+"""The one module that writes files: every output of the planner goes through ``atomic_write``.
+
+A regular file is replaced atomically (temporary file, then rename), so a reader never sees half a
+result and an interrupted run leaves the previous file as it was.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from planner.errors import OutputError
+
+
+def atomic_write(path: Path | str, data: str | bytes, field: str = "output") -> None:
+    """Write a file the way a user expects. A regular file (new or existing) is replaced atomically
+    (temporary file, then rename) and gets the umask's mode, or keeps its own; a symlink is written
+    through to its target; a FIFO or a device (``/dev/null``, ``/dev/stdout``) is written in place.
+    Every OS error becomes one ``OutputError`` line naming the path."""
+    raw = data.encode() if isinstance(data, str) else data
+    where = f"{field} {str(path)!r}" if str(path) else field
+    if not str(path):
+        raise OutputError(f"{field}: empty path")
+    try:
+        mode = os.stat(path).st_mode if os.path.exists(path) else None  # follows symlinks
+        if mode is not None and stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, "is a directory")
+        if mode is not None and not stat.S_ISREG(mode):
+            with open(path, "wb") as handle:  # FIFO, device, /dev/stdout: written in place, never replaced
+                handle.write(raw)
+            return
+        _replace(Path(os.path.realpath(path)), raw)  # a symlink is written through to its target
+    except OSError as exc:
+        raise OutputError(f"{where}: cannot write ({exc.strerror or exc})") from None
+
+
+def _replace(target: Path, raw: bytes) -> None:
+    mode = stat.S_IMODE(target.stat().st_mode) if target.exists() else 0o666 & ~_umask()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(raw)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _umask() -> int:
+    current = os.umask(0)  # the only portable way to read it
+    os.umask(current)
+    return current
+
+
+def write_text(path: Path | str, text: str, field: str = "output") -> None:
+    atomic_write(path, text, field)
+
+
+def write_json(path: Path | str, data: Any, field: str = "--json") -> None:
+    atomic_write(path, json.dumps(data, indent=2, sort_keys=False) + "\n", field)
+
+
+def write_csv(path: Path | str, rows: Iterable[Mapping[str, Any]], field: str = "--csv") -> None:
+    import pandas as pd
+    atomic_write(path, pd.DataFrame(list(rows)).to_csv(index=False), field)
+
+
+def write_bytes(path: Path | str, data: bytes, field: str = "output") -> None:
+    atomic_write(path, data, field)

@@ -1,0 +1,151 @@
+"""Pipeline planning on a chain of layers (DESIGN section 7): schedules, exact DP, brute force, CSIMD.
+
+A ``LayerChain`` tabulates, for each layer l and each candidate micro-batch size b, its forward +
+backward time t_l(b), the bytes of its output activation a_l(b), and its activation memory per
+micro-batch m_l(b); plus per-layer static memory (parameters, gradients, optimizer state) and the
+data-parallel gradient synchronisation time g_l. A plan is p stages (contiguous layer ranges given
+by cuts) and M micro-batches. With T_k = sum_{l in k} t_l(b) + 2 * send(a_last(k)(b)) (activation
+forward, its gradient backward; the last stage sends nothing):
+
+    iteration time  T = sum_k T_k + (M - 1) * max_k T_k + sum_{l in stage 0} g_l
+    memory (stage k) = static_k + inflight_k * act_k(b),  inflight_k = M (GPipe), min(p - k, M) (1F1B)
+
+Both schedules have the same time; they differ in memory. The gradient synchronisation of the
+first stage is the one on the critical path (stage 0 finishes its last backward last), so it is
+added once. The searches over cuts and M are in
+``planner.pipeline.search``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from planner.errors import SettingsError
+
+SCHEDULES = ("gpipe", "1f1b")
+
+
+def point_to_point_seconds(nbytes: float, bandwidth: float, latency: float) -> float:
+    """One send of ``nbytes`` between neighbouring stages: a + n/B."""
+    return latency + nbytes / bandwidth
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class LayerChain:
+    """Per-layer costs; arrays of shape [layers, len(micro_batches)] unless noted."""
+
+    micro_batches: tuple[int, ...]  # candidate micro-batch sizes b, one per micro-batch count M
+    counts: tuple[int, ...]  # the micro-batch count M of each candidate (b = batch / M)
+    time: np.ndarray
+    activation_bytes: np.ndarray
+    activation_memory: np.ndarray
+    static_memory: np.ndarray  # [layers]
+    grad_sync: np.ndarray  # [layers]
+    link_bandwidth: float
+    link_latency: float
+    names: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        layers = self.static_memory.shape[0]
+        for name in ("time", "activation_bytes", "activation_memory"):
+            if getattr(self, name).shape != (layers, len(self.counts)):
+                raise SettingsError(f"layer chain: field '{name}' must have shape ({layers}, {len(self.counts)})")
+        if layers < 1:
+            raise SettingsError("layer chain: needs at least one layer")
+
+    @property
+    def num_layers(self) -> int:
+        return self.static_memory.shape[0]
+
+
+@dataclass(frozen=True, slots=True)
+class PipelinePlan:
+    method: str
+    schedule: str
+    stages: int
+    cuts: tuple[int, ...]  # first layer of stages 1..p-1
+    num_microbatches: int
+    micro_batch: int
+    iteration_time_s: float
+    bottleneck_s: float
+    max_memory_bytes: float
+    fits_memory: bool
+    evaluations: int
+    search_time_s: float
+    status: str = "OK"
+
+
+@dataclass(slots=True)
+class Evaluator:
+    """Costs a (cuts, micro-batch candidate) pair; counts evaluations. Prefix sums make it O(p)."""
+
+    chain: LayerChain
+    stages: int
+    schedule: str
+    memory_limit: float | None
+    evaluations: int = 0
+    _time: np.ndarray = field(init=False)
+    _act: np.ndarray = field(init=False)
+    _static: np.ndarray = field(init=False)
+    _sync: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise SettingsError(f"--schedule: must be one of {SCHEDULES}, got {self.schedule!r}")
+        zero_row = np.zeros((1, len(self.chain.counts)))
+        self._time = np.vstack([zero_row, np.cumsum(self.chain.time, axis=0)])
+        self._act = np.vstack([zero_row, np.cumsum(self.chain.activation_memory, axis=0)])
+        self._static = np.concatenate([[0.0], np.cumsum(self.chain.static_memory)])
+        self._sync = np.concatenate([[0.0], np.cumsum(self.chain.grad_sync)])
+
+    def send(self, last_layer: int, m: int) -> float:
+        nbytes = self.chain.activation_bytes[last_layer, m]
+        return 2.0 * point_to_point_seconds(nbytes, self.chain.link_bandwidth, self.chain.link_latency)
+
+    def stage_time(self, start: int, end: int, m: int) -> float:
+        """Layers [start, end) on one stage; sends its output unless it is the last stage."""
+        t = self._time[end, m] - self._time[start, m]
+        return t + (self.send(end - 1, m) if end < self.chain.num_layers else 0.0)
+
+    def inflight(self, k: int, m: int) -> int:
+        count = self.chain.counts[m]
+        return count if self.schedule == "gpipe" else min(self.stages - k, count)
+
+    def stage_memory(self, k: int, start: int, end: int, m: int) -> float:
+        act = self._act[end, m] - self._act[start, m]
+        return self._static[end] - self._static[start] + self.inflight(k, m) * act
+
+    def fits(self, k: int, start: int, end: int, m: int) -> bool:
+        return self.memory_limit is None or self.stage_memory(k, start, end, m) <= self.memory_limit
+
+    def cost(self, cuts: Sequence[int], m: int) -> tuple[float, float, float]:
+        """(iteration time, bottleneck stage time, max stage memory) of a plan."""
+        self.evaluations += 1
+        bounds = (0, *cuts, self.chain.num_layers)
+        times = [self.stage_time(bounds[k], bounds[k + 1], m) for k in range(self.stages)]
+        memory = max(self.stage_memory(k, bounds[k], bounds[k + 1], m) for k in range(self.stages))
+        total = sum(times) + (self.chain.counts[m] - 1) * max(times) + self._sync[bounds[1]]
+        return total, max(times), memory
+
+    def objective(self, cuts: Sequence[int], m: int) -> float:
+        """Iteration time, or infinity when a stage does not fit in memory."""
+        total, _, memory = self.cost(cuts, m)
+        return total if self.memory_limit is None or memory <= self.memory_limit else math.inf
+
+
+def make_result(ev: Evaluator, method: str, cuts: Sequence[int] | None, m: int | None, start: float) -> PipelinePlan:
+    elapsed = time.perf_counter() - start
+    if cuts is None or m is None:
+        return PipelinePlan(method, ev.schedule, ev.stages, (), 0, 0, math.inf, math.inf, math.inf, False,
+                            ev.evaluations, elapsed, "INFEASIBLE")
+    evaluations = ev.evaluations
+    total, bottleneck, memory = (float(x) for x in ev.cost(cuts, m))
+    fits = bool(ev.memory_limit is None or memory <= ev.memory_limit)
+    return PipelinePlan(method, ev.schedule, ev.stages, tuple(int(c) for c in cuts), int(ev.chain.counts[m]),
+                        int(ev.chain.micro_batches[m]), total, bottleneck, memory, fits, evaluations, elapsed,
+                        "OK" if fits else "INFEASIBLE")

@@ -1,0 +1,283 @@
+"""Pipeline searches over stage cuts and the micro-batch count on a ``LayerChain``.
+
+Exact references: ``exact_dp`` (Alpa's formulation: enumerate the bottleneck value, minimise the
+rest by a DP over (stages, layers); prune when (M-1) * bottleneck exceeds the best) and
+``brute_force``. ``csimd`` is the heuristic of record (see its docstring); ``even_split`` and
+``balanced`` are the baselines; ``given_cuts`` costs pinned cuts.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from typing import Sequence
+
+import numpy as np
+
+from planner.errors import SettingsError
+from planner.pipeline.schedule import Evaluator, LayerChain, PipelinePlan, make_result
+
+def brute_force(chain: LayerChain, stages: int, schedule: str = "1f1b", memory_limit: float | None = None) -> PipelinePlan:
+    """Every composition of the layers into ``stages`` parts, every micro-batch count."""
+    start = time.perf_counter()
+    ev = Evaluator(chain, stages, schedule, memory_limit)
+    best: tuple[float, tuple[int, ...], int] | None = None
+    for cuts in itertools.combinations(range(1, chain.num_layers), stages - 1):
+        for m in range(len(chain.counts)):
+            value = ev.objective(cuts, m)
+            if value < math.inf and (best is None or value < best[0]):
+                best = (value, cuts, m)
+    return make_result(ev, "brute", best[1] if best else None, best[2] if best else None, start)
+
+
+def _dp_at(ev: Evaluator, m: int, bottleneck: float) -> tuple[float, tuple[int, ...]] | None:
+    """Least sum of stage times (+ stage-0 sync) with every stage <= bottleneck and fitting memory.
+
+    DP over (stages k, layers end): best[k, end] = min_begin best[k-1, begin] + T(begin, end),
+    vectorised over ``begin`` with prefix sums.
+    """
+    ev.evaluations += 1  # for the DP, one evaluation is one (stages x layers) table
+    layers, p = ev.chain.num_layers, ev.stages
+    prefix_t, prefix_a, prefix_s = ev._time[:, m], ev._act[:, m], ev._static
+    best = np.full((p + 1, layers + 1), math.inf)
+    arg = np.zeros((p + 1, layers + 1), dtype=np.int64)
+    best[0, 0] = 0.0
+    for k in range(1, p + 1):
+        inflight = ev.inflight(k - 1, m)
+        for end in range(k, layers - (p - k) + 1):
+            begin = np.arange(k - 1, end)
+            t = prefix_t[end] - prefix_t[begin] + (ev.send(end - 1, m) if end < layers else 0.0)
+            value = best[k - 1, begin] + t + (ev._sync[end] if k == 1 else 0.0)
+            ok = t <= bottleneck
+            if ev.memory_limit is not None:
+                ok &= prefix_s[end] - prefix_s[begin] + inflight * (prefix_a[end] - prefix_a[begin]) <= ev.memory_limit
+            value = np.where(ok, value, math.inf)
+            j = int(np.argmin(value))
+            best[k, end], arg[k, end] = value[j], begin[j]
+    if best[p, layers] == math.inf:
+        return None
+    cuts, end = [], layers
+    for k in range(p, 1, -1):
+        end = int(arg[k, end])
+        cuts.append(end)
+    return float(best[p, layers]), tuple(reversed(cuts))
+
+
+def exact_dp(chain: LayerChain, stages: int, schedule: str = "1f1b", memory_limit: float | None = None) -> PipelinePlan:
+    """Alpa's exact formulation: for every micro-batch count and every candidate bottleneck value
+    (the time of some contiguous layer range), a DP over (stages, layers) minimising the sum of
+    stage times under that bottleneck. The smallest feasible candidate is found by bisection
+    (feasibility is monotone); candidates above it are scanned in increasing order until
+    sum(layer times) + (M - 1) * bottleneck alone reaches the best plan (no later plan can win)."""
+    start = time.perf_counter()
+    ev = Evaluator(chain, stages, schedule, memory_limit)
+    layers = chain.num_layers
+    best: tuple[float, tuple[int, ...], int] | None = None
+    if stages > layers:
+        return make_result(ev, "exact", None, None, start)
+    starts = []
+    for m, count in enumerate(chain.counts):
+        prefix = ev._time[:, m]
+        candidates = np.unique(np.concatenate([
+            prefix[j] - prefix[:j] + (ev.send(j - 1, m) if j < layers else 0.0) for j in range(1, layers + 1)]))
+        unbounded = _dp_at(ev, m, math.inf)
+        if unbounded is None:
+            continue  # no partition fits in memory at this micro-batch count
+        lo, hi = 0, len(candidates) - 1
+        while lo < hi:  # smallest feasible bottleneck (feasibility is monotone in the threshold)
+            mid = (lo + hi) // 2
+            if _dp_at(ev, m, candidates[mid]) is None:
+                lo = mid + 1
+            else:
+                hi = mid
+        # unbounded[0], the least sum of stage times, bounds every threshold's sum from below
+        starts.append((unbounded[0] + (count - 1) * candidates[lo], m, unbounded[0], candidates[lo:]))
+    for bound, m, floor, candidates in sorted(starts, key=lambda x: (x[0], x[1])):  # most promising first
+        count = chain.counts[m]
+        for bottleneck in candidates:
+            if best is not None and floor + (count - 1) * bottleneck >= best[0]:
+                break
+            found = _dp_at(ev, m, float(bottleneck))
+            value = ev.objective(found[1], m)
+            if value < math.inf and (best is None or value < best[0]):
+                best = (value, found[1], m)
+            if found[0] <= floor:  # the sum cannot shrink further; larger bottlenecks only cost more
+                break
+    return make_result(ev, "exact", best[1] if best else None, best[2] if best else None, start)
+
+
+def _greedy_cuts(ev: Evaluator, m: int, bottleneck: float) -> list[int] | None:
+    """Pack layers left to right, each stage ending at the furthest layer that keeps it under the
+    bottleneck and in memory (stage time is not monotone in its length: a later cut may send a
+    smaller activation); None if that needs more than p stages."""
+    cuts, begin, k = [], 0, 0
+    layers = ev.chain.num_layers
+    prefix_t, prefix_a, prefix_s = ev._time[:, m], ev._act[:, m], ev._static
+    sends = 2.0 * (ev.chain.link_latency + ev.chain.activation_bytes[:, m] / ev.chain.link_bandwidth)
+    sends = np.append(sends[:-1], 0.0)  # the last layer's stage sends nothing
+    while begin < layers:
+        ends = np.arange(begin + 1, layers + 1)
+        ok = prefix_t[ends] - prefix_t[begin] + sends[ends - 1] <= bottleneck
+        if ev.memory_limit is not None:
+            ok &= (prefix_s[ends] - prefix_s[begin] + ev.inflight(k, m) * (prefix_a[ends] - prefix_a[begin])
+                   <= ev.memory_limit)
+        feasible = np.flatnonzero(ok)
+        if not len(feasible):
+            return None
+        end = int(ends[feasible[-1]])
+        if end < layers:
+            cuts.append(end)
+        begin, k = end, k + 1
+        if k > ev.stages:
+            return None
+    return cuts if len(cuts) <= ev.stages - 1 else None
+
+
+def _fill_stages(ev: Evaluator, cuts: list[int], m: int) -> list[int]:
+    """Split the longest stages until there are exactly p (every stage keeps at least one layer)."""
+    cuts = sorted(cuts)
+    while len(cuts) < ev.stages - 1:
+        bounds = [0, *cuts, ev.chain.num_layers]
+        spans = [(ev.stage_time(bounds[k], bounds[k + 1], m), k) for k in range(len(bounds) - 1)
+                 if bounds[k + 1] - bounds[k] > 1]
+        _, k = max(spans)
+        begin, end = bounds[k], bounds[k + 1]
+        split = min(range(begin + 1, end), key=lambda c: max(ev.stage_time(begin, c, m), ev.stage_time(c, end, m)))
+        cuts = sorted(cuts + [split])
+    return cuts
+
+
+def _bisect_cuts(ev: Evaluator, m: int, tolerance: float) -> list[int] | None:
+    """Improved multi-dimensional dichotomy: bisection on the bottleneck with greedy feasibility."""
+    layers = ev.chain.num_layers
+    low = 0.0
+    high = ev.stage_time(0, layers, m) + sum(ev.send(i, m) for i in range(layers))
+    cuts = _greedy_cuts(ev, m, high)
+    if cuts is None:
+        return None
+    while high - low > tolerance * high:
+        mid = 0.5 * (low + high)
+        trial = _greedy_cuts(ev, m, mid)
+        if trial is None:
+            low = mid
+        else:
+            high, cuts = mid, trial
+    return _fill_stages(ev, cuts, m)
+
+
+def _repair(ev: Evaluator, cuts: list[int], m: int) -> tuple[list[int], float]:
+    """Move each cut by one layer while the objective improves."""
+    value = ev.objective(cuts, m)
+    improved = True
+    while improved:
+        improved = False
+        for k in range(len(cuts)):
+            for step in (-1, 1):
+                trial = list(cuts)
+                trial[k] += step
+                lo = trial[k - 1] if k > 0 else 0
+                hi = trial[k + 1] if k + 1 < len(trial) else ev.chain.num_layers
+                if not lo < trial[k] < hi:
+                    continue
+                v = ev.objective(trial, m)
+                if v < value:
+                    cuts, value, improved = trial, v, True
+    return cuts, value
+
+
+def csimd(chain: LayerChain, stages: int, schedule: str = "1f1b", memory_limit: float | None = None,
+          tolerance: float = 1e-4) -> PipelinePlan:
+    """CSIMD: cross-search over the cuts and the micro-batch count.
+
+    (a) Improved multi-dimensional dichotomy at a fixed M: bisection on the bottleneck stage time,
+        each probe a greedy left-to-right packing (feasible if it needs <= p stages and every stage
+        fits), the packing at the smallest feasible bottleneck split to exactly p stages, then a
+        repair pass moving each cut by one layer while the objective improves.
+    (b) Cross-search: alternate (a) at fixed M with the best M at fixed cuts until neither changes.
+    Reconstruction choices (the published description is silent): the cross-search starts from the
+    M whose dichotomy gives the best objective over all candidate M (a dichotomy is cheap: about
+    log2(1/tolerance) greedy packings); ties keep the smaller M.
+    """
+    start = time.perf_counter()
+    ev = Evaluator(chain, stages, schedule, memory_limit)
+    if stages > chain.num_layers:
+        return make_result(ev, "csimd", None, None, start)
+    candidates = range(len(chain.counts))
+    best: tuple[float, list[int], int] | None = None
+    for m in candidates:
+        cuts = _bisect_cuts(ev, m, tolerance)
+        if cuts is not None:
+            cuts, value = _repair(ev, cuts, m)
+            if best is None or value < best[0]:
+                best = (value, cuts, m)
+    if best is None:
+        return make_result(ev, "csimd", None, None, start)
+    while True:
+        value, cuts, m = best
+        m_best = min(candidates, key=lambda k: (ev.objective(cuts, k), k))
+        new_cuts = _bisect_cuts(ev, m_best, tolerance) if m_best != m else None
+        if new_cuts is not None:
+            new_cuts, new_value = _repair(ev, new_cuts, m_best)
+            if new_value >= ev.objective(cuts, m_best):
+                new_cuts, new_value = cuts, ev.objective(cuts, m_best)
+        else:
+            new_cuts, new_value = cuts, ev.objective(cuts, m_best)
+        if new_value < value:
+            best = (new_value, new_cuts, m_best)
+        else:
+            break
+    return make_result(ev, "csimd", best[1], best[2], start)
+
+
+def even_split(chain: LayerChain, stages: int, schedule: str = "1f1b", memory_limit: float | None = None,
+               balanced: bool = False) -> PipelinePlan:
+    """Baseline: equal layers per stage (or equal compute when ``balanced``), best micro-batch count."""
+    start = time.perf_counter()
+    ev = Evaluator(chain, stages, schedule, memory_limit)
+    layers = chain.num_layers
+    if stages > layers:
+        return make_result(ev, "balanced" if balanced else "even", None, None, start)
+    best = None
+    for m in range(len(chain.counts)):
+        if balanced:
+            prefix = ev._time[:, m]
+            targets = [prefix[-1] * k / stages for k in range(1, stages)]
+            cuts = [int(np.clip(np.searchsorted(prefix, t), k + 1, layers - (stages - k - 1)))
+                    for k, t in enumerate(targets)]
+            cuts = sorted(set(cuts))
+            if len(cuts) != stages - 1:
+                cuts = [round(layers * k / stages) for k in range(1, stages)]
+        else:
+            cuts = [round(layers * k / stages) for k in range(1, stages)]
+        value = ev.objective(cuts, m)
+        if best is None or value < best[0]:
+            best = (value, cuts, m)
+    return make_result(ev, "balanced" if balanced else "even", best[1], best[2], start)
+
+
+def given_cuts(chain: LayerChain, stages: int, schedule: str, memory_limit: float | None,
+               cuts: Sequence[int]) -> PipelinePlan:
+    """Cost fixed cuts (first layer of stages 1..p-1) at the best micro-batch count of the chain."""
+    start = time.perf_counter()
+    ev = Evaluator(chain, stages, schedule, memory_limit)
+    cuts = tuple(int(c) for c in cuts)
+    if len(cuts) != stages - 1 or list(cuts) != sorted(set(cuts)) or (cuts and not 0 < cuts[0] <= cuts[-1] < chain.num_layers):
+        raise SettingsError(f"cuts: {list(cuts)} are not {stages - 1} increasing layer indices in 1..{chain.num_layers - 1}")
+    m = min(range(len(chain.counts)), key=lambda k: (ev.objective(cuts, k), k))
+    return make_result(ev, "given", cuts, m, start)
+
+
+def stage_breakdown(chain: LayerChain, plan: PipelinePlan) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per stage: time per micro-batch (compute, collectives and the send) and memory per device."""
+    ev = Evaluator(chain, plan.stages, plan.schedule, None)
+    m = chain.counts.index(plan.num_microbatches)
+    bounds = (0, *plan.cuts, chain.num_layers)
+    times = tuple(ev.stage_time(bounds[k], bounds[k + 1], m) for k in range(plan.stages))
+    memory = tuple(ev.stage_memory(k, bounds[k], bounds[k + 1], m) for k in range(plan.stages))
+    return times, memory
+
+
+# Cut searches; "exact" is Alpa's dynamic programme (exact_dp).
+METHODS = {"csimd": csimd, "exact": exact_dp, "brute": brute_force, "even": even_split,
+           "balanced": lambda c, p, s="1f1b", mem=None: even_split(c, p, s, mem, balanced=True)}

@@ -1,0 +1,242 @@
+"""The exact planner of record: decomposition when the graph has cuts, memory kept exact.
+
+    unconstrained:  reduce every distinct segment once (planner.search.eliminate), multiply the tables
+                    (planner.search.decompose); the result is the whole-graph optimum.
+    memory binds:   Lagrangian relaxation, since memory is additive over operators:
+                        L(lam) = min_x c(x) + lam * (m(x) - M)  <=  OPT   for every lam >= 0,
+                    each L(lam) solved exactly by the same decomposition with unary costs
+                    c + lam * m. Bisection on lam keeps the best feasible plan x_f and the best
+                    bound; if ceil(L) >= c(x_f) the plan is OPTIMAL with that certificate. Otherwise
+                    CP-SAT solves the whole program with x_f as hint and c >= ceil(L) as a cut, and
+                    its status (OPTIMAL or FEASIBLE at the time limit) is reported.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import multiprocessing
+import os
+import signal
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from planner.search.decompose import Segment, group_blocks, product_block, segment_network, split_segments
+from planner.cost.problem import Problem
+from planner.search.solver import SolveResult, build_seconds, explain_infeasible, min_memory, program_size, solve
+
+Progress = Callable[[int, int, str], None]
+LAGRANGE_ITERATIONS = 40
+MAX_WHOLE_PROGRAM = 2_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class DecomposedSolution:
+    value: float
+    choice: tuple[int, ...]
+
+
+def _reduce(problem: Problem, seg: Segment, unary: Sequence[np.ndarray]):
+    net, entry, exit_ = segment_network(problem, seg, unary)
+    return net.reduce(entry, exit_)
+
+
+_WORKER: dict = {}  # per worker process: the problem, sent once by the pool initializer
+
+
+def _init_worker(problem: Problem) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the pool; no worker tracebacks
+    _WORKER["problem"] = problem
+
+
+def _reduce_in_worker(args):
+    seg, unary = args
+    return _reduce(_WORKER["problem"], seg, unary)
+
+
+class Workers:
+    """One pool of worker processes for a whole search (every price step reuses it).
+
+    ``forkserver`` workers, since forking a process that has imported JAX is unsafe; at most one
+    worker per CPU and per distinct segment. Terminated at once on an interrupt."""
+
+    def __init__(self, problem: Problem, jobs: int, distinct: int) -> None:
+        self.size = max(1, min(jobs, os.cpu_count() or 1, distinct))
+        self.pool = None
+        if self.size > 1:
+            context = multiprocessing.get_context("forkserver")
+            self.pool = context.Pool(self.size, initializer=_init_worker, initargs=(problem,))
+
+    def __enter__(self) -> "Workers":
+        return self
+
+    def __exit__(self, kind, exc, tb) -> None:
+        if self.pool is not None:
+            if kind is None:
+                self.pool.close()
+            else:
+                self.pool.terminate()
+            self.pool.join()
+
+
+def solve_unary(problem: Problem, segments: Sequence[Segment], unary: Sequence[np.ndarray],
+                workers: Workers | None = None, progress: Progress | None = None) -> DecomposedSolution:
+    """Exact minimum of sum(unary) + edge costs: distinct segments reduced once, tables multiplied."""
+    distinct: dict[str, Segment] = {}
+    for seg in segments:
+        distinct.setdefault(seg.key, seg)
+    items = list(distinct.items())
+    if workers is not None and workers.pool is not None and len(items) > 1:
+        results = workers.pool.imap(_reduce_in_worker, [(seg, unary) for _, seg in items])
+    else:
+        results = (_reduce(problem, seg, unary) for _, seg in items)
+    reductions = {}
+    for n, ((key, _), reduced) in enumerate(zip(items, results)):
+        reductions[key] = reduced
+        if progress:
+            progress(n + 1, len(items), "segments")
+    blocks = group_blocks(segments, [reductions[s.key].table for s in segments])
+    top = product_block(blocks)
+    value = float(top.table[0, 0])
+    states = top.boundaries(0, 0)
+    choice = [-1] * len(problem.ops)
+    for k, seg in enumerate(segments):
+        red = reductions[seg.key]
+        local = red.recover(states[k], states[k + 1], len(seg.ops) + 2)
+        for n, op in enumerate(seg.ops):
+            choice[op] = local[n]
+    return DecomposedSolution(value, tuple(choice))
+
+
+def solve_exact(problem: Problem, memory_limit: float | None = None, time_limit_s: float = 60.0, seed: int = 0,
+                jobs: int = 1, progress: Progress | None = None) -> tuple[SolveResult, tuple[str, ...]]:
+    """The exact planner: decomposed when the graph has cuts, else the whole-graph program.
+
+    ``time_limit_s`` bounds the whole call (price steps, model building and every CP-SAT solve);
+    at the limit the best plan found is returned FEASIBLE with its proven bound."""
+    start = time.perf_counter()
+    deadline = start + time_limit_s
+    segments = split_segments(problem)
+    if time.perf_counter() >= deadline:
+        return SolveResult("UNKNOWN", None, None, None, time.perf_counter() - start, 0,
+                           f"the time limit ({time_limit_s:.1f} s left for the search) ended before any plan was "
+                           "found: loading and costing the model took it all; raise --time-limit"), ()
+    if len(segments) <= 1:
+        result = solve(problem, memory_limit, time_limit_s, seed)
+        return result, ("no single-tensor cut: solved as one whole-graph program",)
+    distinct = len({s.key for s in segments})
+    notes = (f"decomposed into {len(segments)} segments ({distinct} distinct)",)
+    if memory_limit is not None and min_memory(problem) > memory_limit:
+        return SolveResult("INFEASIBLE", None, None, None, time.perf_counter() - start, 0,
+                           explain_infeasible(problem, memory_limit)), notes
+    with Workers(problem, jobs, distinct) as workers:
+        if workers.size < jobs:
+            notes += (f"--jobs {jobs}: {workers.size} worker(s) used (at most one per CPU and per distinct segment)",)
+        costs = [t.cost.astype(np.float64) for t in problem.ops]
+        began = time.perf_counter()
+        free = solve_unary(problem, segments, costs, workers, progress)
+        step_s = time.perf_counter() - began
+        objective = problem.objective(free.choice)
+        if objective != int(round(free.value)):
+            raise RuntimeError(f"decomposed value {free.value} disagrees with the integer objective {objective}")
+        if memory_limit is None or problem.memory(free.choice) <= memory_limit:
+            return SolveResult("OPTIMAL", objective, objective, free.choice, time.perf_counter() - start, 0), notes
+        return _lagrangian(problem, segments, memory_limit, deadline, seed, workers, start, notes, step_s)
+
+
+def _lagrangian(problem: Problem, segments: Sequence[Segment], memory_limit: float, deadline: float, seed: int,
+                workers: Workers, start: float, notes: tuple[str, ...],
+                first_step_s: float = 0.0) -> tuple[SolveResult, tuple[str, ...]]:
+    costs = [t.cost.astype(np.float64) for t in problem.ops]
+    mems = [t.memory.astype(np.float64) for t in problem.ops]
+    best: tuple[int, tuple[int, ...]] | None = None
+    bound = -math.inf
+    seen: list[set[int]] = [set() for _ in problem.ops]
+    step_s = [first_step_s]  # the longest price step so far: no step is started that cannot end by the deadline
+
+    def at(lam: float) -> bool:
+        nonlocal best, bound
+        began = time.perf_counter()
+        sol = solve_unary(problem, segments, [c + lam * m for c, m in zip(costs, mems)], workers)
+        step_s[0] = max(step_s[0], time.perf_counter() - began)
+        for i, s in enumerate(sol.choice):
+            seen[i].add(s)
+        memory = problem.memory(sol.choice)
+        bound = max(bound, sol.value - lam * memory_limit)
+        if memory <= memory_limit:
+            value = problem.objective(sol.choice)
+            if best is None or value < best[0]:
+                best = (value, sol.choice)
+            return True
+        return False
+
+    remaining = lambda: deadline - time.perf_counter()
+    _bisect_price(at, costs, mems,
+                  lambda: (best is not None and _certified(best[0], bound)) or remaining() <= step_s[0])
+    lower = _ceil_bound(bound)
+    finish = lambda status, why: _finish(status, best, lower, start, notes + (why,))
+    if best is not None and _certified(best[0], bound):
+        return finish("OPTIMAL", f"memory binds: Lagrangian certificate (bound {lower} = objective)")
+    allowed = {i: sorted(s) for i, s in enumerate(seen)}
+    if remaining() > 0.5 + 2 * build_seconds(problem, allowed):
+        # Restricted master: the whole program over the strategies the priced solutions used, so
+        # that CP-SAT can mix them layer by layer under the memory limit.
+        master = solve(problem, memory_limit, remaining() / 2, seed, hint=best[1] if best else None,
+                       allowed=allowed, deadline=deadline)
+        if master.choice is not None and (best is None or master.objective < best[0]):
+            best = (master.objective, master.choice)
+        if best is not None and _certified(best[0], bound):
+            return finish("OPTIMAL", f"memory binds: restricted master certified by the Lagrangian bound {lower}")
+    if program_size(problem) > MAX_WHOLE_PROGRAM or remaining() <= 0.5 + 1.5 * build_seconds(problem):
+        why = (f"the whole program ({program_size(problem)} Booleans) is too large to close it"
+               if program_size(problem) > MAX_WHOLE_PROGRAM else "the time limit ended the search")
+        return finish("FEASIBLE" if best else "UNKNOWN", f"memory binds: {_gap(best, lower)} above the Lagrangian bound "
+                      f"{lower}; {why}")
+    result = solve(problem, memory_limit, remaining(), seed, hint=best[1] if best else None, lower_bound=lower,
+                   deadline=deadline)
+    if result.choice is not None and (best is None or result.objective <= best[0]):
+        best = (result.objective, result.choice)
+    lower = max(lower, result.bound or lower) if result.status != "OPTIMAL" else (best[0] if best else lower)
+    if result.status == "OPTIMAL":
+        return finish("OPTIMAL", "memory binds: CP-SAT on the whole program proved the optimum")
+    return finish("FEASIBLE" if best else result.status,
+                  f"memory binds: {_gap(best, lower)} above the proven bound {lower}; CP-SAT on the whole program "
+                  f"stopped at the time limit ({result.status})")
+
+
+def _finish(status: str, best, lower: int, start: float, notes: tuple[str, ...]) -> tuple[SolveResult, tuple[str, ...]]:
+    return SolveResult(status, best[0] if best else None, lower, best[1] if best else None,
+                       time.perf_counter() - start, 0), notes
+
+
+def _bisect_price(at: Callable[[float], bool], costs, mems, done: Callable[[], bool]) -> None:
+    """Find a feasible price by doubling, then bisect between infeasible and feasible prices."""
+    scale = max(1.0, sum(float(c.max()) for c in costs)) / max(1.0, sum(float(m.max()) for m in mems))
+    low, high = 0.0, scale
+    for _ in range(80):
+        if done() or at(high):
+            break
+        low, high = high, high * 4
+    for _ in range(LAGRANGE_ITERATIONS):
+        if done():
+            return
+        mid = 0.5 * (low + high)
+        if at(mid):
+            high = mid
+        else:
+            low = mid
+
+
+def _gap(best: tuple[int, tuple[int, ...]] | None, lower: int) -> str:
+    return f"{100.0 * (best[0] - lower) / max(1, lower):.2f}%" if best else "n/a"
+
+
+def _ceil_bound(bound: float) -> int:
+    # Float sums of up to ~1e4 integer-valued terms: allow a relative rounding slack.
+    return int(math.ceil(bound - 1e-9 * abs(bound) - 1e-6))
+
+
+def _certified(objective: int, bound: float) -> bool:
+    return objective <= _ceil_bound(bound)

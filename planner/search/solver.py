@@ -1,0 +1,249 @@
+"""The exact planner: an integer program over operator strategies and redistribution edges.
+
+Formulation (one program per graph or per segment)::
+
+    variables   x[o,s] in {0,1}        o operator, s a valid (non-dominated) strategy of o
+                y[e,a,b] in {0,1}      e = (u -> v) an edge, a a layout u can produce for the
+                                       tensor, b a layout v can ask for (incl. R* for gradients)
+    X_u(a) = sum { x[u,s] : out_layout(u,s) = a }      X_v(b) = sum { x[v,s] : in_layout(v,s) = b }
+
+    exactly_one   sum_s x[o,s] = 1                                  for every o      _add_exactly_one
+    marginals     sum_b y[e,a,b] = X_u(a),  sum_a y[e,a,b] = X_v(b)  for every e, a, b _add_marginals
+    memory        sum_{o,s} mem[o,s] * x[o,s] <= M                  (bytes per device)  _add_memory
+    bound         objective >= L                    (a proven lower bound, optional)   build_model
+    minimise      sum_{o,s} c[o,s] x[o,s] + sum_{e,a,b} c[e,a,b] y[e,a,b]
+
+Every constraint carries its family's name (``exactly_one[o]``, ``marginal_src[e,a]``,
+``marginal_dst[e,b]``, ``memory``, ``bound``) so that an invalid model names what failed.
+
+The marginal (local-polytope) form is exact in LP on trees and tight on near-trees; the weak
+form y >= x_u + x_v - 1 is never used. An edge whose producer (or consumer) has a single layout
+needs no y at all: its cost is linear in X_v (or X_u). Costs are integers in the problem's unit
+(``Problem.unit_s``, 1 ns by default). Memory is separable per operator, so the program is
+infeasible exactly when sum_o min_s mem[o,s] > M, which ``explain_infeasible`` reports.
+CP-SAT runs with a fixed seed, a time limit and a greedy solution hint.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from planner.signals import run_interruptible
+from planner.cost.problem import Problem
+
+STATUS_NAMES = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE", cp_model.INFEASIBLE: "INFEASIBLE",
+                cp_model.UNKNOWN: "UNKNOWN", cp_model.MODEL_INVALID: "MODEL_INVALID"}
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class BuiltModel:
+    """A CP-SAT model with typed variable maps: ``x[op][strategy]`` and ``y[edge][(a, b)]``.
+
+    Only candidate strategies (all, or the ``allowed`` ones) and the layouts they reach get variables.
+    """
+
+    model: cp_model.CpModel
+    x: tuple[Mapping[int, cp_model.IntVar], ...]
+    y: tuple[Mapping[tuple[int, int], cp_model.IntVar], ...]
+    num_booleans: int
+
+
+@dataclass(frozen=True, slots=True)
+class SolveResult:
+    status: str
+    objective: int | None
+    bound: int | None
+    choice: tuple[int, ...] | None
+    search_time_s: float
+    num_booleans: int
+    explanation: str = ""
+
+
+def build_model(problem: Problem, memory_limit: float | None = None,
+                allowed: Mapping[int, Sequence[int]] | None = None, lower_bound: int | None = None) -> BuiltModel:
+    """Build the program. ``allowed`` restricts some operators to a subset of their strategies."""
+    model = cp_model.CpModel()
+    x = _add_exactly_one(model, problem, allowed or {})
+    objective = [int(problem.ops[i].cost[s]) * var for i, row in enumerate(x) for s, var in row.items()
+                 if problem.ops[i].cost[s]]
+    y = _add_marginals(model, problem, x, objective)
+    if memory_limit is not None:
+        _add_memory(model, problem, x, memory_limit)
+    if lower_bound is not None:
+        model.add(sum(objective) >= int(lower_bound)).with_name("bound")
+    model.minimize(sum(objective))
+    count = sum(len(r) for r in x) + sum(len(m) for m in y)
+    return BuiltModel(model, x, tuple(y), count)
+
+
+def _add_exactly_one(model: cp_model.CpModel, problem: Problem,
+                     allowed: Mapping[int, Sequence[int]]) -> tuple[dict[int, cp_model.IntVar], ...]:
+    x = []
+    for i, table in enumerate(problem.ops):
+        candidates = sorted(set(allowed[i])) if i in allowed else range(len(table.strategies))
+        row = {s: model.new_bool_var(f"x[{i},{s}]") for s in candidates}
+        model.add_exactly_one(row.values()).with_name(f"exactly_one[{i}]")
+        x.append(row)
+    return tuple(x)
+
+
+def _layout_sums(row: Mapping[int, cp_model.IntVar], index: np.ndarray) -> dict[int, list[cp_model.IntVar]]:
+    groups: dict[int, list[cp_model.IntVar]] = {}
+    for s, var in row.items():
+        groups.setdefault(int(index[s]), []).append(var)
+    return groups
+
+
+def _add_marginals(model: cp_model.CpModel, problem: Problem, x, objective: list) -> list[dict]:
+    y_maps = []
+    for e_idx, edge in enumerate(problem.edges):
+        src_groups = _layout_sums(x[edge.src], edge.src_index)
+        dst_groups = _layout_sums(x[edge.dst], edge.dst_index)
+        y: dict[tuple[int, int], cp_model.IntVar] = {}
+        if len(src_groups) == 1 or len(dst_groups) == 1:
+            # One side has a single layout: the pair is fixed by the other side's choice.
+            for a, ga in src_groups.items():
+                for b, gb in dst_groups.items():
+                    c = int(edge.cost[a, b])
+                    if c:
+                        objective.extend(c * v for v in (gb if len(src_groups) == 1 else ga))
+        else:
+            for a in src_groups:
+                for b in dst_groups:
+                    y[(a, b)] = model.new_bool_var(f"y[{e_idx},{a},{b}]")
+                    c = int(edge.cost[a, b])
+                    if c:
+                        objective.append(c * y[(a, b)])
+            for a, ga in src_groups.items():
+                model.add(sum(y[(a, b)] for b in dst_groups) == sum(ga)).with_name(f"marginal_src[{e_idx},{a}]")
+            for b, gb in dst_groups.items():
+                model.add(sum(y[(a, b)] for a in src_groups) == sum(gb)).with_name(f"marginal_dst[{e_idx},{b}]")
+        y_maps.append(y)
+    return y_maps
+
+
+def _add_memory(model: cp_model.CpModel, problem: Problem, x, memory_limit: float) -> None:
+    terms = [int(problem.ops[i].memory[s]) * var for i, row in enumerate(x) for s, var in row.items()
+             if problem.ops[i].memory[s]]
+    model.add(sum(terms) <= int(memory_limit)).with_name("memory")
+
+
+def greedy_choice(problem: Problem, memory_limit: float | None = None) -> tuple[int, ...]:
+    """Topological greedy: each op takes its cheapest strategy given its producers' choices.
+
+    If the result does not fit ``memory_limit``, every op falls back to its least-memory strategy.
+    """
+    incoming: dict[int, list] = {}
+    for edge in problem.edges:
+        incoming.setdefault(edge.dst, []).append(edge)
+    choice: list[int] = []
+    for i, table in enumerate(problem.ops):
+        total = table.cost.astype(np.int64).copy()
+        for edge in incoming.get(i, ()):
+            row = edge.cost[edge.src_index[choice[edge.src]]]
+            total += row[edge.dst_index]
+        choice.append(int(np.argmin(total)))
+    if memory_limit is not None and problem.memory(choice) > memory_limit:
+        choice = [int(np.argmin(t.memory)) for t in problem.ops]
+    return tuple(choice)
+
+
+BUILD_SECONDS_PER_BOOLEAN = 1e-5  # measured: 992k Booleans (GPT-3 shapes, 96 layers, 8x8) built in 7.9 s
+
+
+def program_size(problem: Problem, allowed: Mapping[int, Sequence[int]] | None = None) -> int:
+    """Booleans of the program: strategies, plus layout pairs of edges with several layouts at both ends."""
+    def layouts(op: int, index: np.ndarray, distinct: int) -> int:
+        return len(set(index[list(allowed[op])].tolist())) if allowed and op in allowed else distinct
+    pairs = 0
+    for e in problem.edges:
+        a, b = layouts(e.src, e.src_index, len(e.src_layouts)), layouts(e.dst, e.dst_index, len(e.dst_layouts))
+        pairs += a * b if a > 1 and b > 1 else 0
+    return pairs + sum(len(allowed[i]) if allowed and i in allowed else len(t.strategies)
+                       for i, t in enumerate(problem.ops))
+
+
+def build_seconds(problem: Problem, allowed: Mapping[int, Sequence[int]] | None = None) -> float:
+    """Estimated time to build the CP-SAT model (it is Python, so it is not interruptible by CP-SAT's limit)."""
+    return BUILD_SECONDS_PER_BOOLEAN * program_size(problem, allowed)
+
+
+def separable_bound(problem: Problem) -> int:
+    """A proven lower bound on the objective: every operator and every edge at its own minimum."""
+    return int(sum(int(t.cost.min()) for t in problem.ops) + sum(int(e.cost.min()) for e in problem.edges))
+
+
+def _too_short(problem: Problem, memory_limit: float | None, hint, lower_bound, start: float) -> SolveResult:
+    """The time limit cannot even cover building the model: the greedy plan, with the separable bound."""
+    choice = tuple(hint) if hint is not None else greedy_choice(problem, memory_limit)
+    why = f"time limit shorter than building the CP-SAT model (about {build_seconds(problem):.0f} s): greedy plan"
+    if choice is None or (memory_limit is not None and problem.memory(choice) > memory_limit):
+        return SolveResult("UNKNOWN", None, None, None, time.perf_counter() - start, 0, why)
+    return SolveResult("FEASIBLE", problem.objective(choice), max(separable_bound(problem), lower_bound or 0), choice,
+                       time.perf_counter() - start, 0, why)
+
+
+def min_memory(problem: Problem) -> int:
+    """Least memory per device any plan needs (memory is separable per operator)."""
+    return int(sum(int(t.memory.min()) for t in problem.ops))
+
+
+def explain_infeasible(problem: Problem, memory_limit: float) -> str:
+    need = min_memory(problem)
+    return (f"memory: the plan needs at least {need / 2**30:.2f} GiB per device but the limit is "
+            f"{memory_limit / 2**30:.2f} GiB; try more devices, --recompute full, --zero 1/2/3, "
+            f"or --pipeline auto")
+
+
+def solve(problem: Problem, memory_limit: float | None = None, time_limit_s: float = 60.0, seed: int = 0,
+          workers: int = 1, allowed: Mapping[int, Sequence[int]] | None = None,
+          hint: Sequence[int] | None = None, lower_bound: int | None = None,
+          deadline: float | None = None) -> SolveResult:
+    """Solve the program with CP-SAT. Deterministic for a fixed seed and worker count.
+
+    ``hint`` replaces the greedy solution hint; ``lower_bound`` (a proven bound on the optimum,
+    e.g. a Lagrangian one) is added as a cut on the objective. ``time_limit_s`` counts from the
+    call (building the model included); ``deadline`` (a ``time.perf_counter`` value) caps it too.
+    """
+    start = time.perf_counter()
+    deadline = min(deadline if deadline is not None else math.inf, start + time_limit_s)
+    if memory_limit is not None and min_memory(problem) > memory_limit:
+        return SolveResult("INFEASIBLE", None, None, None, time.perf_counter() - start, 0,
+                           explain_infeasible(problem, memory_limit))
+    if build_seconds(problem, allowed) > deadline - start and not allowed:
+        return _too_short(problem, memory_limit, hint, lower_bound, start)
+    built = build_model(problem, memory_limit, allowed, lower_bound)
+    start_hint = hint or (None if allowed else greedy_choice(problem, memory_limit))
+    if start_hint is not None:
+        for row, s in zip(built.x, start_hint):
+            for k, var in row.items():
+                built.model.add_hint(var, k == s)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.01, deadline - time.perf_counter())
+    solver.parameters.random_seed = int(seed)
+    solver.parameters.num_workers = int(workers)
+    # Measured on gpt2-small (mesh 8): one worker with full LP linearisation proves optimality in
+    # about 1 s; two workers without it were still FEASIBLE (6% gap) after 120 s.
+    solver.parameters.linearization_level = 2
+    solver.parameters.catch_sigint_signal = False  # Ctrl-C must interrupt, not end the search as a result
+    code = run_interruptible(lambda: solver.solve(built.model), solver.stop_search)
+    status = STATUS_NAMES.get(code, "UNKNOWN")
+    elapsed = time.perf_counter() - start
+    bound = max(separable_bound(problem), lower_bound or 0)
+    if code == cp_model.UNKNOWN and start_hint is not None and (
+            memory_limit is None or problem.memory(start_hint) <= memory_limit):
+        # Time-out before CP-SAT reported a solution: the best plan known is the hint itself.
+        return SolveResult("FEASIBLE", problem.objective(start_hint), bound, tuple(start_hint), elapsed,
+                           built.num_booleans, "time limit reached before CP-SAT improved on its hint")
+    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        why = explain_infeasible(problem, memory_limit) if code == cp_model.INFEASIBLE and memory_limit else ""
+        return SolveResult(status, None, None, None, elapsed, built.num_booleans, why)
+    choice = tuple(next(k for k, var in row.items() if solver.boolean_value(var)) for row in built.x)
+    return SolveResult(status, int(round(solver.objective_value)),
+                       max(bound, int(math.ceil(solver.best_objective_bound - 1e-6))), choice, elapsed, built.num_booleans)

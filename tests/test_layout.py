@@ -1,0 +1,119 @@
+"""The package's shape: layered imports, size limits, a light ``import planner``, and every name and
+path the README and CONTRIBUTING.md mention exists."""
+
+import ast
+import importlib
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "planner"
+# Each layer may import only from itself and the layers before it (README, Architecture).
+LAYERS = (("planner.errors", "planner.signals", "planner.outputs"), ("planner.ir",), ("planner.zoo",),
+          ("planner.cluster",), ("planner.cost",), ("planner.search",), ("planner.plans",), ("planner.pipeline",),
+          ("planner.engines",), ("planner.api",), ("planner.cli", "planner.__main__"))
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _layer(module: str) -> int:
+    for index, prefixes in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return index
+    raise AssertionError(f"{module} is in no layer of the README's architecture")
+
+
+def _imports(path: Path) -> set[str]:
+    """Every planner module a file imports, at the top or inside a function."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("planner"):
+            out.update(f"{node.module}.{a.name}" if node.module == "planner" else node.module for a in node.names)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("planner"))
+    return out
+
+
+def test_imports_flow_one_way():
+    modules = _modules()
+    wrong = []
+    for name, path in modules.items():
+        if name == "planner":
+            continue
+        for target in _imports(path):
+            target = target if target in modules else target.rsplit(".", 1)[0]
+            if _layer(target) > _layer(name):
+                wrong.append(f"{name} imports {target}")
+    assert not wrong, wrong
+
+
+def test_sizes():
+    too_long = []
+    for name, path in _modules().items():
+        text = path.read_text()
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            too_long.append(f"{name}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    too_long.append(f"{name}.{node.name}: {length} lines")
+    assert not too_long, too_long
+
+
+def test_every_subpackage_says_what_it_owns():
+    for init in sorted(PACKAGE.glob("*/__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text()))
+        assert doc and len(doc) > 60, f"{init.relative_to(ROOT)} has no docstring saying what it owns"
+
+
+def test_import_planner_loads_neither_torch_nor_jax():
+    code = "import sys, planner; print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'jax')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def _documents() -> str:
+    return (ROOT / "README.md").read_text() + (ROOT / "CONTRIBUTING.md").read_text()
+
+
+def test_every_name_the_readme_uses_exists():
+    text = _documents()
+    names = set()
+    for block in re.findall(r"from planner import ([^\n]+)", text):
+        names.update(n.strip() for n in block.split(","))
+    names.update(re.findall(r"`planner\.([A-Za-z_][\w.]*)`", text))
+    assert {"plan", "TrainingSettings", "plan_pipeline"} <= names  # the parse found the README's names
+    for name in sorted(names):
+        module, _, attr = ("planner." + name).rpartition(".")
+        try:
+            target = importlib.import_module("planner." + name)
+        except ModuleNotFoundError:
+            target = getattr(importlib.import_module(module), attr, None)
+        assert target is not None, f"README names planner.{name}, which does not exist"
+
+
+def test_every_path_the_readme_names_exists():
+    paths = set(re.findall(r"`((?:planner|tests|experiments|benchmarks|results)/[\w./]*)`", _documents()))
+    assert len(paths) > 20
+    missing = sorted(p for p in paths if not (ROOT / p).exists())
+    assert not missing, missing
+
+
+@pytest.mark.parametrize("name", ["plan", "evaluate", "compare", "plan_pipeline", "evaluate_3d", "TrainingSettings",
+                                  "load_model", "make_cluster", "make_problem", "Plan", "LayerChain", "GraphBuilder"])
+def test_public_api_is_stable(name):
+    import planner
+    assert name in planner.__all__ and getattr(planner, name) is not None
