@@ -58,3 +58,42 @@ def test_networkx_view_and_topological_order():
     nxg = g.to_networkx()
     assert sorted((u, v, d["tensor"]) for u, v, d in nxg.edges(data=True)) == [("a", "b", "a"), ("a", "c", "a"), ("b", "c", "b")]
     assert [op.name for op in g.operators] == ["a", "b", "c"]
+
+
+def _two_layer(batch_dim: str, batch: int = 8) -> Graph:
+    gb = GraphBuilder("named-batch", batch_dim=batch_dim)
+    x = gb.data("x", (batch, 16))
+    h = gb.op("matmul", "fc1", f"{batch_dim}k,kf->{batch_dim}f", [x, gb.param("w1", (16, 32))])
+    y = gb.op("matmul", "fc2", f"{batch_dim}f,fm->{batch_dim}m", [h, gb.param("w2", (32, 16))])
+    gb.op("reduce", "loss", f"{batch_dim}m->", [y], out="loss")
+    return gb.build()
+
+
+def test_batch_dim_is_a_property_of_the_graph(tmp_path):
+    from planner.ir.graph_json import load_graph, save_graph
+    graph = _two_layer("n", batch=24)
+    assert (graph.batch_dim, graph.batch_size) == ("n", 24)
+    save_graph(graph, tmp_path / "g.json")
+    again = load_graph(tmp_path / "g.json")
+    assert (again.batch_dim, again.batch_size) == ("n", 24)
+    with pytest.raises(GraphError, match="field 'batch_dim' 'z' is in no operator"):
+        _ = Graph(graph.name, graph.tensors, graph.operators, "z").batch_size
+
+
+def test_batch_dims_of_different_sizes_are_named():
+    gb = GraphBuilder("mixed")
+    a = gb.op("relu", "r1", "bk->bk", [gb.data("x", (4, 8))])
+    gb.op("matmul", "m", "kb,bn->kn", [gb.data("y", (8, 2)), gb.param("w", (2, 3))])
+    graph = gb.build()
+    assert a
+    with pytest.raises(GraphError, match=r"field 'batch_dim' 'b' has different sizes \[2, 4\]"):
+        _ = graph.batch_size
+
+
+def test_data_parallel_splits_the_graphs_batch_dim():
+    """The baseline reads the batch dim from the graph: 'n' here; a graph that calls its batch 'b'
+    but has no 'b' in a layer gets no split there."""
+    from planner import make_cluster, make_problem
+    from planner.search.baselines import data_parallel
+    problem = make_problem(_two_layer("n"), make_cluster("4", "a100-80g"))
+    assert [s for s in data_parallel(problem)] == [("n",), ("n",), ("n",)]

@@ -55,3 +55,34 @@ def test_parallel_segment_workers_give_the_same_plan():
     one, _ = solve_exact(problem, jobs=1)
     two, _ = solve_exact(problem, jobs=2)
     assert one.objective == two.objective and one.choice == two.choice
+
+
+def test_one_worker_pool_serves_every_price_step(monkeypatch):
+    """--jobs 2 under a binding memory limit: the Lagrangian prices many steps, all on one pool
+    (a new pool per step cost seconds each), and the plan is the --jobs 1 plan."""
+    import multiprocessing
+
+    from planner import make_cluster, make_problem
+    from planner.search import exact
+    from planner.search.solver import min_memory
+
+    problem = make_problem("bert-base", make_cluster("8", "a100-80g"))
+    free, _ = exact.solve_exact(problem, jobs=1)
+    limit = min_memory(problem) + 0.5 * (problem.memory(free.choice) - min_memory(problem))
+    steps, pools = [], []
+    real_unary, real_context = exact.solve_unary, multiprocessing.get_context
+
+    class Counting:
+        def __init__(self, context):
+            self.context = context
+
+        def Pool(self, *args, **kwargs):
+            pools.append(args[0])
+            return self.context.Pool(*args, **kwargs)
+
+    monkeypatch.setattr(exact.multiprocessing, "get_context", lambda kind: Counting(real_context(kind)))
+    monkeypatch.setattr(exact, "solve_unary", lambda *a, **k: steps.append(1) or real_unary(*a, **k))
+    two, _ = exact.solve_exact(problem, limit, jobs=2, time_limit_s=120)
+    one, _ = exact.solve_exact(problem, limit, jobs=1, time_limit_s=120)
+    assert len(steps) > 5 and pools == [2]
+    assert two.objective == one.objective and two.status == one.status == "OPTIMAL"

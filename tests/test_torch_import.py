@@ -73,3 +73,23 @@ def test_imported_gpt2_block_has_no_unread_data_and_verifies(tmp_path, capsys):
     # tied-embedding gather gap (issue: tie edge), not a crash; any other code is a failure.
     assert main(["verify", "--plan", str(plan), "--no-numpy"]) in (0, 5)
     assert "collectives compiled" in capsys.readouterr().out
+
+
+def test_handlers_are_a_registry_with_one_entry_per_aten_op():
+    """Every ATen op the importer maps has exactly one handler; a second registration is refused;
+    a registered handler is what the dispatch calls."""
+    from planner.engines.torch_import import handlers
+    for op in ("linear", "addmm", "bmm", "convolution", "embedding", "layer_norm", "softmax", "batch_norm",
+               "max_pool2d", "view", "permute", "transpose", "split", "gelu", "add", "clone", "slice"):
+        assert op in handlers.HANDLERS, op
+    assert handlers.HANDLERS["bmm"] is handlers.HANDLERS["mm"]  # one handler per op family
+    with pytest.raises(ValueError, match="two handlers"):
+        handlers.register("linear")(lambda imp, node, op: None)
+    calls = []
+    handlers.HANDLERS["__probe"] = lambda imp, node, op: calls.append(op)
+    try:
+        handlers.handle(None, None, "__probe")
+    finally:
+        del handlers.HANDLERS["__probe"]
+    assert calls == ["__probe"]
+    assert len(set(map(id, handlers.HANDLERS.values()))) < len(handlers.HANDLERS) / 2

@@ -14,11 +14,10 @@ from planner.cost.operators import input_layouts, op_cost, output_layouts
 from planner.cost.records import seconds
 from planner.cost.redistribution import edge_cost
 from planner.errors import SettingsError
-from planner.ir.graph import Operator
 from planner.cluster.mesh import Mesh, MeshAxis
 from planner.ir.ops import REGISTRY
 from planner.cost.problem import Problem
-from planner.cost.strategy import Strategy, enumerate_strategies, gradient_target, splittable_dims
+from planner.cost.strategy import Strategy, divides, enumerate_strategies, gradient_target, splittable_dims
 
 TENSOR_PARALLEL_DIMS = ("a", "f", "v", "e")
 
@@ -89,15 +88,6 @@ def _virtual_mesh(mesh: Mesh) -> tuple[Mesh, list[int]]:
     return Mesh(tuple(axes)), owner
 
 
-def _valid_partial(op: Operator, strategy: tuple) -> bool:
-    factor: dict[str, int] = {}
-    for dim in strategy:
-        if dim is not None:
-            factor[dim] = factor.get(dim, 1) * 2
-    sizes = op.sizes
-    return all(sizes[d] % f == 0 for d, f in factor.items())
-
-
 def drec(problem: Problem, order: str = "weight") -> tuple[Strategy, ...]:
     """SMSG's double-recursive search (linear in operators x levels).
 
@@ -129,7 +119,7 @@ def drec(problem: Problem, order: str = "weight") -> tuple[Strategy, ...]:
             best = None
             for dim in [None] + splittable[i]:
                 trial = tuple(assign[i][:level]) + (dim,) + (None,) * (levels - level - 1)
-                if _valid_partial(ops[i], trial):
+                if divides(ops[i].sizes, trial, vmesh):
                     cost = _level_cost(problem, vmesh, i, trial, assign, decided, neighbours[i], level)
                     if best is None or cost < best[0]:
                         best = (cost, dim)
