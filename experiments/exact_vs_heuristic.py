@@ -3,7 +3,9 @@
 For each (model, mesh): exact (decomposition), drec, dp, zero, megatron, greedy and the
 time-limited whole-graph program. The global batch is max(zoo default, devices x
 --batch-per-device) so that data parallelism is possible on every mesh. Writes one row per method; fails loudly if a heuristic that
-fits in memory beats a proven-optimal exact plan (that would be a bug).
+fits in memory beats a proven-optimal exact plan under the same settings (that would be a bug). The
+zero baseline runs other settings (ZeRO-3: a sharded optimizer step, prefetched gathers) and may be
+cheaper than the exact plan at ZeRO-0; its gap is reported, not checked.
 
     python -m experiments.exact_vs_heuristic [--quick] [--models ...] [--meshes 8,2x4,8x8,4x8x8]
 """
@@ -25,7 +27,8 @@ def check(rows: list[dict]) -> None:
     if exact is None or exact["status"] != "OPTIMAL":
         return
     for r in rows:
-        if r["fits_memory"] and r["objective"] < exact["objective"] and r["status"] != "INFEASIBLE":
+        same_settings = r["method"] != "zero"
+        if same_settings and r["fits_memory"] and r["objective"] < exact["objective"] and r["status"] != "INFEASIBLE":
             raise SystemExit(f"exact plan beaten by {r['method']} on {r['model']} {r['mesh']}: "
                              f"{r['objective']} < {exact['objective']}")
 

@@ -4,12 +4,17 @@ Table 1 format (Megatron-LM SC'21 weak scaling): heads, hidden, layers, tp, pp, 
 tflops_per_gpu (measured). The measured time per iteration is F / (gpus * tflops) with the paper's
 FLOP formula F = 96 B s l h^2 (1 + s/(6h) + V/(16 l h)). The planner re-costs each configuration with
 `planner.evaluate_3d` (Megatron tensor parallelism inside the node, data parallelism, even pipeline
-stages, 1F1B, micro-batch --micro-batch, full recompute) on the --device profile. Reported: relative
-error per row, raw and after one global efficiency factor (geometric mean of measured/predicted)
-fitted on the even rows and tested on the odd rows.
+stages, 1F1B, micro-batch --micro-batch, full recompute, fp32 main gradients: the Megatron setup) on
+the --device profile. Reported: relative error per row, raw and after one global efficiency factor
+(geometric mean of measured/predicted) fitted on the even rows and tested on the odd rows.
 
 Figure 13 format: global_batch, pp, tp, tflops_per_gpu_approx for one model (--fig13-model) at
 dp = 1: Spearman and Kendall rank correlation between predicted step time and measured throughput.
+
+Ablation (source ``ablation``): Table 1's mean and max error with the terms of cost model v2 added
+one at a time (datasheet only, + roofline, + overlap, + buckets, + interleaved schedule, + fp32
+main gradients). Micro-batch sweep (source ``microbatch``): a ~91B GPT at t = 8, p = 8 on 64 GPUs,
+global batch 512, micro-batch 1/2/4/8; ``value`` is the predicted throughput in samples/s.
 
     python -m experiments.fidelity [--table1 PATH] [--fig13 PATH] [--out results/fidelity.csv]
 """
@@ -39,16 +44,42 @@ def measured_seconds(row: dict, seq: int, vocab: int) -> float:
     return flops / (row["gpus"] * row["tflops_per_gpu"] * 1e12)
 
 
-def table1_row(ref: dict, index: int, args: argparse.Namespace) -> dict:
-    model = f"gpt:layers={ref['layers']},hidden={ref['hidden']},heads={ref['heads']},seq={args.seq},vocab={args.vocab}"
-    settings = planner.TrainingSettings(recompute=True)
+# The ablation adds the terms of cost model v2 one at a time (DESIGN section 4b), each step keeping
+# the ones before it: (roofline, overlap, bucket MiB, schedule, fp32 main gradients, dropout kernels).
+VARIANTS = {"v1": (False, "none", 0, "1f1b", False, False), "+roofline": (True, "none", 0, "1f1b", False, False),
+            "+overlap": (True, "full", 0, "1f1b", False, False), "+buckets": (True, "full", 25, "1f1b", False, False),
+            "+interleave": (True, "full", 25, "interleaved", False, False),
+            "+fp32 grads": (True, "full", 25, "interleaved", True, False),
+            "+dropout": (True, "full", 25, "interleaved", True, True)}
+# The setup of the measured runs (the main rows): cost model v2's defaults, 1F1B (Table 1 does not
+# state a schedule), and Megatron-LM's fp32 main gradients (its default under bf16: gradients are
+# accumulated and all-reduced in fp32, 18 bytes per parameter with Adam). The zoo GPT without
+# dropout kernels: Megatron fuses bias + dropout + residual into one kernel and the model does not
+# model fusion; the +dropout ablation step shows what separate dropout kernels would cost.
+MEGATRON = "megatron"
+SETUPS = {**VARIANTS, MEGATRON: (True, "full", 25, "1f1b", True, False)}
+
+
+def _variant(args: argparse.Namespace, variant: str):
+    """(profile, settings, schedule, model suffix) of an ablation step or of the Megatron setup."""
+    roofline, overlap, bucket_mb, schedule, fp32_grads, dropout = SETUPS[variant]
+    profile = planner.get_profile(args.device).with_overrides(roofline=roofline)
+    settings = planner.TrainingSettings(recompute=True, overlap=overlap, bucket_bytes=bucket_mb * 2**20,
+                                        fp32_grads=fp32_grads)
+    return profile, settings, schedule, ",dropout=1" if dropout else ""
+
+
+def table1_row(ref: dict, index: int, args: argparse.Namespace, variant: str = MEGATRON) -> dict:
+    device, settings, schedule, suffix = _variant(args, variant)
+    model = (f"gpt:layers={ref['layers']},hidden={ref['hidden']},heads={ref['heads']},seq={args.seq},"
+             f"vocab={args.vocab}{suffix}")
     start = time.perf_counter()
-    plan = planner.evaluate_3d(model, args.device, tp=int(ref["tp"]), pp=int(ref["pp"]), dp=int(ref["dp"]),
+    plan = planner.evaluate_3d(model, device, tp=int(ref["tp"]), pp=int(ref["pp"]), dp=int(ref["dp"]),
                                micro_batch=args.micro_batch, batch=int(ref["global_batch"]), settings=settings,
-                               fit_required=False).pipeline
+                               schedule=schedule if int(ref["pp"]) > 1 else "1f1b", fit_required=False).pipeline
     measured = measured_seconds(ref, args.seq, args.vocab)
-    return {"source": "table1", "config": f"{ref['params_b']}B", "tp": ref["tp"], "pp": ref["pp"], "dp": ref["dp"],
-            "global_batch": ref["global_batch"], "split": "fit" if index % 2 == 0 else "test",
+    return {"source": "table1", "config": f"{ref['params_b']}B", "variant": variant, "tp": ref["tp"], "pp": ref["pp"],
+            "dp": ref["dp"], "global_batch": ref["global_batch"], "split": "fit" if index % 2 == 0 else "test",
             "status": plan.status, "measured_s": measured, "predicted_s": plan.iteration_time_s,
             "rel_error": abs(plan.iteration_time_s - measured) / measured,
             "predicted_memory_gib": plan.max_memory_bytes / 2**30, "measured_tflops": ref["tflops_per_gpu"],
@@ -56,15 +87,41 @@ def table1_row(ref: dict, index: int, args: argparse.Namespace) -> dict:
 
 
 def fig13_row(ref: dict, args: argparse.Namespace) -> dict:
-    settings = planner.TrainingSettings(recompute=True)
+    device, settings, _, _ = _variant(args, MEGATRON)
     start = time.perf_counter()
-    plan = planner.evaluate_3d(args.fig13_model, args.device, tp=int(ref["tp"]), pp=int(ref["pp"]), dp=1,
+    plan = planner.evaluate_3d(args.fig13_model, device, tp=int(ref["tp"]), pp=int(ref["pp"]), dp=1,
                                micro_batch=args.micro_batch, batch=int(ref["global_batch"]), settings=settings,
                                fit_required=False).pipeline
-    return {"source": "fig13", "config": f"p{ref['pp']}-t{ref['tp']}-b{ref['global_batch']}", "tp": ref["tp"],
+    return {"source": "fig13", "config": f"p{ref['pp']}-t{ref['tp']}-b{ref['global_batch']}", "variant": MEGATRON,
+            "tp": ref["tp"],
             "pp": ref["pp"], "dp": 1, "global_batch": ref["global_batch"], "status": plan.status,
             "predicted_s": plan.iteration_time_s, "predicted_memory_gib": plan.max_memory_bytes / 2**30,
             "measured_tflops": ref["tflops_per_gpu_approx"], "wall_time_s": time.perf_counter() - start}
+
+
+SWEEP_MODEL = "gpt:layers=72,hidden=10240,heads=80,seq=2048,vocab=51200"  # about 91B parameters
+
+
+def sweep_row(micro_batch: int, args: argparse.Namespace) -> dict:
+    """The micro-batch sweep: a ~91B GPT at t = 8, p = 8 on 64 GPUs, global batch 512."""
+    device, settings, _, _ = _variant(args, MEGATRON)
+    start = time.perf_counter()
+    plan = planner.evaluate_3d(SWEEP_MODEL, device, tp=8, pp=8, dp=1, micro_batch=micro_batch, batch=512,
+                               settings=settings, fit_required=False).pipeline
+    return {"source": "microbatch", "config": f"b{micro_batch}", "variant": MEGATRON, "tp": 8, "pp": 8, "dp": 1,
+            "global_batch": 512, "status": plan.status, "predicted_s": plan.iteration_time_s,
+            "value": 512 / plan.iteration_time_s, "predicted_memory_gib": plan.max_memory_bytes / 2**30,
+            "wall_time_s": time.perf_counter() - start}
+
+
+def ablation(t1_refs: list[dict], args: argparse.Namespace) -> list[dict]:
+    """Mean and max relative error of Table 1 with each term of cost model v2 added in turn."""
+    out = []
+    for variant in VARIANTS:
+        errors = [table1_row(ref, i, args, variant)["rel_error"] for i, ref in enumerate(t1_refs)]
+        out += [{"source": "ablation", "config": f"{variant} mean", "variant": variant, "value": float(np.mean(errors))},
+                {"source": "ablation", "config": f"{variant} max", "variant": variant, "value": float(np.max(errors))}]
+    return out
 
 
 def summarize(rows: list[dict]) -> list[dict]:
@@ -72,6 +129,10 @@ def summarize(rows: list[dict]) -> list[dict]:
     from scipy.stats import kendalltau, spearmanr
     out = []
     t1 = [r for r in rows if r["source"] == "table1"]
+    sweep = [r for r in rows if r["source"] == "microbatch"]
+    if sweep:
+        best = min(sweep, key=lambda r: r["predicted_s"])
+        out.append({"source": "summary", "config": "microbatch_best", "value": best["config"]})
     if t1:
         fit = [r for r in t1 if r["split"] == "fit"] or t1
         factor = math.exp(np.mean([math.log(r["measured_s"] / r["predicted_s"]) for r in fit]))
@@ -139,12 +200,17 @@ def main(argv: list[str] | None = None) -> int:
     for ref in pd.read_csv(args.fig13, comment="#").to_dict("records"):
         if not table.done(source="fig13", config=f"p{ref['pp']}-t{ref['tp']}-b{ref['global_batch']}"):
             table.add([fig13_row(ref, args)])
+    for micro_batch in () if args.smallest else (1, 2, 4, 8):
+        if not table.done(source="microbatch", config=f"b{micro_batch}"):
+            table.add([sweep_row(micro_batch, args)])
+    if not args.smallest and not table.done(source="ablation", config=f"{list(VARIANTS)[-1]} max"):
+        table.add(ablation(t1[:args.max_rows or None], args))
     data = [r for r in table.rows if r["source"] != "summary"]
     summary = summarize(data)
     table.rows = data
     table.add(summary)
-    for r in summary:
-        print(f"{r['config']:40s} {r['value']}")
+    for r in summary + [r for r in data if r["source"] in ("ablation", "microbatch")]:
+        print(f"{r['source']:10s} {r['config']:40s} {r['value']}")
     if (png := png_path(args)):
         plot(data, png)
     return 0

@@ -82,6 +82,18 @@ def fidelity(path: Path) -> str:
         lines += ["", f"Figure 13 ({batch}): Spearman {float(summary[key]):.2f}, Kendall "
                   f"{float(summary[key.replace('spearman', 'kendall')]):.2f}; predicted best "
                   f"{summary[key.replace('spearman', 'predicted_best')]}."]
+    ablation = d[d["source"] == "ablation"]
+    if len(ablation):
+        lines += ["", "| cost model (terms added in turn) | Table 1 mean error | max error |", "|---|---|---|"]
+        values = dict(zip(ablation["config"], ablation["value"].astype(float)))
+        for variant in dict.fromkeys(ablation["variant"]):
+            lines.append(f"| {variant} | {100 * values[f'{variant} mean']:.1f}% | {100 * values[f'{variant} max']:.1f}% |")
+    sweep = d[d["source"] == "microbatch"]
+    if len(sweep):
+        lines += ["", "| micro-batch (91B GPT, t=8, p=8, 64 GPUs, batch 512) | predicted s/iteration | samples/s |",
+                  "|---|---|---|"]
+        for _, r in sweep.iterrows():
+            lines.append(f"| {r['config'][1:]} | {r['predicted_s']:.2f} | {float(r['value']):.2f} |")
     return "\n".join(lines)
 
 

@@ -49,6 +49,7 @@ class Plan:
     explanation: str = ""
     choice: tuple[int, ...] = field(default=(), compare=False, repr=False)
     bound: int | None = None  # proven lower bound on the objective (exact methods)
+    hidden_s: float = 0.0  # communication that runs behind compute (step time = compute + comm - hidden)
 
     @property
     def gap_percent(self) -> float | None:
@@ -73,7 +74,7 @@ class Plan:
         data = {
             "model": self.model, "method": self.method, "status": self.status, "objective": self.objective,
             "objective_unit_s": self.unit_s, "estimated_step_time_s": self.estimated_step_time_s,
-            "compute_s": self.compute_s, "comm_s": self.comm_s, "comm_by_kind_s": dict(self.comm_by_kind_s),
+            "compute_s": self.compute_s, "comm_s": self.comm_s, "hidden_s": self.hidden_s, "comm_by_kind_s": dict(self.comm_by_kind_s),
             "comm_by_axis_s": dict(self.comm_by_axis_s), "memory_per_device_bytes": self.memory_per_device_bytes,
             "memory_breakdown_bytes": dict(self.memory_breakdown), "memory_limit_bytes": self.memory_limit_bytes,
             "fits_memory": self.fits_memory, "mesh": self.mesh, "device": self.device,
@@ -104,7 +105,7 @@ def integer_objective(problem: Problem, strategies: Sequence[Strategy]) -> tuple
     for table, strategy in zip(problem.ops, strategies):
         # a strategy pruned as dominated (or given by a user) is costed afresh by the walk
         known.append(table.records[table.strategies.index(strategy)] if strategy in table.strategies else None)
-    terms = plan_terms(problem.graph, problem.mesh, problem.settings, strategies,
+    terms = plan_terms(problem.graph, problem.mesh, problem.profile, problem.settings, strategies,
                        {t.op.name: t.inputs for t in problem.ops}, known)
     records = list(terms.ops) + [record for *_, record in terms.edges]
     units: dict[int, int] = {}  # identical terms share one record object
@@ -131,13 +132,12 @@ def make_plan(problem: Problem, strategies: Sequence[Strategy], *, method: str, 
     return Plan(
         model=problem.graph.name, method=method, status=status, objective=objective, unit_s=problem.unit_s,
         estimated_step_time_s=times.total_s, compute_s=times.compute_s, comm_s=times.comm_s,
-        comm_by_kind_s=times.comm_by_kind_s, comm_by_axis_s=times.comm_by_axis_s,
+        comm_by_kind_s=times.comm_by_kind_s, comm_by_axis_s=times.comm_by_axis_s, hidden_s=times.hidden_s,
         memory_per_device_bytes=mem.total,
         memory_breakdown=(("params", mem.params), ("grads", mem.grads), ("optimizer", mem.optimizer),
                           ("activations", mem.activations)),
         memory_limit_bytes=memory_limit, mesh=problem.mesh.spec, device=problem.profile.name,
-        settings=(("dtype", settings.dtype), ("optimizer", settings.optimizer), ("zero", settings.zero),
-                  ("recompute", "full" if settings.recompute else "none")),
+        settings=tuple(settings.to_dict().items()),
         operators=ops, search_time_s=search_time_s, notes=tuple(notes), explanation=explanation,
         bound=None if bound is None else int(bound))
 

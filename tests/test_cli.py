@@ -83,7 +83,8 @@ def test_compare_writes_one_row_per_method(tmp_path):
     assert proc.returncode == 0, proc.stderr
     rows = pd.read_csv(out_csv)
     assert list(rows["method"]) == ["exact", "drec", "dp", "megatron", "greedy", "zero"]
-    assert (rows["gap_percent"] >= 0).all()
+    same_settings = rows[rows["method"] != "zero"]  # zero runs ZeRO-3: other settings, possibly cheaper
+    assert (same_settings["gap_percent"] >= 0).all() and len(same_settings) == 5
 
 
 def test_time_limited_whole_program_returns_feasible_plan(tmp_path):

@@ -50,9 +50,16 @@ def test_greedy_takes_locally_cheapest_given_producers(cluster):
             if e.dst == i:
                 local += e.cost[e.src_index[choice[e.src]], e.dst_index]
         assert choice[i] == int(np.argmin(local))
-    # The layer norm: splitting h costs a statistics all-reduce per pass; splitting the batch costs the
-    # gradient all-reduce of its scale and shift, so the greedy choice (nothing upstream) replicates it.
-    assert strategies[0] == (None,)
+    # The layer norm is HBM-bound: splitting the batch divides its traffic by 8, and the gradient of its
+    # scale and shift rides in a bucket behind the backward pass; splitting h costs a statistics
+    # all-reduce per pass. So the greedy choice (nothing upstream) splits the batch.
+    assert strategies[0] == ("b",)
+    assert table_cost(problem, 0, ("b",)) < min(table_cost(problem, 0, (None,)), table_cost(problem, 0, ("h",)))
+
+
+def table_cost(problem, index, strategy):
+    table = problem.ops[index]
+    return int(table.cost[table.strategies.index(strategy)])
 
 
 def test_zero_shards_optimizer_state(cluster):
@@ -63,7 +70,9 @@ def test_zero_shards_optimizer_state(cluster):
 @pytest.mark.parametrize("model,mesh", [("gpt2-small", "8"), ("resnet50", "8"), ("bert-base", "2x4"),
                                         ("moe-gpt", "8"), ("vgg16", "8")])
 def test_exact_is_never_worse_than_a_heuristic(model, mesh):
-    rows = compare(model, mesh, "a100-80g", methods=("exact", "drec", "dp", "zero", "megatron", "greedy"))
+    # zero is left out: it runs other settings (ZeRO-3), whose optimizer step and prefetched gathers
+    # can be cheaper than the exact plan's settings (ZeRO-0); exactness is per settings.
+    rows = compare(model, mesh, "a100-80g", methods=("exact", "drec", "dp", "megatron", "greedy"))
     exact = next(r for r in rows if r["method"] == "exact")
     assert exact["status"] == "OPTIMAL"
     for r in rows:

@@ -15,7 +15,7 @@ from planner.pipeline.search import brute_force, csimd, even_split, exact_dp
 @seed(11)
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(chain_seed=st.integers(0, 10**6), layers=st.integers(1, 10), stages=st.integers(1, 4),
-       schedule=st.sampled_from(("gpipe", "1f1b")), tight=st.booleans())
+       schedule=st.sampled_from(("gpipe", "1f1b", "interleaved", "interleaved:3")), tight=st.booleans())
 def test_dp_equals_brute_force(chain_seed, layers, stages, schedule, tight):
     stages = min(stages, layers)
     chain = random_chain(chain_seed, layers)
@@ -70,6 +70,31 @@ def test_gpipe_formula_by_hand():
     assert memory == 2 * 4  # GPipe keeps all M micro-batches of 2 layers
     one_f_one_b = Evaluator(chain, 2, "1f1b", None)
     assert one_f_one_b.stage_memory(0, 0, 2, 2) == 2 * 2 and one_f_one_b.stage_memory(1, 2, 4, 2) == 2 * 1
+
+
+def test_interleaved_bubble_by_hand():
+    """4 uniform layers on 2 stages, M = 4 micro-batches of 1: the bubble (p - 1) t shrinks by v, each
+    stage sends v times per micro-batch (v - 1 on the last), 1F1B's in-flight activations grow by
+    1 + (p - 1) / (p v)."""
+    chain = _uniform_chain(4, 1.0)
+    send = 0.25
+    chain = LayerChain(chain.micro_batches, chain.counts, chain.time, np.full((4, 3), send * 1e9 / 2),
+                       chain.activation_memory, chain.static_memory, chain.grad_sync, 1e9, 0.0)
+    plain, interleaved = Evaluator(chain, 2, "1f1b", None), Evaluator(chain, 2, "interleaved", None)
+    t0, t1 = 2.0 + send, 2.0  # stage times: 2 layers, plus the sends of the first stage
+    assert plain.cost([2], 2)[0] == pytest.approx(t0 + t1 + 3 * t0)  # sum + (M - 1) max
+    t0, t1 = 2.0 + 2 * send, 2.0 + send  # v = 2: two sends per micro-batch, one on the last stage
+    assert interleaved.cost([2], 2)[0] == pytest.approx((t0 + t1) / 2 + (4 - 0.5) * t0)
+    assert interleaved.stage_memory(0, 0, 2, 2) == pytest.approx(2 * 2 * (1 + 1 / 4))
+    four = Evaluator(chain, 2, "interleaved:4", None)
+    assert four.chunks == 4 and four.bubble_factor(2) == 4 - 0.25
+
+
+@pytest.mark.parametrize("bad", ["interleaved:1", "interleaved:x", "1f1b:2", "zigzag"])
+def test_bad_schedule_is_refused(bad):
+    from planner.errors import SettingsError
+    with pytest.raises(SettingsError, match="--schedule"):
+        Evaluator(_uniform_chain(4, 1.0), 2, bad, None)
 
 
 def test_csimd_beats_even_split_on_heterogeneous_chain():

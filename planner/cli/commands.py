@@ -40,7 +40,8 @@ def _settings(args: argparse.Namespace, base: dict | None = None) -> TrainingSet
     """Settings from the options; an option not given takes ``base`` (a plan file's) or the default."""
     values = {k: getattr(args, k) if getattr(args, k) is not None else (base or SETTINGS_DEFAULTS).get(k, v)
               for k, v in SETTINGS_DEFAULTS.items()}
-    return TrainingSettings(values["dtype"], values["optimizer"], int(values["zero"]), values["recompute"] == "full")
+    return TrainingSettings(values["dtype"], values["optimizer"], int(values["zero"]), values["recompute"] == "full",
+                            values["overlap"], float(values["bucket_mb"]) * 2**20, bool(values["fp32_grads"]))
 
 
 def _given(args: argparse.Namespace, names: Sequence[str]) -> list[str]:

@@ -9,7 +9,8 @@ import sys
 
 from planner import api
 from planner.cluster.profiles import DEFAULT_HARDWARE_CSV
-from planner.pipeline.schedule import SCHEDULES
+from planner.errors import SettingsError
+from planner.pipeline.schedule import parse_schedule
 from planner.pipeline.search import METHODS as PIPELINE_METHODS
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_INFEASIBLE, EXIT_NOT_OPTIMAL, EXIT_MISMATCH = 0, 2, 3, 4, 5
@@ -38,7 +39,8 @@ def _add_logging(p: argparse.ArgumentParser, top: bool) -> None:
     p.add_argument("--debug", action="store_true", default=default(False), help="show tracebacks")
 
 
-SETTINGS_DEFAULTS = {"dtype": "bf16", "optimizer": "adam", "zero": 0, "recompute": "none"}
+SETTINGS_DEFAULTS = {"dtype": "bf16", "optimizer": "adam", "zero": 0, "recompute": "none", "overlap": "full",
+                     "bucket_mb": 25.0, "fp32_grads": False}
 
 
 def _add_common(p: argparse.ArgumentParser, model_required: bool = True) -> None:
@@ -57,6 +59,14 @@ def _add_common(p: argparse.ArgumentParser, model_required: bool = True) -> None
     p.add_argument("--optimizer", choices=["adam", "sgd"], help="default adam")
     p.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="ZeRO stage on data-parallel axes (default 0)")
     p.add_argument("--recompute", choices=["none", "full"], help="activation recompute (default none)")
+    p.add_argument("--overlap", choices=["none", "grad", "full"],
+                   help="communication behind compute: grad = gradient reduction behind the backward pass (DDP, "
+                        "Megatron), full = also ZeRO-3 gathers prefetched (FSDP); default full")
+    p.add_argument("--bucket-mb", type=_non_negative, metavar="MB",
+                   help="gradient bucket size in MiB: collective latency is paid per bucket (default 25, as DDP; "
+                        "0: one collective per parameter tensor)")
+    p.add_argument("--fp32-grads", action="store_const", const=True,
+                   help="keep gradients in fp32 (Megatron's main gradients: 18 bytes per parameter with Adam)")
     p.add_argument("--json", help="write the plan as JSON here")
     p.add_argument("--csv", help="write one summary row as CSV here")
     p.add_argument("--no-timings", action="store_true", help="drop search times from JSON and CSV (byte-identical reruns)")
@@ -79,7 +89,8 @@ PIPELINE_OPTIONS = ("schedule", "pp", "num_microbatches", "pipeline_method", "cu
 
 
 def _add_pipeline(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--schedule", choices=list(SCHEDULES), help="pipeline schedule (default 1f1b)")
+    p.add_argument("--schedule", type=_schedule, help="pipeline schedule: gpipe, 1f1b (default) or interleaved[:v] "
+                   "(v model chunks per device, default 2)")
     p.add_argument("--pp", type=_positive_int, help="pipeline degree (default: search every divisor)")
     p.add_argument("--num-microbatches", type=_positive_int, help="micro-batch count (default: search every divisor)")
     p.add_argument("--pipeline-method", choices=list(PIPELINE_METHODS),
@@ -94,16 +105,6 @@ def _cuts(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"must be comma-separated layer indices, got {text!r}") from None
 
 
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-    if not 0 <= value < 2**31:
-        raise argparse.ArgumentTypeError(f"must be in 0..2^31-1, got {text!r}")
-    return value
-
-
 class _Parser(argparse.ArgumentParser):
     """Argument errors as one line naming the option, exit code 2 (no usage dump)."""
 
@@ -112,24 +113,31 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_BAD_INPUT)
 
 
-def _positive_int(text: str) -> int:
+def _schedule(text: str) -> str:
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
+        parse_schedule(text)
+    except SettingsError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--schedule: ")) from None
+    return text
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive finite number of seconds, got {text!r}")
-    return value
+def _number(convert, valid, what: str):
+    """An argparse type: ``convert`` the text, then check ``valid``; one message names what is wanted."""
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not valid(value):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+        return value
+    return parse
+
+
+_seed = _number(int, lambda v: 0 <= v < 2**31, "an integer in 0..2^31-1")
+_positive_int = _number(int, lambda v: v >= 1, "a positive integer")
+_seconds = _number(float, lambda v: 0 < v < float("inf"), "a positive finite number of seconds")
+_non_negative = _number(float, lambda v: 0 <= v < 2**30, "a non-negative number of MiB")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -162,7 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--pp", type=_positive_int, help="pipeline degree (even layer split unless --cuts)")
     e.add_argument("--micro-batch", type=_positive_int,
                    help="samples per micro-batch and replica (default: batch / dp, one micro-batch)")
-    e.add_argument("--schedule", choices=list(SCHEDULES), help="pipeline schedule (default 1f1b)")
+    e.add_argument("--schedule", type=_schedule, help="pipeline schedule: gpipe, 1f1b (default) or interleaved[:v] "
+                   "(v model chunks per device, default 2)")
     e.add_argument("--cuts", type=_cuts, help="stage cuts: first layer of stages 1..p-1 (default: even split)")
     i = sub.add_parser("import-torch", help="import an nn.Module through torch.export into a graph JSON")
     _add_logging(i, top=False)

@@ -22,7 +22,8 @@ def format_plan(plan: Plan) -> str:
         f" (proven gap {gap:.2f}% to the bound {plan.bound})" if gap is not None else " (no bound: gap unknown)")
     lines = [f"model {plan.model} on mesh {plan.mesh} ({plan.device}), method {plan.method}: {plan.status}{proof}",
              f"estimated step time {plan.estimated_step_time_s * 1e3:.3f} ms "
-             f"(compute {plan.compute_s * 1e3:.3f} ms, communication {plan.comm_s * 1e3:.3f} ms); "
+             f"(compute {plan.compute_s * 1e3:.3f} ms, communication {plan.comm_s * 1e3:.3f} ms, of which "
+             f"{plan.hidden_s * 1e3:.3f} ms behind compute); "
              f"objective {plan.objective} x {plan.unit_s:g} s"]
     if plan.comm_by_kind_s:
         lines.append("communication: " + ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in plan.comm_by_kind_s if v))

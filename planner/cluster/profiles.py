@@ -40,6 +40,11 @@ INTRA_NODE_LATENCY_S = 2e-6
 INTER_NODE_LATENCY_S = 8e-6
 # Sustained fraction of peak FLOP/s; Megatron-LM measures 44-52% (SC'21 Table 1). Fitted in experiments/fidelity.py.
 DEFAULT_EFFICIENCY = 0.5
+# Roofline model (planner/cost/compute.py). Documented assumptions, not fitted: large BF16 GEMMs in
+# cuBLAS/CUTLASS sustain about 80% of the tensor-core peak; a kernel launch costs about 4 us of GPU
+# idle time in eager frameworks.
+DEFAULT_GEMM_EFFICIENCY = 0.8
+KERNEL_LAUNCH_S = 4e-6
 SYMBOLIC_BANDWIDTH = 1e9  # 1 byte costs 1 ns: the integer objective of the symbolic profile is in bytes.
 
 
@@ -57,6 +62,12 @@ class MachineProfile:
     intra_node_latency: float = INTRA_NODE_LATENCY_S
     inter_node_latency: float = INTER_NODE_LATENCY_S
     compute_weight: float = 1.0  # 0 for the symbolic profile: compute balanced, ignored
+    hbm_bandwidth: float = 0.0  # bytes/s; 0: unknown, the roofline is off (flops / (peak x efficiency))
+    sm_count: int = 0  # streaming multiprocessors (wave quantisation); 0: unknown, no quantisation
+    vector_flops: float = 0.0  # non-tensor FP32 FLOP/s (elementwise ops); 0: the tensor peak
+    gemm_efficiency: float = DEFAULT_GEMM_EFFICIENCY
+    kernel_launch_s: float = KERNEL_LAUNCH_S
+    roofline: bool = True  # False: cost model v1's compute, for ablation
 
     def __post_init__(self) -> None:
         for name in ("peak_flops", "memory_bytes", "intra_node_bandwidth", "inter_node_bandwidth", "efficiency"):
@@ -67,10 +78,17 @@ class MachineProfile:
             raise ProfileError(f"profile {self.name}: field 'gpus_per_node' must be a positive integer")
         if self.efficiency > 1:
             raise ProfileError(f"profile {self.name}: field 'efficiency' is a fraction of peak, at most 1, got {self.efficiency!r}")
-        for name in ("intra_node_latency", "inter_node_latency", "compute_weight"):
+        for name in ("intra_node_latency", "inter_node_latency", "compute_weight", "hbm_bandwidth", "vector_flops",
+                     "kernel_launch_s", "sm_count"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ProfileError(f"profile {self.name}: field '{name}' must be a non-negative number")
+        if not isinstance(self.sm_count, int):
+            raise ProfileError(f"profile {self.name}: field 'sm_count' must be a whole number")
+        if not isinstance(self.gemm_efficiency, (int, float)) or not 0 < self.gemm_efficiency <= 1:
+            raise ProfileError(f"profile {self.name}: field 'gemm_efficiency' is a fraction of peak in (0, 1]")
+        if not isinstance(self.roofline, bool):
+            raise ProfileError(f"profile {self.name}: field 'roofline' must be true or false")
 
     @property
     def flops_per_second(self) -> float:
@@ -98,7 +116,8 @@ def load_profiles(path: Path | str | None = DEFAULT_HARDWARE_CSV) -> dict[str, M
                 name=row["device"], peak_flops=float(row["peak_bf16_flops"]), memory_bytes=float(row["hbm_bytes"]),
                 intra_node_bandwidth=float(row["intra_node_bandwidth"]),
                 inter_node_bandwidth=float(row["inter_node_bandwidth_per_gpu"]),
-                gpus_per_node=int(row["gpus_per_node"]))
+                gpus_per_node=int(row["gpus_per_node"]), hbm_bandwidth=float(row.get("hbm_bandwidth") or 0),
+                sm_count=int(row.get("sm_count") or 0), vector_flops=float(row.get("fp32_vector_flops") or 0))
         except (KeyError, TypeError, ValueError) as exc:
             raise ProfileError(f"hardware table {path}: row {row.get('device')!r} is malformed ({exc})") from None
     return profiles

@@ -24,7 +24,7 @@ class Collective:
     kind: str
     axis: int
     nbytes: float
-    count: int = 1
+    count: float = 1.0  # collectives issued (fractional: a tensor's share of a gradient bucket)
 
 
 def bytes_sent(kind: str, size: int, nbytes: float) -> float:
@@ -36,7 +36,8 @@ def bytes_sent(kind: str, size: int, nbytes: float) -> float:
     return (2.0 if kind == "all_reduce" else 1.0) * (size - 1) / size * nbytes
 
 
-def collective_seconds(kind: str, size: int, bandwidth: float, latency: float, nbytes: float, count: int = 1) -> float:
+def collective_seconds(kind: str, size: int, bandwidth: float, latency: float, nbytes: float,
+                       count: float = 1.0) -> float:
     """Ring alpha-beta time of ``count`` collectives moving ``nbytes`` in total on one axis."""
     if size <= 1:
         return 0.0

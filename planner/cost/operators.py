@@ -1,23 +1,34 @@
-"""Operator costs (DESIGN section 4): the volumes one operator under one strategy costs per device.
+"""Operator costs (DESIGN sections 4 and 4b): what one operator under one strategy costs per device.
 
 Per operator (forward + backward): compute flops/P(s) forward, backward_factor times that
-backward, one more forward under recompute; splitting a normalised dim all-reduces the
+backward, one more forward under recompute, timed by the roofline of ``planner.cost.compute``; splitting a normalised dim all-reduces the
 statistics in both passes; a parameter whose op splits a dim absent from it gets a Partial
 gradient, all-reduced per use (tied weights: once per consumer, as XLA does) (reduce-scatter + all-gather under ZeRO >= 1, a second
-all-gather under ZeRO-3). Edges are costed in ``planner.cost.redistribution``.
+all-gather under ZeRO-3). Parameter collectives are issued per gradient bucket (latency paid
+per bucket, a tensor charged its share) and, with overlap, hidden behind the operator's own
+compute: hidden = min(gradient reduction, backward compute) (+ min(ZeRO-3 gather, forward) under
+``full``). Charging each operator max(0, comm - its compute) keeps every term a constant of
+(operator, strategy), so the program stays linear and the decomposition exact; for a stack of
+identical layers it equals the global max(0, sum comm - sum hideable compute). The optimizer
+step is HBM-bound: it reads the gradient and the optimizer state and writes state and weights.
+Edges are costed in ``planner.cost.redistribution``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 from planner.cluster.mesh import Mesh
-from planner.cost.collectives import Collective, hierarchical_all_reduce
+from planner.cluster.profiles import MachineProfile
+from planner.cost.collectives import Collective, collective_seconds, hierarchical_all_reduce
+from planner.cost.compute import op_seconds
 from planner.cost.records import CostRecord, Memory, merge_comm
 from planner.cost.settings import INTEGER_BYTES, TrainingSettings
 from planner.cost.strategy import (GRAD_PARTIAL, Layout, Strategy, input_layout, operand_layout, parallel_degree,
                                    shard_factor)
 from planner.ir.graph import Graph, Operator
+from planner.ir.ops import REGISTRY
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +41,7 @@ class OperandInfo:
     elem_bytes: int
     counts_memory: bool  # this op owns the tensor's parameter state or saved activation
     grad_free: bool = False  # the op sums its input to a scalar: the input's gradient is a broadcast
+    saved_bytes: int = 0  # bytes per element the op keeps when it saves this input (a dropout mask: 1)
 
     @property
     def edge_grad(self) -> bool:
@@ -52,81 +64,108 @@ def operand_infos(graph: Graph, settings: TrainingSettings) -> dict[str, tuple[O
     for op in graph.operators:
         row = []
         full_sum = op.kind == "reduce" and all(not o.dims for o in op.outputs)
+        saved_bytes = REGISTRY[op.kind].saved_bytes
         for operand in op.inputs:
             t = graph.tensor(operand.tensor)
             row.append(OperandInfo(t.shape, t.role, t.name in grads, INTEGER_BYTES if t.integer else settings.elem_bytes,
-                                   owner.get(t.name) == op.name, full_sum))
+                                   owner.get(t.name) == op.name, full_sum, saved_bytes))
         infos[op.name] = tuple(row)
     return infos
 
 
 def op_cost(op: Operator, strategy: Strategy, mesh: Mesh, settings: TrainingSettings,
-            inputs: tuple[OperandInfo, ...]) -> CostRecord:
+            inputs: tuple[OperandInfo, ...], profile: MachineProfile) -> CostRecord:
     """Cost of one operator under one strategy, for one training step, per device."""
     mesh_shape = mesh.shape
-    degree = parallel_degree(strategy, mesh)
-    fwd = op.flops / degree
-    comm: list[Collective] = []
-    sizes = op.sizes
-    if op.norm_dims:
-        stats = op.norm_stats * settings.elem_bytes
-        for dim in sizes:
-            if dim not in op.norm_dims:
-                stats *= sizes[dim]
-        local = stats / parallel_degree(tuple(d if d not in op.norm_dims else None for d in strategy), mesh)
-        for ax, dim in enumerate(strategy):
-            if dim in op.norm_dims:
-                comm.append(Collective("fwd", "all_reduce", ax, local))
-                comm.append(Collective("bwd", "all_reduce", ax, local))
+    fwd = op.flops / parallel_degree(strategy, mesh)
+    comm = _norm_comm(op, strategy, mesh, settings)
     if inputs and inputs[0].grad_free:  # a loss summed over split dims: the scalar is all-reduced
         split = [ax for ax, dim in enumerate(strategy) if dim is not None and mesh_shape[ax] > 1]
         comm.extend(hierarchical_all_reduce("fwd", split, settings.elem_bytes, mesh_shape))
-    memory = Memory()
+    memory, param_comm, io_bytes, opt_bytes = Memory(), [], 0.0, 0.0
     for slot, info in enumerate(inputs):
         layout = input_layout(op, slot, strategy, info.needs_grad)
-        numel = 1.0
-        for s in info.shape:
-            numel *= s
-        numel /= shard_factor(layout, mesh_shape)
+        numel = math.prod(info.shape) / shard_factor(layout, mesh_shape)
+        io_bytes += numel * info.elem_bytes
         if info.role == "param":
-            param_comm, param_memory = _param_cost(numel, layout, mesh_shape, settings, info.counts_memory)
-            comm.extend(param_comm)
-            memory = memory + param_memory
+            collectives, param_memory, step_bytes = _param_cost(numel, layout, mesh_shape, settings, info.counts_memory)
+            param_comm.extend(collectives)
+            memory, opt_bytes = memory + param_memory, opt_bytes + step_bytes
         elif info.counts_memory:
-            memory = memory + Memory(activations=numel * info.elem_bytes)
+            memory = memory + Memory(activations=numel * (info.saved_bytes or info.elem_bytes))
+    for operand, layout in zip(op.outputs, output_layouts(op, strategy)):
+        io_bytes += math.prod(op.operand_shape(operand)) / shard_factor(layout, mesh_shape) * settings.elem_bytes
+    time = op_seconds(op, strategy, mesh, profile, fwd, io_bytes)
+    bwd_s = time.bwd_s + (time.fwd_s if settings.recompute else 0.0)
+    opt_s = opt_bytes / profile.hbm_bandwidth if profile.roofline and profile.hbm_bandwidth > 0 else 0.0
+    hidden_pass, hidden_sync = _hidden_seconds(param_comm, time.fwd_s, bwd_s, mesh, settings.overlap)
     recompute = fwd if settings.recompute else 0.0
-    return CostRecord(fwd, fwd * op.backward_factor + recompute, merge_comm(tuple(comm)), memory)
+    return CostRecord(fwd, fwd * op.backward_factor + recompute, merge_comm(tuple(comm + param_comm)), memory,
+                      time.fwd_s, bwd_s, opt_s, hidden_pass, hidden_sync)
+
+
+def _norm_comm(op: Operator, strategy: Strategy, mesh: Mesh, settings: TrainingSettings) -> list[Collective]:
+    """Splitting a normalised dim all-reduces the statistics, forward and backward."""
+    if not op.norm_dims:
+        return []
+    sizes = op.sizes
+    stats = op.norm_stats * settings.elem_bytes * math.prod(sizes[d] for d in sizes if d not in op.norm_dims)
+    local = stats / parallel_degree(tuple(d if d not in op.norm_dims else None for d in strategy), mesh)
+    return [Collective(phase, "all_reduce", ax, local) for ax, dim in enumerate(strategy) if dim in op.norm_dims
+            for phase in ("fwd", "bwd")]
+
+
+def _hidden_seconds(param_comm: list[Collective], fwd_s: float, bwd_s: float, mesh: Mesh,
+                    overlap: str) -> tuple[float, float]:
+    """Seconds of this operator's parameter collectives that run behind its own compute, per pass
+    and per step: with ``grad`` the gradient reduction behind the backward pass; with ``full``
+    first ZeRO-3's gathers (forward and backward, prefetched), then the reduction behind what is
+    left of the backward pass."""
+    if overlap == "none":
+        return 0.0, 0.0
+    spent = {"fwd": 0.0, "bwd": 0.0, "grad": 0.0, "opt": 0.0}
+    for c in param_comm:
+        axis = mesh.axes[c.axis]
+        spent[c.phase] += collective_seconds(c.kind, axis.size, axis.bandwidth, axis.latency, c.nbytes, c.count)
+    if overlap == "grad":
+        return 0.0, min(spent["grad"], bwd_s)
+    gathers = min(spent["fwd"], fwd_s) + min(spent["bwd"], bwd_s)
+    return gathers, min(spent["grad"], bwd_s - min(spent["bwd"], bwd_s))
 
 
 def _param_cost(numel: float, layout: Layout, mesh_shape: tuple[int, ...], settings: TrainingSettings,
-                counts_memory: bool) -> tuple[list[Collective], Memory]:
+                counts_memory: bool) -> tuple[list[Collective], Memory, float]:
+    """A parameter's collectives (bucketed), its memory and the HBM bytes of its optimizer step."""
     dp_axes = [ax for ax, p in enumerate(layout) if p == GRAD_PARTIAL and mesh_shape[ax] > 1]
-    nbytes = numel * settings.elem_bytes
+    nbytes, grad_nbytes = numel * settings.elem_bytes, numel * settings.grad_bytes
     comm: list[Collective] = []
     # A parameter read by several operators (tied embeddings) has its gradient reduced once per
     # use: XLA's SPMD partitioner reduces each use's partial gradient where it is computed
     # (measured by `planner verify`); a framework that accumulates first pays less.
     if settings.zero == 0:
-        comm = hierarchical_all_reduce("grad", dp_axes, nbytes, mesh_shape)
+        comm = hierarchical_all_reduce("grad", dp_axes, grad_nbytes, mesh_shape)
     else:
-        buffer = nbytes
+        buffer, grad_buffer = nbytes, grad_nbytes
         for ax in dp_axes:
-            comm.append(Collective("grad", "reduce_scatter", ax, buffer))
+            comm.append(Collective("grad", "reduce_scatter", ax, grad_buffer))
             if settings.zero == 3:  # parameters gathered before use, in both passes
                 comm.append(Collective("fwd", "all_gather", ax, buffer))
                 comm.append(Collective("bwd", "all_gather", ax, buffer))
             else:  # updated shards gathered after the optimizer step
                 comm.append(Collective("opt", "all_gather", ax, buffer))
             buffer /= mesh_shape[ax]
+            grad_buffer /= mesh_shape[ax]
+    if settings.bucket_bytes > 0:  # one collective per bucket: this tensor's share of the latency
+        comm = [replace(c, count=(grad_nbytes if c.phase == "grad" else nbytes) / settings.bucket_bytes) for c in comm]
     if not counts_memory:
-        return comm, Memory()
-    dp = 1
-    for ax in dp_axes:
-        dp *= mesh_shape[ax]
+        return comm, Memory(), 0.0
+    dp = math.prod(mesh_shape[ax] for ax in dp_axes)
     z = settings.zero
-    memory = Memory(params=nbytes / (dp if z >= 3 else 1), grads=nbytes / (dp if z >= 2 else 1),
+    memory = Memory(params=nbytes / (dp if z >= 3 else 1), grads=grad_nbytes / (dp if z >= 2 else 1),
                     optimizer=numel * settings.optimizer_bytes / (dp if z >= 1 else 1))
-    return comm, memory
+    updated = numel / (dp if z >= 1 else 1)  # read the gradient and the state, write the state and the weights
+    step_bytes = updated * (settings.grad_bytes + 2 * settings.optimizer_bytes + settings.elem_bytes)
+    return comm, memory, step_bytes
 
 
 def output_layouts(op: Operator, strategy: Strategy) -> tuple[Layout, ...]:

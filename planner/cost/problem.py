@@ -102,7 +102,7 @@ class Problem:
     def record(self, choice: Sequence[int]) -> CostRecord:
         """The symbolic cost record of a whole plan (for breakdowns)."""
         strategies = [t.strategies[c] for t, c in zip(self.ops, choice)]
-        terms = plan_terms(self.graph, self.mesh, self.settings, strategies, {t.op.name: t.inputs for t in self.ops},
+        terms = plan_terms(self.graph, self.mesh, self.profile, self.settings, strategies, {t.op.name: t.inputs for t in self.ops},
                            [t.records[c] for t, c in zip(self.ops, choice)])
         return sum_records(list(terms.ops) + [record for *_, record in terms.edges])
 
@@ -135,7 +135,7 @@ def _build_op_table(op: Operator, infos: tuple[OperandInfo, ...], mesh: Mesh, pr
                     settings: TrainingSettings, unit_s: float) -> OpTable:
     candidates = []
     for strategy in enumerate_strategies(op, mesh):
-        record = op_cost(op, strategy, mesh, settings, infos)
+        record = op_cost(op, strategy, mesh, settings, infos, profile)
         signature = (output_layouts(op, strategy), input_layouts(op, strategy, infos))
         candidates.append((signature, _to_units(seconds(record, mesh, profile), unit_s),
                            _to_bytes(record.memory.total), strategy, record))

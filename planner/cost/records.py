@@ -1,5 +1,11 @@
-"""Cost records: per-device volumes (FLOPs, collectives by phase, kind and mesh axis, memory) and
-their seconds under a machine profile (no overlap of communication with compute)."""
+"""Cost records: per-device volumes (FLOPs, collectives by phase, kind and mesh axis, memory), the
+compute seconds of the operators (``planner.cost.compute``) and the communication seconds hidden
+behind them, and their total under a machine profile::
+
+    time = fwd_s + bwd_s + opt_s + sum_collectives collective_seconds(c) - hidden_s - hidden_sync_s
+
+Every field is additive over operators (each operator's overlap is resolved when it is costed),
+so a plan's time is the sum of its terms and the integer program stays linear."""
 
 from __future__ import annotations
 
@@ -28,16 +34,22 @@ class Memory:
 
 @dataclass(frozen=True, slots=True)
 class CostRecord:
-    """Symbolic cost of a piece of the plan: per-device FLOPs, collectives, memory."""
+    """Symbolic cost of a piece of the plan: per-device FLOPs, collectives, memory; the compute
+    seconds of its operators (forward and backward per pass, the optimizer step per training step)
+    and the communication seconds that run behind that compute."""
 
     fwd_flops: float = 0.0
     bwd_flops: float = 0.0
     comm: tuple[Collective, ...] = ()
     memory: Memory = field(default_factory=Memory)
+    fwd_s: float = 0.0
+    bwd_s: float = 0.0
+    opt_s: float = 0.0
+    hidden_s: float = 0.0  # per pass: ZeRO-3 gathers behind the forward/backward compute
+    hidden_sync_s: float = 0.0  # per step: the gradient reduction behind the (last) backward pass
 
     def __add__(self, other: "CostRecord") -> "CostRecord":
-        return CostRecord(self.fwd_flops + other.fwd_flops, self.bwd_flops + other.bwd_flops,
-                          merge_comm(self.comm + other.comm), self.memory + other.memory)
+        return sum_records([self, other])
 
     def comm_bytes(self, kind: str | None = None, axis: int | None = None, phase: str | None = None) -> float:
         return sum(c.nbytes for c in self.comm if (kind is None or c.kind == kind)
@@ -47,46 +59,51 @@ class CostRecord:
 def sum_records(records: "list[CostRecord] | tuple[CostRecord, ...]") -> CostRecord:
     """Sum many records at once (one merge of the collectives instead of one per addition)."""
     comm: list[Collective] = []
-    fwd = bwd = 0.0
-    params = grads = optimizer = activations = 0.0
+    totals = dict.fromkeys(_ADDITIVE, 0.0)
+    memory = Memory()
     for r in records:
-        fwd += r.fwd_flops
-        bwd += r.bwd_flops
+        for name in _ADDITIVE:
+            totals[name] += getattr(r, name)
         comm.extend(r.comm)
-        m = r.memory
-        params, grads, optimizer, activations = (params + m.params, grads + m.grads, optimizer + m.optimizer,
-                                                 activations + m.activations)
-    return CostRecord(fwd, bwd, merge_comm(tuple(comm)), Memory(params, grads, optimizer, activations))
+        memory = memory + r.memory
+    return CostRecord(comm=merge_comm(tuple(comm)), memory=memory, **totals)
+
+
+_ADDITIVE = ("fwd_flops", "bwd_flops", "fwd_s", "bwd_s", "opt_s", "hidden_s", "hidden_sync_s")
 
 
 def merge_comm(comm: tuple[Collective, ...]) -> tuple[Collective, ...]:
     acc: dict[tuple[str, str, int], list[float]] = {}
     for c in comm:
-        slot = acc.setdefault((c.phase, c.kind, c.axis), [0.0, 0])
+        slot = acc.setdefault((c.phase, c.kind, c.axis), [0.0, 0.0])
         slot[0] += c.nbytes
         slot[1] += c.count
-    return tuple(Collective(p, k, a, n, int(cnt)) for (p, k, a), (n, cnt) in sorted(acc.items()))
+    return tuple(Collective(p, k, a, n, cnt) for (p, k, a), (n, cnt) in sorted(acc.items()))
 
 
 @dataclass(frozen=True, slots=True)
 class TimeBreakdown:
+    """Seconds of a record: compute, communication (all of it, by kind and by axis) and the part of
+    the communication hidden behind compute."""
+
     compute_s: float
     comm_s: float
     comm_by_kind_s: tuple[tuple[str, float], ...]
     comm_by_axis_s: tuple[tuple[str, float], ...]
+    hidden_s: float = 0.0
 
     @property
     def total_s(self) -> float:
-        return self.compute_s + self.comm_s
+        return self.compute_s + self.comm_s - self.hidden_s
 
 
 def seconds(record: CostRecord, mesh: Mesh, profile: MachineProfile) -> float:
-    """Estimated time of a cost record (no overlap of communication with compute)."""
+    """Estimated time of a cost record: compute + communication - the communication hidden behind compute."""
     return breakdown(record, mesh, profile).total_s
 
 
 def breakdown(record: CostRecord, mesh: Mesh, profile: MachineProfile) -> TimeBreakdown:
-    compute = profile.compute_weight * (record.fwd_flops + record.bwd_flops) / profile.flops_per_second
+    compute = profile.compute_weight * (record.fwd_s + record.bwd_s + record.opt_s)
     by_kind: dict[str, float] = {}
     by_axis: dict[str, float] = {}
     for c in record.comm:
@@ -94,4 +111,5 @@ def breakdown(record: CostRecord, mesh: Mesh, profile: MachineProfile) -> TimeBr
         t = collective_seconds(c.kind, axis.size, axis.bandwidth, axis.latency, c.nbytes, c.count)
         by_kind[c.kind] = by_kind.get(c.kind, 0.0) + t
         by_axis[axis.name] = by_axis.get(axis.name, 0.0) + t
-    return TimeBreakdown(compute, sum(by_kind.values()), tuple(sorted(by_kind.items())), tuple(sorted(by_axis.items())))
+    return TimeBreakdown(compute, sum(by_kind.values()), tuple(sorted(by_kind.items())), tuple(sorted(by_axis.items())),
+                         profile.compute_weight * (record.hidden_s + record.hidden_sync_s))

@@ -1,4 +1,5 @@
-"""Training settings: what one training step does (dtype, optimizer, ZeRO stage, recompute)."""
+"""Training settings: what one training step does (dtype, optimizer, ZeRO stage, recompute), and how
+the framework runs it (overlap of communication with compute, gradient buckets, fp32 gradients)."""
 
 from __future__ import annotations
 
@@ -11,16 +12,28 @@ INTEGER_BYTES = 4
 # Optimizer state bytes per parameter: mixed precision keeps an fp32 master copy.
 OPTIMIZER_BYTES = {("adam", "bf16"): 12, ("adam", "fp16"): 12, ("adam", "fp32"): 8,
                    ("sgd", "bf16"): 8, ("sgd", "fp16"): 8, ("sgd", "fp32"): 4}
+OVERLAP = ("none", "grad", "full")
+# PyTorch DDP's default bucket_cap_mb (25 MiB): the latency of a gradient collective is paid per bucket.
+DEFAULT_BUCKET_BYTES = 25 * 2**20
 
 
 @dataclass(frozen=True, slots=True)
 class TrainingSettings:
-    """What a training step does: dtype, optimizer, ZeRO stage on data-parallel axes, recompute."""
+    """What a training step does: dtype, optimizer, ZeRO stage on data-parallel axes, recompute.
+
+    ``overlap``: which communication runs behind compute (``none``; ``grad``: gradient reduction
+    behind the backward pass, as DDP and Megatron do; ``full``: also ZeRO-3's parameter gathers,
+    prefetched as FSDP does). ``bucket_bytes``: gradient collectives are issued per bucket of this
+    many bytes (0: one per parameter tensor). ``fp32_grads``: gradients are kept in fp32 (Megatron's
+    main gradients: 4 bytes, 18 bytes per parameter with Adam under mixed precision)."""
 
     dtype: str = "bf16"
     optimizer: str = "adam"
     zero: int = 0
     recompute: bool = False
+    overlap: str = "full"
+    bucket_bytes: float = DEFAULT_BUCKET_BYTES
+    fp32_grads: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_BYTES:
@@ -29,10 +42,26 @@ class TrainingSettings:
             raise SettingsError(f"--optimizer: must be adam or sgd, got {self.optimizer!r}")
         if self.zero not in (0, 1, 2, 3):
             raise SettingsError(f"--zero: must be 0, 1, 2 or 3, got {self.zero!r}")
+        if self.overlap not in OVERLAP:
+            raise SettingsError(f"--overlap: must be one of {', '.join(OVERLAP)}, got {self.overlap!r}")
+        if isinstance(self.bucket_bytes, bool) or not isinstance(self.bucket_bytes, (int, float)) \
+                or not 0 <= self.bucket_bytes < 2**50:
+            raise SettingsError(f"--bucket-mb: must be a non-negative size, got {self.bucket_bytes!r}")
 
     @property
     def elem_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
+
+    def to_dict(self) -> dict:
+        """The settings as plan files and CSV rows write them (the CLI's option names and values)."""
+        return {"dtype": self.dtype, "optimizer": self.optimizer, "zero": self.zero,
+                "recompute": "full" if self.recompute else "none", "overlap": self.overlap,
+                "bucket_mb": self.bucket_bytes / 2**20, "fp32_grads": self.fp32_grads}
+
+    @property
+    def grad_bytes(self) -> int:
+        """Bytes per gradient element."""
+        return 4 if self.fp32_grads else self.elem_bytes
 
     @property
     def optimizer_bytes(self) -> int:

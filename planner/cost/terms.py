@@ -15,6 +15,7 @@ from planner.cost.redistribution import edge_cost
 from planner.cost.settings import TrainingSettings
 from planner.ir.graph import Graph
 from planner.cluster.mesh import Mesh
+from planner.cluster.profiles import MachineProfile
 from planner.cost.strategy import Strategy
 
 
@@ -30,8 +31,8 @@ class PlanTerms:
     edges: tuple[tuple[int, int, int, CostRecord], ...]
 
 
-def plan_terms(graph: Graph, mesh: Mesh, settings: TrainingSettings, strategies: Sequence[Strategy],
-               infos: dict[str, tuple[OperandInfo, ...]] | None = None,
+def plan_terms(graph: Graph, mesh: Mesh, profile: MachineProfile, settings: TrainingSettings,
+               strategies: Sequence[Strategy], infos: dict[str, tuple[OperandInfo, ...]] | None = None,
                op_records: Sequence[CostRecord | None] | None = None) -> PlanTerms:
     """Cost every operator and every edge of a plan (one strategy per operator, graph order).
 
@@ -44,7 +45,7 @@ def plan_terms(graph: Graph, mesh: Mesh, settings: TrainingSettings, strategies:
     cache: dict[tuple, CostRecord] = {}
     for i, (op, strategy) in enumerate(zip(graph.operators, strategies)):
         given = op_records[i] if op_records is not None else None
-        op_terms.append(given if given is not None else op_cost(op, strategy, mesh, settings, infos[op.name]))
+        op_terms.append(given if given is not None else op_cost(op, strategy, mesh, settings, infos[op.name], profile))
         ins = input_layouts(op, strategy, infos[op.name])
         for slot, operand in enumerate(op.inputs):
             if operand.tensor not in producer:

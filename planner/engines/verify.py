@@ -24,6 +24,7 @@ from planner.cost.terms import plan_terms
 from planner.errors import SettingsError
 from planner.ir.graph import Graph
 from planner.cluster.mesh import Mesh
+from planner.cluster.profiles import SYMBOLIC
 from planner.cost.strategy import Strategy, shard_factor
 
 XLA_COMPILER_BYTES = 0.5e9
@@ -75,7 +76,7 @@ Transfer = tuple[str, tuple[str, ...], float]  # (kind, mesh axes in mesh order,
 
 def predicted_collectives(graph: Graph, strategies: dict[str, Strategy], mesh: Mesh) -> list[Transfer]:
     """Every collective the cost model charges for the plan."""
-    terms = plan_terms(graph, mesh, VERIFY_SETTINGS, [strategies[op.name] for op in graph.operators])
+    terms = plan_terms(graph, mesh, SYMBOLIC, VERIFY_SETTINGS, [strategies[op.name] for op in graph.operators])
     record = sum_records(list(terms.ops) + [r for *_, r in terms.edges])
     return [(c.kind, (mesh.names[c.axis],), c.nbytes) for c in record.comm if c.axis >= 0 and c.nbytes > 0]
 

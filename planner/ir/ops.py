@@ -89,6 +89,7 @@ class OpKind:
     saves_inputs: bool
     norm_stats: int = 0
     spatial: str = ""  # dims that are never split (convolution / pooling windows)
+    saved_bytes: int = 0  # bytes per element kept of a saved input (0: the tensor's own; dropout: a mask)
 
     @property
     def light(self) -> bool:
@@ -108,7 +109,7 @@ def _row_kind(row: Mapping[str, str]) -> OpKind:
         raise ValueError(f"operator registry: row {row['kind']!r} is malformed")
     return OpKind(row["kind"], row["category"], int(row["flops_per_point"]), POINTS[row["points"]],
                   float(row["backward_factor"]), row["saves_inputs"] == "true", int(row["norm_stats"]),
-                  row["spatial"])
+                  row["spatial"], int(row["saved_bytes"]))
 
 
 def _load_registry() -> Mapping[str, OpKind]:

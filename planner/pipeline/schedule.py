@@ -7,10 +7,14 @@ data-parallel gradient synchronisation time g_l. A plan is p stages (contiguous 
 by cuts) and M micro-batches. With T_k = sum_{l in k} t_l(b) + 2 * send(a_last(k)(b)) (activation
 forward, its gradient backward; the last stage sends nothing):
 
-    iteration time  T = sum_k T_k + (M - 1) * max_k T_k + sum_{l in stage 0} g_l
-    memory (stage k) = static_k + inflight_k * act_k(b),  inflight_k = M (GPipe), min(p - k, M) (1F1B)
+    iteration time  T = sum_k T_k / v + (M - 1/v) * max_k T_k + sum_{l in stage 0} g_l
+    memory (stage k) = static_k + inflight_k * act_k(b),  inflight_k = M (GPipe), min(p - k, M) (1F1B),
+                       min(p - k, M) * (1 + (p - 1) / (p v)) (interleaved 1F1B)
 
-Both schedules have the same time; they differ in memory. The gradient synchronisation of the
+GPipe and 1F1B have v = 1 and the same time (sum + (M - 1) max); they differ in memory. Interleaved
+1F1B (``interleaved:v``, Megatron-LM's schedule) gives each device v model chunks, which divides the
+bubble (p - 1) t by v; each micro-batch then crosses v times as many stage boundaries, so a stage
+sends 2 v activations per micro-batch (v - 1 on the last stage). The gradient synchronisation of the
 first stage is the one on the critical path (stage 0 finishes its last backward last), so it is
 added once. The searches over cuts and M are in
 ``planner.pipeline.search``.
@@ -27,7 +31,21 @@ import numpy as np
 
 from planner.errors import SettingsError
 
-SCHEDULES = ("gpipe", "1f1b")
+SCHEDULES = ("gpipe", "1f1b", "interleaved")  # interleaved:v has v model chunks per device (default 2)
+DEFAULT_CHUNKS = 2
+
+
+def parse_schedule(schedule: str) -> tuple[str, int]:
+    """(name, chunks per device) of ``gpipe``, ``1f1b``, ``interleaved`` or ``interleaved:v``."""
+    name, _, chunks = str(schedule).partition(":")
+    if name not in SCHEDULES or (chunks and name != "interleaved"):
+        raise SettingsError(f"--schedule: must be one of {', '.join(SCHEDULES)} (interleaved:v for v chunks), "
+                            f"got {schedule!r}")
+    if name != "interleaved":
+        return name, 1
+    if chunks and (not chunks.isdigit() or int(chunks) < 2):
+        raise SettingsError(f"--schedule: interleaved:v needs v >= 2 chunks per device, got {schedule!r}")
+    return name, int(chunks) if chunks else DEFAULT_CHUNKS
 
 
 def point_to_point_seconds(nbytes: float, bandwidth: float, latency: float) -> float:
@@ -89,14 +107,15 @@ class Evaluator:
     schedule: str
     memory_limit: float | None
     evaluations: int = 0
+    kind: str = field(init=False)
+    chunks: int = field(init=False)  # v: model chunks per device (1 unless interleaved)
     _time: np.ndarray = field(init=False)
     _act: np.ndarray = field(init=False)
     _static: np.ndarray = field(init=False)
     _sync: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.schedule not in SCHEDULES:
-            raise SettingsError(f"--schedule: must be one of {SCHEDULES}, got {self.schedule!r}")
+        self.kind, self.chunks = parse_schedule(self.schedule)
         zero_row = np.zeros((1, len(self.chain.counts)))
         self._time = np.vstack([zero_row, np.cumsum(self.chain.time, axis=0)])
         self._act = np.vstack([zero_row, np.cumsum(self.chain.activation_memory, axis=0)])
@@ -109,12 +128,23 @@ class Evaluator:
 
     def stage_time(self, start: int, end: int, m: int) -> float:
         """Layers [start, end) on one stage; sends its output unless it is the last stage."""
-        t = self._time[end, m] - self._time[start, m]
-        return t + (self.send(end - 1, m) if end < self.chain.num_layers else 0.0)
+        return self._time[end, m] - self._time[start, m] + self.boundary_seconds(end, m)
 
-    def inflight(self, k: int, m: int) -> int:
+    def boundary_seconds(self, end: int, m: int) -> float:
+        """Sends of a stage that ends before layer ``end``: v per micro-batch (v - 1 on the last stage)."""
+        sends = self.chunks if end < self.chain.num_layers else self.chunks - 1
+        return sends * self.send(end - 1, m) if sends else 0.0
+
+    def bubble_factor(self, m: int) -> float:
+        """The multiple of the bottleneck stage time in the iteration: M - 1/v."""
+        return self.chain.counts[m] - 1.0 / self.chunks
+
+    def inflight(self, k: int, m: int) -> float:
         count = self.chain.counts[m]
-        return count if self.schedule == "gpipe" else min(self.stages - k, count)
+        if self.kind == "gpipe":
+            return count
+        inflight = min(self.stages - k, count)
+        return inflight * (1 + (self.stages - 1) / (self.stages * self.chunks)) if self.chunks > 1 else inflight
 
     def stage_memory(self, k: int, start: int, end: int, m: int) -> float:
         act = self._act[end, m] - self._act[start, m]
@@ -129,7 +159,7 @@ class Evaluator:
         bounds = (0, *cuts, self.chain.num_layers)
         times = [self.stage_time(bounds[k], bounds[k + 1], m) for k in range(self.stages)]
         memory = max(self.stage_memory(k, bounds[k], bounds[k + 1], m) for k in range(self.stages))
-        total = sum(times) + (self.chain.counts[m] - 1) * max(times) + self._sync[bounds[1]]
+        total = sum(times) / self.chunks + self.bubble_factor(m) * max(times) + self._sync[bounds[1]]
         return total, max(times), memory
 
     def objective(self, cuts: Sequence[int], m: int) -> float:

@@ -32,7 +32,7 @@ def brute_force(chain: LayerChain, stages: int, schedule: str = "1f1b", memory_l
 
 
 def _dp_at(ev: Evaluator, m: int, bottleneck: float) -> tuple[float, tuple[int, ...]] | None:
-    """Least sum of stage times (+ stage-0 sync) with every stage <= bottleneck and fitting memory.
+    """Least sum of stage times / v (+ stage-0 sync) with every stage <= bottleneck and fitting memory.
 
     DP over (stages k, layers end): best[k, end] = min_begin best[k-1, begin] + T(begin, end),
     vectorised over ``begin`` with prefix sums.
@@ -47,8 +47,8 @@ def _dp_at(ev: Evaluator, m: int, bottleneck: float) -> tuple[float, tuple[int, 
         inflight = ev.inflight(k - 1, m)
         for end in range(k, layers - (p - k) + 1):
             begin = np.arange(k - 1, end)
-            t = prefix_t[end] - prefix_t[begin] + (ev.send(end - 1, m) if end < layers else 0.0)
-            value = best[k - 1, begin] + t + (ev._sync[end] if k == 1 else 0.0)
+            t = prefix_t[end] - prefix_t[begin] + ev.boundary_seconds(end, m)
+            value = best[k - 1, begin] + t / ev.chunks + (ev._sync[end] if k == 1 else 0.0)
             ok = t <= bottleneck
             if ev.memory_limit is not None:
                 ok &= prefix_s[end] - prefix_s[begin] + inflight * (prefix_a[end] - prefix_a[begin]) <= ev.memory_limit
@@ -69,7 +69,7 @@ def exact_dp(chain: LayerChain, stages: int, schedule: str = "1f1b", memory_limi
     (the time of some contiguous layer range), a DP over (stages, layers) minimising the sum of
     stage times under that bottleneck. The smallest feasible candidate is found by bisection
     (feasibility is monotone); candidates above it are scanned in increasing order until
-    sum(layer times) + (M - 1) * bottleneck alone reaches the best plan (no later plan can win)."""
+    sum(layer times) / v + (M - 1/v) * bottleneck alone reaches the best plan (no later plan can win)."""
     start = time.perf_counter()
     ev = Evaluator(chain, stages, schedule, memory_limit)
     layers = chain.num_layers
@@ -80,7 +80,7 @@ def exact_dp(chain: LayerChain, stages: int, schedule: str = "1f1b", memory_limi
     for m, count in enumerate(chain.counts):
         prefix = ev._time[:, m]
         candidates = np.unique(np.concatenate([
-            prefix[j] - prefix[:j] + (ev.send(j - 1, m) if j < layers else 0.0) for j in range(1, layers + 1)]))
+            prefix[j] - prefix[:j] + ev.boundary_seconds(j, m) for j in range(1, layers + 1)]))
         unbounded = _dp_at(ev, m, math.inf)
         if unbounded is None:
             continue  # no partition fits in memory at this micro-batch count
@@ -92,11 +92,10 @@ def exact_dp(chain: LayerChain, stages: int, schedule: str = "1f1b", memory_limi
             else:
                 hi = mid
         # unbounded[0], the least sum of stage times, bounds every threshold's sum from below
-        starts.append((unbounded[0] + (count - 1) * candidates[lo], m, unbounded[0], candidates[lo:]))
+        starts.append((unbounded[0] + ev.bubble_factor(m) * candidates[lo], m, unbounded[0], candidates[lo:]))
     for bound, m, floor, candidates in sorted(starts, key=lambda x: (x[0], x[1])):  # most promising first
-        count = chain.counts[m]
         for bottleneck in candidates:
-            if best is not None and floor + (count - 1) * bottleneck >= best[0]:
+            if best is not None and floor + ev.bubble_factor(m) * bottleneck >= best[0]:
                 break
             found = _dp_at(ev, m, float(bottleneck))
             value = ev.objective(found[1], m)

@@ -29,7 +29,7 @@ from typing import Callable
 import numpy as np
 
 from planner.cost.operators import operand_infos, output_layouts
-from planner.cost.records import seconds, sum_records
+from planner.cost.records import CostRecord, seconds, sum_records
 from planner.cost.settings import TrainingSettings
 from planner.cost.terms import plan_terms
 from planner.errors import InfeasibleError, SettingsError
@@ -84,8 +84,7 @@ class Plan3D:
             "pipeline": {"stages": pipe.stages, "cuts": list(pipe.cuts), "num_microbatches": pipe.num_microbatches,
                          "micro_batch": pipe.micro_batch, "schedule": pipe.schedule, "method": pipe.method,
                          "stage_mesh": self.stage_mesh},
-            "settings": {"dtype": self.settings.dtype, "optimizer": self.settings.optimizer,
-                         "zero": self.settings.zero, "recompute": "full" if self.settings.recompute else "none"},
+            "settings": self.settings.to_dict(),
             "stages": [{"stage": k, "time_per_microbatch_s": t, "memory_bytes": m}
                        for k, (t, m) in enumerate(zip(self.stage_times_s, self.stage_memory_bytes))],
             "operators": [{"name": n, "kind": kind, "stage": k, "strategy": dict(zip(axes, s))}
@@ -128,7 +127,7 @@ def cost_layers(graph: Graph, mesh: Mesh, profile: MachineProfile, settings: Tra
     layer = _layer_of(graph)
     n = max(layer) + 1
     chosen = [strategies[op.name] for op in graph.operators]
-    terms = plan_terms(graph, mesh, settings, chosen, infos)
+    terms = plan_terms(graph, mesh, profile, settings, chosen, infos)
     per_layer: list[list] = [[] for _ in range(n)]
     for i, record in enumerate(terms.ops):
         per_layer[layer[i]].append(record)
@@ -152,9 +151,14 @@ def cost_layers(graph: Graph, mesh: Mesh, profile: MachineProfile, settings: Tra
 
 
 def _phase_seconds(record, mesh: Mesh, profile: MachineProfile, phases: tuple[str, ...]) -> float:
+    """Seconds of a record's per-micro-batch part (``fwd``/``bwd`` phases: the passes) or of its
+    per-step part (``grad``/``opt``: gradient sync and optimizer step)."""
     comm = tuple(c for c in record.comm if c.phase in phases)
-    flops = record.fwd_flops + record.bwd_flops if "fwd" in phases else 0.0
-    return seconds(replace(record, fwd_flops=flops, bwd_flops=0.0, comm=comm), mesh, profile)
+    if "fwd" in phases:
+        part = CostRecord(comm=comm, fwd_s=record.fwd_s, bwd_s=record.bwd_s, hidden_s=record.hidden_s)
+    else:
+        part = CostRecord(comm=comm, opt_s=record.opt_s, hidden_sync_s=record.hidden_sync_s)
+    return seconds(part, mesh, profile)
 
 
 def model_chain(load: Callable[[int], Graph], batch: int, counts: list[int], mesh: Mesh, profile: MachineProfile,

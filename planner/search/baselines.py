@@ -152,7 +152,7 @@ def _edge_lists(problem: Problem) -> list[list]:
 def _level_cost(problem: Problem, vmesh: Mesh, i: int, trial: tuple, assign, decided: set[int], edges,
                 level: int) -> float:
     table = problem.ops[i]
-    cost = seconds(op_cost(table.op, trial, vmesh, problem.settings, table.inputs), vmesh, problem.profile)
+    cost = seconds(op_cost(table.op, trial, vmesh, problem.settings, table.inputs, problem.profile), vmesh, problem.profile)
     for e in edges:
         other = e.dst if e.src == i else e.src
         if other not in decided:

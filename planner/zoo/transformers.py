@@ -3,7 +3,9 @@
 Conventions (documented choices, see README):
 - Transformers write attention weights per head (``q: [h, heads, head_dim]``), so splitting the
   head dim of the QKV projections is a contiguous column split, exactly Megatron's layout. Dropout
-  is omitted (cost-free at this level); the language-model head is tied to the token embedding.
+  is omitted unless ``dropout=1`` (Megatron-LM's three dropouts per layer: attention probabilities,
+  attention output, MLP output; each keeps a 1-byte mask); the language-model head is tied to the
+  token embedding.
 - GPT-2 vocabularies are padded to 50304 (as Megatron-LM and nanoGPT do) so they divide by 8;
   GPT-3 sizes use Megatron's padded 51200. BERT keeps 30522.
 - Default global batch: 8 sequences.
@@ -30,12 +32,15 @@ class GPTConfig:
     ffn: int = 0  # 0: 4 * hidden
     experts: int = 0  # >0: every other layer's MLP is a mixture of experts (GShard, top-2)
     capacity_factor: float = 1.0
+    dropout: int = 0  # 1: Megatron's dropouts (attention probabilities, attention and MLP outputs)
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "seq", "vocab"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ModelError(f"--model: field {name!r} must be a positive integer, got {value!r}")
+        if self.dropout not in (0, 1):
+            raise ModelError(f"--model: field 'dropout' must be 0 or 1, got {self.dropout!r}")
         for name in ("ffn", "experts"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
@@ -68,15 +73,21 @@ def _attention(gb: GraphBuilder, p: str, x: str, cfg: GPTConfig) -> str:
     q, k, v = (_linear(gb, f"{p}.{n}", x, "bsh,had,ad->bsad", (h, a, d), (a, d)) for n in "qkv")
     scores = gb.op("batch_matmul", f"{p}.scores", "bsad,btad->bast", [q, k])
     probs = gb.op("softmax", f"{p}.softmax", "bast->bast", [scores], norm="t")
+    if cfg.dropout:
+        probs = gb.op("dropout", f"{p}.dropout", "bast->bast", [probs])
     ctx = gb.op("batch_matmul", f"{p}.context", "bast,btad->bsad", [probs, v])
-    return _linear(gb, f"{p}.proj", ctx, "bsad,adh,h->bsh", (a, d, h), (h,))
+    return _dropout(gb, f"{p}.out_dropout", _linear(gb, f"{p}.proj", ctx, "bsad,adh,h->bsh", (a, d, h), (h,)), cfg)
+
+
+def _dropout(gb: GraphBuilder, name: str, x: str, cfg: GPTConfig) -> str:
+    return gb.op("dropout", name, "bsh->bsh", [x]) if cfg.dropout else x
 
 
 def _mlp(gb: GraphBuilder, p: str, x: str, cfg: GPTConfig) -> str:
     h, f = cfg.hidden, cfg.ffn or 4 * cfg.hidden
     up = _linear(gb, f"{p}.fc1", x, "bsh,hf,f->bsf", (h, f), (f,))
     act = gb.op("gelu", f"{p}.gelu", "bsf->bsf", [up])
-    return _linear(gb, f"{p}.fc2", act, "bsf,fh,h->bsh", (f, h), (h,))
+    return _dropout(gb, f"{p}.out_dropout", _linear(gb, f"{p}.fc2", act, "bsf,fh,h->bsh", (f, h), (h,)), cfg)
 
 
 def _moe(gb: GraphBuilder, p: str, x: str, cfg: GPTConfig) -> str:

@@ -1,0 +1,107 @@
+"""Compute time of one operator on one device: a roofline with GEMM quantisation (issue 16).
+
+For an operator under a strategy, with its local (sharded) dim sizes, on a device with tensor peak
+P, large-GEMM efficiency e, vector (non-tensor) peak P_v, HBM bandwidth W, S streaming
+multiprocessors and launch overhead k::
+
+    contraction:  t = max(F / (P * e * q(M, N, K, G)), bytes / W) + k
+    other ops:    t = max(F / P_v, bytes / W) + k             (memory-bound in practice)
+    views:        t = 0                                       (no kernel: a reshape is metadata)
+
+F is the local FLOP count; bytes the local bytes the kernel reads and writes (its inputs and
+outputs). A contraction is G independent GEMMs of an M x N output reduced over K: M are the
+output dims not in the second operand, N the output dims of the second operand only, K the
+reduced dims of the second operand, G the dims all three share. ``q`` is the fraction of executed
+work that is useful when the output is cut into T x T tiles run in waves of S tiles, and K is
+padded to the next multiple of T_k (tile and wave quantisation):
+
+    q = (M N G) / (ceil(ceil(M/T) ceil(N/T) G / S) * S * T^2)  *  K / (ceil(K / T_k) T_k)
+
+so thin tensor-parallel shards and small micro-batches lose efficiency the way they do on GPUs.
+The backward pass of a contraction is two GEMMs of F x backward_factor / 2 FLOPs each, with their
+own quantisation: the data gradient (M x K over N) and the second operand's gradient (K x N over
+M, G of them); the backward of any other op moves twice its forward bytes (read the output gradient and the saved
+input, write the input gradient) and launches two kernels. With ``roofline`` off in the profile,
+or without an HBM bandwidth (a user profile that lacks it), t = F / (P * efficiency): the
+datasheet-only model of cost model v1.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from planner.cluster.mesh import Mesh
+from planner.cluster.profiles import MachineProfile
+from planner.cost.strategy import Strategy
+from planner.ir.graph import Operator
+from planner.ir.ops import REGISTRY
+
+TILE = 128  # output tile edge of the large cuBLAS/CUTLASS BF16 kernels (documented assumption)
+K_TILE = 64  # reduction step of those kernels
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeTime:
+    """Seconds of one operator on one device: forward and backward of one pass."""
+
+    fwd_s: float
+    bwd_s: float
+
+
+def local_sizes(op: Operator, strategy: Strategy, mesh: Mesh) -> dict[str, int]:
+    sizes = dict(op.sizes)
+    for axis, dim in zip(mesh.axes, strategy):
+        if dim is not None:
+            sizes[dim] //= axis.size
+    return sizes
+
+
+def gemm_shape(op: Operator, sizes: dict[str, int]) -> tuple[int, int, int, int]:
+    """(M, N, K, G) of a contraction's local GEMMs (see the module docstring)."""
+    first = set(op.inputs[0].op_dims())
+    second = set(op.inputs[1].op_dims()) if len(op.inputs) > 1 else set()
+    out = set(op.outputs[0].op_dims())
+    prod = lambda dims: math.prod(sizes[d] for d in dims)
+    return (prod(out - second), prod(out & second - first), prod(second - out), prod(out & first & second))
+
+
+def quantisation(m: int, n: int, k: int, g: int, sm_count: int) -> float:
+    """Useful fraction of the tile-and-wave work of G GEMMs M x N over K (1 when S is unknown)."""
+    if sm_count <= 0:
+        return 1.0
+    tiles = math.ceil(m / TILE) * math.ceil(n / TILE) * g
+    waves = math.ceil(tiles / sm_count)
+    return (m * n * g) / (waves * sm_count * TILE * TILE) * k / (math.ceil(k / K_TILE) * K_TILE)
+
+
+def contraction_seconds(flops: float, m: int, n: int, k: int, g: int, profile: MachineProfile,
+                        backward_factor: float) -> tuple[float, float]:
+    """Forward and backward compute seconds of a contraction's GEMMs (no memory term)."""
+    rate = profile.peak_flops * profile.gemm_efficiency
+    fwd = flops / (rate * quantisation(m, n, k, g, profile.sm_count))
+    half = flops * backward_factor / 2  # data gradient and weight gradient: equal FLOPs
+    dgrad = half / (rate * quantisation(m, k, n, g, profile.sm_count))
+    wgrad = half / (rate * quantisation(k, n, m, g, profile.sm_count))
+    return fwd, dgrad + wgrad
+
+
+def op_seconds(op: Operator, strategy: Strategy, mesh: Mesh, profile: MachineProfile, flops: float,
+               io_bytes: float) -> ComputeTime:
+    """Forward and backward seconds of one pass of ``op`` on one device (``flops`` and ``io_bytes``
+    local to the device)."""
+    if not (profile.roofline and profile.hbm_bandwidth > 0):
+        rate = profile.flops_per_second
+        return ComputeTime(flops / rate, flops * op.backward_factor / rate)
+    family = REGISTRY[op.kind].category
+    if family == "view":
+        return ComputeTime(0.0, 0.0)
+    memory_s = io_bytes / profile.hbm_bandwidth
+    launch = profile.kernel_launch_s
+    if family == "contraction" and len(op.inputs) > 1:
+        m, n, k, g = gemm_shape(op, local_sizes(op, strategy, mesh))
+        fwd, bwd = contraction_seconds(flops, m, n, k, g, profile, op.backward_factor)
+        return ComputeTime(max(fwd, memory_s) + launch, max(bwd, 2 * memory_s) + 2 * launch)
+    vector = profile.vector_flops if profile.vector_flops > 0 else profile.peak_flops
+    fwd = flops / vector
+    return ComputeTime(max(fwd, memory_s) + launch, max(fwd * op.backward_factor, 2 * memory_s) + 2 * launch)

@@ -1,0 +1,157 @@
+"""Cost model v2 against hand-computed numbers (DESIGN section 4b): the roofline on each side of the
+ridge point, tile and wave quantisation, overlap that hides fully and partly, gradient buckets, and
+the memory Megatron-LM and Korthikanti et al. (2022) count for GPT-3 175B."""
+
+import math
+
+import pytest
+
+from planner.cluster.mesh import parse_mesh
+from planner.cost.collectives import collective_seconds
+from planner.cost.compute import op_seconds, quantisation
+from planner.cost.operators import op_cost, operand_infos
+from planner.cost.records import seconds
+from planner.cost.settings import TrainingSettings
+from planner.ir.ops import GraphBuilder
+from planner.zoo.transformers import GPTConfig, gpt
+
+PEAK, GEMM, HBM, LAUNCH, SMS = 312e12, 0.8, 2039e9, 4e-6, 108  # a100-80g and the documented constants
+
+
+def _matmul(m, k, n, batch_dim="b"):
+    gb = GraphBuilder("mm")
+    x = gb.op("relu", "in", "bk->bk", [gb.data("x0", (m, k))])
+    y = gb.op("matmul", "mm", "bk,kn->bn", [x, gb.param("w", (k, n))])
+    gb.op("gelu", "out", "bn->bn", [y])
+    return gb.build()
+
+
+def test_quantisation_by_hand():
+    # 4096^3 on 108 SMs: 32 x 32 = 1024 tiles of 128 x 128 in ceil(1024 / 108) = 10 waves
+    assert quantisation(4096, 4096, 4096, 1, SMS) == pytest.approx(4096 * 4096 / (10 * 108 * 128 * 128))
+    # a thin shard: 1000 x 128 is 8 tiles in one wave of 108; K = 96 pads to 128
+    assert quantisation(1000, 128, 96, 1, SMS) == pytest.approx(1000 * 128 / (108 * 128 * 128) * 96 / 128)
+    assert quantisation(1000, 128, 96, 1, 0) == 1.0  # SM count unknown: no quantisation
+
+
+def test_roofline_on_each_side_of_the_ridge(a100):
+    mesh = parse_mesh("8", a100)
+    big = _matmul(4096, 4096, 4096).operator("mm")  # 2 * 4096^3 FLOPs, 100 MB moved: compute-bound
+    flops, io = 2 * 4096**3, 3 * 4096 * 4096 * 2
+    t = op_seconds(big, (None,), mesh, a100, flops, io)
+    q = quantisation(4096, 4096, 4096, 1, SMS)
+    assert t.fwd_s == pytest.approx(flops / (PEAK * GEMM * q) + LAUNCH)
+    assert flops / (PEAK * GEMM * q) > io / HBM
+    # backward: data gradient (4096 x 4096 over 4096) and weight gradient, same shapes here
+    assert t.bwd_s == pytest.approx(2 * flops / (PEAK * GEMM * q) + 2 * LAUNCH)
+    gelu = _matmul(4096, 4096, 4096).operator("out")  # 8 FLOPs per element, 4 bytes moved: HBM-bound
+    elements = 4096 * 4096
+    t = op_seconds(gelu, (None,), mesh, a100, 8 * elements, 2 * elements * 2)
+    assert 8 * elements / 19.5e12 < 4 * elements / HBM
+    assert t.fwd_s == pytest.approx(4 * elements / HBM + LAUNCH)
+    assert t.bwd_s == pytest.approx(8 * elements / HBM + 2 * LAUNCH)
+    v1 = op_seconds(gelu, (None,), mesh, a100.with_overrides(roofline=False), 8 * elements, 0)
+    assert v1.fwd_s == pytest.approx(8 * elements / (PEAK * 0.5))  # the datasheet-only model
+
+
+def test_small_micro_batches_lose_gemm_efficiency(a100):
+    """The time per sample of a tensor-parallel shard falls with the micro-batch size (quantisation),
+    which is what makes the micro-batch a trade-off against the pipeline bubble."""
+    mesh = parse_mesh("8", a100)
+    per_sample = []
+    for b in (1, 2, 4, 8):
+        op = _matmul(2048 * b, 12288, 4 * 12288).operator("mm")
+        flops = 2 * 2048 * b * 12288 * 4 * 12288 / 8
+        per_sample.append(op_seconds(op, ("n",), mesh, a100, flops, 0.0).fwd_s / b)
+    assert per_sample == sorted(per_sample, reverse=True) and per_sample[0] > per_sample[-1] * 1.01
+
+
+def _dp_weight_cost(batch, a100, **settings):
+    graph = _matmul(batch, 1024, 1024)
+    mesh = parse_mesh("8", a100)
+    chosen = TrainingSettings(**settings)
+    return op_cost(graph.operator("mm"), ("b",), mesh, chosen, operand_infos(graph, chosen)["mm"], a100), mesh
+
+
+def test_gradient_reduction_hides_fully_behind_a_long_backward(a100):
+    record, mesh = _dp_weight_cost(65536, a100, overlap="grad", bucket_bytes=0)
+    ring = collective_seconds("all_reduce", 8, 300e9, 2e-6, 1024 * 1024 * 2)
+    assert record.bwd_s > ring and record.hidden_sync_s == pytest.approx(ring)
+    assert seconds(record, mesh, a100) == pytest.approx(record.fwd_s + record.bwd_s + record.opt_s)
+
+
+def test_gradient_reduction_hides_partly_behind_a_short_backward(a100):
+    record, mesh = _dp_weight_cost(64, a100, overlap="grad", bucket_bytes=0)
+    ring = collective_seconds("all_reduce", 8, 300e9, 2e-6, 1024 * 1024 * 2)
+    assert record.bwd_s < ring and record.hidden_sync_s == pytest.approx(record.bwd_s)
+    exposed = ring - record.bwd_s
+    assert seconds(record, mesh, a100) == pytest.approx(record.fwd_s + record.bwd_s + record.opt_s + exposed)
+    none, _ = _dp_weight_cost(64, a100, overlap="none", bucket_bytes=0)
+    assert none.hidden_sync_s == 0 and seconds(none, mesh, a100) > seconds(record, mesh, a100)
+
+
+def test_buckets_pay_the_latency_once_per_bucket(a100):
+    grad_bytes = 1024 * 1024 * 2
+    bucketed, _ = _dp_weight_cost(64, a100, overlap="none", bucket_bytes=8 * grad_bytes)
+    per_tensor, _ = _dp_weight_cost(64, a100, overlap="none", bucket_bytes=0)
+    (b,), (p,) = bucketed.comm, per_tensor.comm
+    assert (b.count, p.count) == (pytest.approx(1 / 8), 1.0)  # this tensor's share of one bucket
+    latency = 2 * 7 * 2e-6  # a ring all-reduce on 8 devices: 2 (p - 1) steps
+    assert collective_seconds("all_reduce", 8, 300e9, 2e-6, b.nbytes, b.count) == pytest.approx(
+        collective_seconds("all_reduce", 8, 300e9, 2e-6, p.nbytes, p.count) - latency * 7 / 8)
+
+
+def test_fp32_main_gradients_count_18_bytes_per_parameter(a100):
+    record, _ = _dp_weight_cost(64, a100, fp32_grads=True)
+    numel = 1024 * 1024
+    assert record.memory.params + record.memory.grads + record.memory.optimizer == 18 * numel
+    assert record.comm[0].nbytes == 4 * numel  # the reduction moves fp32 gradients
+
+
+GPT3 = GPTConfig(layers=1, hidden=12288, heads=96, seq=2048, vocab=51200, dropout=1)
+
+
+def _layer_activation_bytes(a100, tp: int) -> float:
+    """Saved activations of one GPT-3 175B layer (micro-batch 1) under Megatron tensor parallelism."""
+    graph = gpt(GPT3, batch=1)
+    settings = TrainingSettings()
+    infos = operand_infos(graph, settings)
+    mesh = parse_mesh(str(tp), a100)
+    total = 0.0
+    for op in graph.operators:
+        if op.layer != 0:
+            continue
+        dims = op.sizes
+        strategy = ("a",) if "a" in dims else ("f",) if "f" in dims else (None,)
+        total += op_cost(op, strategy if tp > 1 else (None,), mesh, settings, infos[op.name], a100).memory.activations
+    return total
+
+
+@pytest.mark.parametrize("tp", [1, 8])
+def test_activations_per_layer_match_korthikanti(a100, tp):
+    """Korthikanti et al. 2022, bytes per layer: s b h (10 + 24 / t + 5 a s / (h t)) under tensor
+    parallelism (t = 1: s b h (34 + 5 a s / h)); the model's saved tensors and dropout masks."""
+    s, b, h, a = 2048, 1, 12288, 96
+    expected = s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp))
+    assert _layer_activation_bytes(a100, tp) == pytest.approx(expected, rel=0.05)
+
+
+def test_weights_gradients_optimizer_match_megatron(a100):
+    """GPT-3 175B at t = 8, p = 8: 12 layers per stage, 18 bytes per parameter (fp32 main gradients),
+    parameters divided by t (Megatron's count: 12 h^2 + 13 h per layer)."""
+    graph = gpt(GPTConfig(layers=12, hidden=12288, heads=96, seq=2048, vocab=51200), batch=1)
+    settings = TrainingSettings(fp32_grads=True)
+    infos = operand_infos(graph, settings)
+    mesh = parse_mesh("8", a100)
+    static = 0.0
+    for op in graph.operators:
+        if op.layer is None:
+            continue
+        dims = op.sizes
+        strategy = ("a",) if "a" in dims else ("f",) if "f" in dims else (None,)
+        m = op_cost(op, strategy, mesh, settings, infos[op.name], a100).memory
+        static += m.params + m.grads + m.optimizer
+    h = 12288
+    megatron = 18 * 12 * (12 * h * h + 13 * h) / 8
+    assert static == pytest.approx(megatron, rel=0.02)
+    assert math.isfinite(static)
