@@ -155,3 +155,15 @@ def test_weights_gradients_optimizer_match_megatron(a100):
     megatron = 18 * 12 * (12 * h * h + 13 * h) / 8
     assert static == pytest.approx(megatron, rel=0.02)
     assert math.isfinite(static)
+
+
+def test_stage_sends_once_per_boundary_split_over_tensor_parallel_ranks(a100):
+    """The residual stream leaving a layer is read twice by the next (norm and residual add) but sent
+    once, and each of the t ranks that hold it replicated sends 1/t (Megatron's scatter/gather)."""
+    from planner.pipeline.threed import cost_layers
+    graph = gpt(GPTConfig(layers=2, hidden=256, heads=4, seq=128, vocab=1024), batch=4)
+    mesh = parse_mesh("4", a100)
+    strategies = {op.name: ("a",) if "a" in op.sizes else ("f",) if "f" in op.sizes else (None,)
+                  for op in graph.operators}
+    out = cost_layers(graph, mesh, a100, TrainingSettings(), strategies)
+    assert out["out_bytes"][0] == 4 * 128 * 256 * 2 / 4

@@ -40,7 +40,7 @@ from planner.cluster.profiles import MachineProfile
 from planner.pipeline.schedule import LayerChain, PipelinePlan
 from planner.pipeline.search import METHODS, given_cuts, stage_breakdown
 from planner.cost.problem import Problem, build_problem
-from planner.cost.strategy import Strategy, divides, shard_factor
+from planner.cost.strategy import REPLICATE, Strategy, divides
 
 PER_MICROBATCH = ("fwd", "bwd")
 
@@ -122,7 +122,8 @@ def _layer_of(graph: Graph) -> list[int]:
 def cost_layers(graph: Graph, mesh: Mesh, profile: MachineProfile, settings: TrainingSettings,
                 strategies: dict[str, Strategy]) -> dict[str, np.ndarray]:
     """Per-layer costs of a fixed intra-operator plan: time per micro-batch, gradient sync, memory,
-    and the bytes per device of the activations leaving each layer. An edge belongs to its consumer's layer."""
+    and the bytes per device of the activations leaving each layer (each tensor once per boundary,
+    split over the stage's devices by ``_send_split``). An edge belongs to its consumer's layer."""
     infos = operand_infos(graph, settings)
     layer = _layer_of(graph)
     n = max(layer) + 1
@@ -131,15 +132,16 @@ def cost_layers(graph: Graph, mesh: Mesh, profile: MachineProfile, settings: Tra
     per_layer: list[list] = [[] for _ in range(n)]
     for i, record in enumerate(terms.ops):
         per_layer[layer[i]].append(record)
-    out_bytes = np.zeros(n)
+    out_bytes, sent = np.zeros(n), set()
     for src, dst, slot, record in terms.edges:
         per_layer[layer[dst]].append(record)
-        if layer[src] < layer[dst]:
+        operand = graph.operators[dst].inputs[slot]
+        if layer[src] < layer[dst] and operand.tensor not in sent:  # sent once per boundary, not per consumer
+            sent.add(operand.tensor)
             info = infos[graph.operators[dst].name][slot]
-            operand = graph.operators[dst].inputs[slot]
             k = next(k for k, o in enumerate(graph.operators[src].outputs) if o.tensor == operand.tensor)
             layout = output_layouts(graph.operators[src], chosen[src])[k]
-            out_bytes[layer[src]] += math.prod(info.shape) / shard_factor(layout, mesh.shape) * info.elem_bytes
+            out_bytes[layer[src]] += math.prod(info.shape) * info.elem_bytes / _send_split(layout, mesh)
     records = [sum_records(r) for r in per_layer]
     return {
         "time": np.array([_phase_seconds(r, mesh, profile, PER_MICROBATCH) for r in records]),
@@ -148,6 +150,14 @@ def cost_layers(graph: Graph, mesh: Mesh, profile: MachineProfile, settings: Tra
         "static_memory": np.array([r.memory.params + r.memory.grads + r.memory.optimizer for r in records]),
         "out_bytes": out_bytes,
     }
+
+
+def _send_split(layout, mesh: Mesh) -> int:
+    """How many devices share one stage-to-stage send: its shards, and on every axis where the
+    tensor is replicated a scatter before the send and a gather after it (Megatron-LM's
+    scatter/gather optimisation: each tensor-parallel rank sends 1/t; the gather runs on NVLink
+    inside the receiving stage and is not charged)."""
+    return math.prod(axis.size for axis, p in zip(mesh.axes, layout) if p >= 0 or p == REPLICATE)
 
 
 def _phase_seconds(record, mesh: Mesh, profile: MachineProfile, phases: tuple[str, ...]) -> float:
