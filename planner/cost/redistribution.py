@@ -13,7 +13,7 @@ carries a gradient, the transposed redistribution of the gradient (consumer -> p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from planner.cost.collectives import Collective, hierarchical_all_reduce
 from planner.cost.records import CostRecord
@@ -44,65 +44,95 @@ def redistribution_steps(shape: tuple[int, ...], src: Layout, dst: Layout,
     """The steps from layout ``src`` to ``dst`` of a tensor of ``shape``. A Partial placement in
     ``dst`` stays as it is and must already be Partial in ``src`` (nothing creates a pending sum).
     A slice, reduce-scatter or all-to-all that would cut a dim into more blocks than it has rows
-    (a small dim still sharded on an axis about to be gathered) waits until after the all-gathers."""
+    (a small dim still sharded on an axis about to be gathered) waits until after the all-gathers.
+    Several axes on one dim hold blocks major-first (the first axis in mesh order is the major
+    block), so a step on an axis whose dim an inner axis also shards gathers the inner axes first
+    and slices them back afterwards: a plain all-gather there would not leave each device a
+    contiguous block."""
     if any(want == PARTIAL and have != PARTIAL for have, want in zip(src, dst)):
         raise ValueError(f"redistribution: {src} -> {dst} would create a Partial placement")
-    cur = list(src)
-    steps: list[Step] = []
-    waiting: list[tuple[str, int]] = []
-
-    def move(kind: str, axes: list[int], placement: int, wait: bool = True) -> None:
-        after = list(cur)
+    plan = _Steps(shape, list(src), tuple(dst), mesh_shape)
+    axes = range(len(src))
+    for kind, wanted in (("slice", lambda ax: plan.cur[ax] == REPLICATE),
+                         ("reduce_scatter", lambda ax: plan.cur[ax] == PARTIAL),
+                         ("all_to_all", lambda ax: plan.cur[ax] >= 0 and plan.cur[ax] != dst[ax])):
         for ax in axes:
-            after[ax] = placement if placement != _DST else dst[ax]
-        if wait and not layout_divides(shape, tuple(after), mesh_shape):
-            waiting.append((kind, axes[0]))
-            return
-        steps.append(Step(kind, tuple(axes), tuple(cur), tuple(after)))
-        cur[:] = after
-
-    axes = range(len(cur))
-    for ax in axes:
-        if dst[ax] >= 0 and cur[ax] == REPLICATE:
-            move("slice", [ax], _DST)
-    for ax in axes:
-        if dst[ax] >= 0 and cur[ax] == PARTIAL:
-            move("reduce_scatter", [ax], _DST)
-    for ax in axes:
-        if dst[ax] >= 0 and cur[ax] >= 0 and cur[ax] != dst[ax]:
-            move("all_to_all", [ax], _DST)
-    pending = [ax for ax in axes if dst[ax] == REPLICATE and cur[ax] == PARTIAL]
+            if dst[ax] >= 0 and wanted(ax):
+                plan.move(kind, [ax], _DST)
+    pending = [ax for ax in axes if dst[ax] == REPLICATE and plan.cur[ax] == PARTIAL]
     if pending:
-        move("all_reduce", pending, REPLICATE, wait=False)
+        plan.move("all_reduce", pending, REPLICATE, wait=False)
     for ax in axes:
-        if dst[ax] == REPLICATE and cur[ax] >= 0:
-            move("all_gather", [ax], REPLICATE, wait=False)
-    _finish_waiting(waiting, cur, dst, move, shape, mesh_shape)
-    if tuple(cur) != tuple(dst):
-        raise ValueError(f"redistribution: {src} -> {dst} ended in {tuple(cur)}")
-    return tuple(steps)
+        if dst[ax] == REPLICATE and plan.cur[ax] >= 0:
+            plan.move("all_gather", [ax], REPLICATE, wait=False)
+    plan.slice_back()
+    plan.finish_waiting()
+    plan.slice_back()
+    if tuple(plan.cur) != tuple(dst):
+        raise ValueError(f"redistribution: {src} -> {dst} ended in {tuple(plan.cur)}")
+    return tuple(plan.steps)
 
 
-def _finish_waiting(waiting: list[tuple[str, int]], cur: list[int], dst: Layout, move, shape, mesh_shape) -> None:
-    """Run the waiting steps, each as soon as its result is a valid layout. When none is (two axes
-    swapping small dims), the first one is split: an all-to-all into an all-gather and a slice, a
-    reduce-scatter into an all-reduce and a slice. A slice alone always fits in the end: once the
-    others are done, the layout is the target's but for Replicate axes, and a subset of a valid
-    target's blocks divides the dims."""
-    while waiting:
-        for i, (kind, ax) in enumerate(waiting):
-            after = tuple(dst[ax] if a == ax else p for a, p in enumerate(cur))
-            if layout_divides(shape, after, mesh_shape):
-                waiting.pop(i)
-                move(kind, [ax], _DST, wait=False)
-                break
-        else:
-            split = next((i for i, (kind, _) in enumerate(waiting) if kind != "slice"), None)
-            if split is None:
-                raise ValueError(f"redistribution: no valid order reaches {tuple(dst)} from {tuple(cur)}")
-            kind, ax = waiting.pop(split)
-            move("all_gather" if kind == "all_to_all" else "all_reduce", [ax], REPLICATE, wait=False)
-            waiting.insert(split, ("slice", ax))
+@dataclass(slots=True)
+class _Steps:
+    """The layout as it changes (``cur``), the steps so far and the steps waiting for the gathers."""
+
+    shape: tuple[int, ...]
+    cur: list[int]
+    dst: Layout
+    mesh_shape: tuple[int, ...]
+    steps: list[Step] = field(default_factory=list)
+    waiting: list[tuple[str, int]] = field(default_factory=list)
+
+    def _append(self, kind: str, axes: tuple[int, ...], after: list[int]) -> None:
+        self.steps.append(Step(kind, axes, tuple(self.cur), tuple(after)))
+        self.cur[:] = after
+
+    def regroup(self, kind: str, ax: int, placement: int) -> None:
+        """Adding or removing axis ``ax`` on a dim that an inner axis also shards (and keeps sharded)
+        moves the inner axis's blocks: gather it first; ``slice_back`` re-slices it."""
+        touched = {self.cur[ax]} if kind in ("all_to_all", "all_gather") else set()
+        if kind != "all_gather":
+            touched.add(self.dst[ax] if placement == _DST else placement)
+        for inner in reversed(range(ax + 1, len(self.cur))):
+            if self.cur[inner] >= 0 and self.cur[inner] in touched and self.dst[inner] >= 0:
+                self._append("all_gather", (inner,), [REPLICATE if a == inner else p for a, p in enumerate(self.cur)])
+
+    def move(self, kind: str, axes: list[int], placement: int, wait: bool = True) -> None:
+        if kind != "all_reduce":
+            self.regroup(kind, axes[0], placement)
+        after = [(self.dst[a] if placement == _DST else placement) if a in axes else p for a, p in enumerate(self.cur)]
+        if wait and not layout_divides(self.shape, tuple(after), self.mesh_shape):
+            self.waiting.append((kind, axes[0]))
+            return
+        self._append(kind, tuple(axes), after)
+
+    def slice_back(self) -> None:
+        """Slice every axis the target shards and the layout replicates (free), outer axes first."""
+        for ax in range(len(self.cur)):
+            if self.dst[ax] >= 0 and self.cur[ax] == REPLICATE and all(ax != a for _, a in self.waiting):
+                self.move("slice", [ax], _DST)
+
+    def finish_waiting(self) -> None:
+        """Run the waiting steps, each as soon as its result is a valid layout. When none is (two
+        axes swapping small dims), the first one is split: an all-to-all into an all-gather and a
+        slice, a reduce-scatter into an all-reduce and a slice. A slice alone always fits in the
+        end: the layout is then the target's but for Replicate axes, and a subset of a valid
+        target's blocks divides the dims."""
+        while self.waiting:
+            for i, (kind, ax) in enumerate(self.waiting):
+                after = tuple(self.dst[ax] if a == ax else p for a, p in enumerate(self.cur))
+                if layout_divides(self.shape, after, self.mesh_shape):
+                    self.waiting.pop(i)
+                    self.move("slice" if self.cur[ax] == REPLICATE else kind, [ax], _DST, wait=False)
+                    break
+            else:
+                split = next((i for i, (kind, _) in enumerate(self.waiting) if kind != "slice"), None)
+                if split is None:
+                    raise ValueError(f"redistribution: no valid order reaches {self.dst} from {tuple(self.cur)}")
+                kind, ax = self.waiting.pop(split)
+                self.move("all_gather" if kind == "all_to_all" else "all_reduce", [ax], REPLICATE, wait=False)
+                self.waiting.insert(split, ("slice", ax))
 
 
 def redistribute(shape: tuple[int, ...], elem_bytes: int, src: Layout, dst: Layout,

@@ -89,8 +89,8 @@ def wire_bytes(kind: str, axes: tuple[str, ...], nbytes: float, sizes: dict[str,
     with the buffer on axis j = n / (product of the axes inside j); reduce-scatter and all-to-all
     inner to outer, buffer n / (product of the axes outside j). This is the order the cost model
     uses (``planner.cost.collectives.hierarchical_all_reduce`` and ``planner.cost.redistribution``)."""
-    if kind == "p2p":
-        return {"+".join(axes) or "none": bytes_sent(kind, 1, nbytes)}
+    if kind == "p2p":  # XLA's collective-permute: every byte leaves the device
+        return {"+".join(axes) or "none": nbytes}
     out = {}
     for j, axis in enumerate(axes):
         others = axes[j + 1:] if kind in ("all_reduce", "all_gather") else axes[:j]
