@@ -164,6 +164,12 @@ CASES = [
      == ("tiny", 0.9e9, {"dtype": "fp32", "optimizer": "sgd", "zero": 1, "recompute": "full", "overlap": "grad", "bucket_mb": 4.0,
                 "fp32_grads": True}, "brute", 2, False,
          6.0, 2, 2)),
+    ("pipeline --schedule interleaved", ["pipeline", "--model", GPT, "--mesh", "2x2", "--pp", "2", "--schedule",
+                                         "interleaved:2", "--json", "out.json"], 0,
+     lambda t, c, o: _json(t)["pipeline"]["schedule"] == "interleaved:2"
+     and _json(t)["iteration_time_s"] != api.plan_pipeline(GPT, "2x2", degrees=[2]).pipeline.iteration_time_s),
+    ("pipeline --schedule refused", ["pipeline", "--model", GPT, "--mesh", "2x2", "--schedule", "interleaved:1"], 2,
+     None),
     ("pipeline --cuts", ["pipeline", "--model", GPT, "--mesh", "2x2", "--pp", "2", "--cuts", "2", "--json", "out.json"], 0,
      lambda t, c, o: _json(t)["pipeline"]["cuts"] == [2]),
     ("pipeline --require-optimal", ["pipeline", "--model", GPT, "--mesh", "2x2", "--require-optimal"], 4, None),
