@@ -18,7 +18,7 @@ from planner.zoo.transformers import GPTConfig, gpt
 PEAK, GEMM, HBM, LAUNCH, SMS = 312e12, 0.8, 2039e9, 4e-6, 108  # a100-80g and the documented constants
 
 
-def _matmul(m, k, n, batch_dim="b"):
+def _matmul(m, k, n):
     gb = GraphBuilder("mm")
     x = gb.op("relu", "in", "bk->bk", [gb.data("x0", (m, k))])
     y = gb.op("matmul", "mm", "bk,kn->bn", [x, gb.param("w", (k, n))])
