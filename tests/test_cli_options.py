@@ -18,6 +18,14 @@ from planner.cli import main
 GPT = "gpt:layers=4,hidden=256,heads=4,seq=64,vocab=512"  # a small pipelinable model
 
 
+def _with(**changes) -> api.TrainingSettings:
+    return dataclasses.replace(api.TrainingSettings(), **changes)
+
+
+def _activations(plan) -> float:
+    return dict(plan.memory_breakdown)["activations"]
+
+
 def _json(tmp: Path, name: str = "out.json") -> dict:
     return json.loads((tmp / name).read_text())
 
@@ -54,6 +62,16 @@ CASES = [
      lambda t, c, o: _json(t)["settings"]["zero"] == 3),
     ("plan --recompute", ["plan", "--model", "mlp", "--recompute", "full", "--json", "out.json"], 0,
      lambda t, c, o: _json(t)["settings"]["recompute"] == "full"),
+    ("plan --recompute selective", ["plan", "--model", GPT + ",dropout=1", "--method", "megatron", "--recompute",
+                                    "selective", "--json", "out.json"], 0,
+     lambda t, c, o: _json(t)["settings"]["recompute"] == "selective"
+     and _activations(api.plan(GPT + ",dropout=1", method="megatron", settings=_with(recompute="full")))
+     < _json(t)["memory_breakdown_bytes"]["activations"]
+     < _activations(api.plan(GPT + ",dropout=1", method="megatron"))),
+    ("plan --sequence-parallel", ["plan", "--model", GPT, "--mesh", "2", "--method", "megatron",
+                                  "--sequence-parallel", "--json", "out.json"], 0,
+     lambda t, c, o: _json(t)["settings"]["sequence_parallel"] is True
+     and _json(t)["memory_breakdown_bytes"]["activations"] < _activations(api.plan(GPT, "2", method="megatron"))),
     ("plan --overlap", ["plan", "--model", "mlp", "--method", "dp", "--overlap", "none", "--json", "out.json"], 0,
      lambda t, c, o: _json(t)["settings"]["overlap"] == "none" and _json(t)["hidden_s"] == 0
      and api.plan("mlp", method="dp").hidden_s > 0),
@@ -145,24 +163,25 @@ CASES = [
     ("compare common options", ["compare", "--model", "mlp", "--methods", "dp", "--mesh", "2x2", "--hardware", "hw.csv",
                                 "--device", "tiny", "--memory", "2e9", "--dtype", "fp32", "--optimizer", "sgd", "--zero",
                                 "1", "--recompute", "full", "--overlap", "grad", "--bucket-mb", "4", "--fp32-grads",
-                                "--json", "out.json"], 0,
+                                "--sequence-parallel", "--json", "out.json"], 0,
      lambda t, c, o: {k: _json(t)["rows"][0][k] for k in ("mesh", "device", "memory_limit_bytes", "setting_dtype",
                                                          "setting_optimizer", "setting_zero", "setting_recompute",
-                                                         "setting_overlap", "setting_bucket_mb", "setting_fp32_grads")}
+                                                         "setting_overlap", "setting_bucket_mb", "setting_fp32_grads",
+                                                         "setting_sequence_parallel")}
      == {"mesh": "node=2,gpu=2", "device": "tiny", "memory_limit_bytes": 2e9, "setting_dtype": "fp32",
          "setting_optimizer": "sgd", "setting_zero": 1, "setting_recompute": "full", "setting_overlap": "grad",
-         "setting_bucket_mb": 4.0, "setting_fp32_grads": True}),
+         "setting_bucket_mb": 4.0, "setting_fp32_grads": True, "setting_sequence_parallel": True}),
     ("pipeline common and pipeline options",
      ["pipeline", "--model", GPT, "--mesh", "2x2", "--hardware", "hw.csv", "--device", "tiny", "--memory", "0.9e9",
       "--dtype", "fp32", "--optimizer", "sgd", "--zero", "1", "--recompute", "full", "--overlap", "grad", "--bucket-mb",
-      "4", "--fp32-grads", "--schedule", "gpipe", "--pp", "2",
+      "4", "--fp32-grads", "--sequence-parallel", "--schedule", "gpipe", "--pp", "2",
       "--num-microbatches", "4", "--pipeline-method", "brute", "--time-limit", "6", "--seed", "2", "--jobs", "2",
       "--no-timings", "--json", "out.json", "--csv", "out.csv"], 0,
      lambda t, c, o: (_json(t)["device"], _json(t)["memory_limit_bytes"], _json(t)["settings"],
                       _json(t)["pipeline"]["method"], _json(t)["pipeline"]["stages"], "search_time_s" in _csv(t),
                       c["time_limit_s"], c["seed"], c["jobs"])
      == ("tiny", 0.9e9, {"dtype": "fp32", "optimizer": "sgd", "zero": 1, "recompute": "full", "overlap": "grad", "bucket_mb": 4.0,
-                "fp32_grads": True}, "brute", 2, False,
+                "fp32_grads": True, "sequence_parallel": True}, "brute", 2, False,
          6.0, 2, 2)),
     ("pipeline --schedule interleaved", ["pipeline", "--model", GPT, "--mesh", "2x2", "--pp", "2", "--schedule",
                                          "interleaved:2", "--json", "out.json"], 0,
@@ -175,11 +194,11 @@ CASES = [
     ("pipeline --require-optimal", ["pipeline", "--model", GPT, "--mesh", "2x2", "--require-optimal"], 4, None),
     ("evaluate common options", ["evaluate", "--model", GPT, "--tp", "2", "--hardware", "hw.csv", "--device", "tiny",
                                  "--dtype", "fp32", "--optimizer", "sgd", "--zero", "1", "--recompute", "full",
-                                 "--overlap", "grad", "--bucket-mb", "4", "--fp32-grads", "--no-timings", "--json",
-                                 "out.json"], 0,
+                                 "--overlap", "grad", "--bucket-mb", "4", "--fp32-grads", "--sequence-parallel",
+                                 "--no-timings", "--json", "out.json"], 0,
      lambda t, c, o: (_json(t)["device"], _json(t)["settings"], "search_time_s" in _json(t))
      == ("tiny", {"dtype": "fp32", "optimizer": "sgd", "zero": 1, "recompute": "full", "overlap": "grad", "bucket_mb": 4.0,
-                "fp32_grads": True}, False)),
+                "fp32_grads": True, "sequence_parallel": True}, False)),
     ("models -q", ["models", "-q"], 0, lambda t, c, o: o == ""),
     ("models", ["models"], 0, lambda t, c, o: "gpt3-175b" in o),
 ]

@@ -111,20 +111,25 @@ def test_fp32_main_gradients_count_18_bytes_per_parameter(a100):
 GPT3 = GPTConfig(layers=1, hidden=12288, heads=96, seq=2048, vocab=51200, dropout=1)
 
 
-def _layer_activation_bytes(a100, tp: int) -> float:
+def _megatron_strategy(op, tp: int, sequence_parallel: bool) -> tuple:
+    """Megatron's layer on one tensor-parallel axis: heads and the MLP hidden dim split; under
+    sequence parallelism the norms, dropouts and residual adds split the sequence."""
+    dims = op.sizes
+    if tp == 1:
+        return (None,)
+    if "a" in dims or "f" in dims:
+        return ("a",) if "a" in dims else ("f",)
+    return ("s",) if sequence_parallel and "s" in dims else (None,)
+
+
+def _layer_activation_bytes(a100, tp: int, sequence_parallel: bool = False, recompute: str = "none") -> float:
     """Saved activations of one GPT-3 175B layer (micro-batch 1) under Megatron tensor parallelism."""
     graph = gpt(GPT3, batch=1)
-    settings = TrainingSettings()
+    settings = TrainingSettings(sequence_parallel=sequence_parallel, recompute=recompute)
     infos = operand_infos(graph, settings)
     mesh = parse_mesh(str(tp), a100)
-    total = 0.0
-    for op in graph.operators:
-        if op.layer != 0:
-            continue
-        dims = op.sizes
-        strategy = ("a",) if "a" in dims else ("f",) if "f" in dims else (None,)
-        total += op_cost(op, strategy if tp > 1 else (None,), mesh, settings, infos[op.name], a100).memory.activations
-    return total
+    return sum(op_cost(op, _megatron_strategy(op, tp, sequence_parallel), mesh, settings, infos[op.name],
+                       a100).memory.activations for op in graph.operators if op.layer == 0)
 
 
 @pytest.mark.parametrize("tp", [1, 8])
@@ -134,6 +139,45 @@ def test_activations_per_layer_match_korthikanti(a100, tp):
     s, b, h, a = 2048, 1, 12288, 96
     expected = s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp))
     assert _layer_activation_bytes(a100, tp) == pytest.approx(expected, rel=0.05)
+
+
+def test_sequence_parallel_activations_match_korthikanti(a100):
+    """With sequence parallelism every term is divided by t: s b h (34 / t + 5 a s / (h t)); with
+    selective recompute on top the attention core's 5 a s / h term goes: s b h 34 / t."""
+    s, b, h, a, t = 2048, 1, 12288, 96, 8
+    assert _layer_activation_bytes(a100, t, True) == pytest.approx(s * b * h * (34 / t + 5 * a * s / (h * t)), rel=0.05)
+    assert _layer_activation_bytes(a100, t, True, "selective") == pytest.approx(s * b * h * 34 / t, rel=0.05)
+    assert _layer_activation_bytes(a100, t, False, "selective") == pytest.approx(s * b * h * (10 + 24 / t), rel=0.05)
+
+
+def test_sequence_parallel_regathers_the_saved_input_in_the_backward_pass(a100):
+    """q keeps 1/t of the normalised input and all-gathers it back in the backward pass (k and v
+    read the same saved copy); without sequence parallelism there is no such gather."""
+    graph = gpt(GPTConfig(layers=1, hidden=256, heads=4, seq=128, vocab=1024), batch=2)
+    mesh = parse_mesh("4", a100)
+    op = graph.operator("h0.attn.q")
+    gathers = {}
+    for sp in (False, True):
+        settings = TrainingSettings(sequence_parallel=sp)
+        record = op_cost(op, ("a",), mesh, settings, operand_infos(graph, settings)[op.name], a100)
+        gathers[sp] = [c for c in record.comm if c.phase == "bwd" and c.kind == "all_gather"]
+        assert record.memory.activations == 2 * 128 * 256 * 2 / (4 if sp else 1)
+    assert not gathers[False]
+    assert [c.nbytes for c in gathers[True]] == [2 * 128 * 256 * 2]
+
+
+def test_selective_recompute_reruns_the_attention_core_only(a100):
+    """Selective recompute re-runs the scores, the softmax and its dropout: backward compute grows
+    by exactly their forward FLOPs, and nothing else changes."""
+    graph = gpt(GPTConfig(layers=1, hidden=256, heads=4, seq=128, vocab=1024, dropout=1), batch=2)
+    mesh = parse_mesh("1", a100)
+    totals = {}
+    for recompute in ("none", "selective"):
+        settings = TrainingSettings(recompute=recompute)
+        infos = operand_infos(graph, settings)
+        totals[recompute] = sum(op_cost(op, (None,), mesh, settings, infos[op.name], a100).bwd_flops for op in graph.operators)
+    core = sum(graph.operator(f"h0.attn.{n}").flops for n in ("scores", "softmax", "dropout"))
+    assert totals["selective"] - totals["none"] == pytest.approx(core)
 
 
 def test_weights_gradients_optimizer_match_megatron(a100):
@@ -167,3 +211,22 @@ def test_stage_sends_once_per_boundary_split_over_tensor_parallel_ranks(a100):
                   for op in graph.operators}
     out = cost_layers(graph, mesh, a100, TrainingSettings(), strategies)
     assert out["out_bytes"][0] == 4 * 128 * 256 * 2 / 4
+
+
+def test_tied_embedding_copy_and_recompute_working_set_in_the_layer_chain(a100):
+    """The LM head reads the token embedding on the last layer: that layer's stage holds a copy
+    (weights, gradients, Adam state: 16 bytes per parameter) whose gradient is all-reduced with
+    the first stage's. Under full recompute a layer keeps its input only, and re-running it
+    materialises the rest again (its working set)."""
+    from planner.pipeline.threed import cost_layers
+    graph = gpt(GPTConfig(layers=2, hidden=256, heads=4, seq=128, vocab=1024), batch=4)
+    mesh = parse_mesh("1", a100)
+    strategies = {op.name: (None,) for op in graph.operators}
+    plain = cost_layers(graph, mesh, a100, TrainingSettings(), strategies)
+    assert plain["tied"] == [(0, 1, 1024 * 256 * (2 + 2 + 12), 1024 * 256 * 2)]
+    assert not plain["working_memory"].any()
+    full = cost_layers(graph, mesh, a100, TrainingSettings(recompute="full"), strategies)
+    assert full["working_memory"] + full["activation_memory"] == pytest.approx(plain["activation_memory"])
+    # the last layer keeps its input and (with the head joined to it) the final norm's input
+    assert full["activation_memory"][1] == 2 * 4 * 128 * 256 * 2
+    assert full["working_memory"][1] > 10 * full["activation_memory"][1]

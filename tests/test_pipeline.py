@@ -1,5 +1,6 @@
 """Pipeline planning: exact DP against brute force, CSIMD against the DP, schedules by hand."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -15,10 +16,15 @@ from planner.pipeline.search import brute_force, csimd, even_split, exact_dp
 @seed(11)
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(chain_seed=st.integers(0, 10**6), layers=st.integers(1, 10), stages=st.integers(1, 4),
-       schedule=st.sampled_from(("gpipe", "1f1b", "interleaved", "interleaved:3")), tight=st.booleans())
-def test_dp_equals_brute_force(chain_seed, layers, stages, schedule, tight):
+       schedule=st.sampled_from(("gpipe", "1f1b", "interleaved", "interleaved:3")), tight=st.booleans(),
+       extras=st.booleans())
+def test_dp_equals_brute_force(chain_seed, layers, stages, schedule, tight, extras):
     stages = min(stages, layers)
     chain = random_chain(chain_seed, layers)
+    if extras:  # a recompute working set per layer and a tied embedding (first layer, last layer)
+        rng = np.random.default_rng(chain_seed)
+        chain = dataclasses.replace(chain, working_memory=rng.uniform(0, 4e8, chain.activation_memory.shape),
+                                    tied=((0, layers - 1, float(rng.uniform(0, 5e8)), float(rng.uniform(0, 1e-2))),))
     limit = float(chain.static_memory.sum() / stages * 1.3 + 2e8) if tight else None
     brute = brute_force(chain, stages, schedule, limit)
     dp = exact_dp(chain, stages, schedule, limit)
@@ -88,6 +94,22 @@ def test_interleaved_bubble_by_hand():
     assert interleaved.stage_memory(0, 0, 2, 2) == pytest.approx(2 * 2 * (1 + 1 / 4))
     four = Evaluator(chain, 2, "interleaved:4", None)
     assert four.chunks == 4 and four.bubble_factor(2) == 4 - 0.25
+
+
+def test_working_set_and_tied_copy_by_hand():
+    """Stage memory adds the largest working set among its layers (one layer re-runs at a time)
+    and the copy of a parameter kept by another stage's layer; the copies' gradients are
+    all-reduced once per step, only when they sit on different stages."""
+    chain = _uniform_chain(4, 1.0)
+    work = np.array([[1.0, 2, 3], [5, 6, 7], [2, 2, 2], [9, 9, 9]])
+    chain = dataclasses.replace(chain, working_memory=work, tied=((0, 3, 100.0, 0.5),))
+    ev = Evaluator(chain, 2, "1f1b", None)
+    assert ev.stage_memory(0, 0, 2, 2) == 2 * 2 + 7  # 2 layers x 2 in flight, max(3, 7)
+    assert ev.stage_memory(1, 2, 4, 2) == 2 * 1 + 9 + 100  # the tied copy on the last stage
+    assert Evaluator(chain, 1, "1f1b", None).stage_memory(0, 0, 4, 2) == 4 * 1 + 9  # one stage: one copy
+    assert list(ev.stage_memory(0, np.array([0, 1]), 3, 2)) == [3 * 2 + 7, 2 * 2 + 7]  # vectorised
+    assert ev.cost([2], 2)[0] == Evaluator(_uniform_chain(4, 1.0), 2, "1f1b", None).cost([2], 2)[0] + 0.5
+    assert Evaluator(chain, 1, "1f1b", None).tied_sync(()) == 0.0
 
 
 @pytest.mark.parametrize("bad", ["interleaved:1", "interleaved:x", "1f1b:2", "zigzag"])

@@ -40,8 +40,11 @@ def _settings(args: argparse.Namespace, base: dict | None = None) -> TrainingSet
     """Settings from the options; an option not given takes ``base`` (a plan file's) or the default."""
     values = {k: getattr(args, k) if getattr(args, k) is not None else (base or SETTINGS_DEFAULTS).get(k, v)
               for k, v in SETTINGS_DEFAULTS.items()}
-    return TrainingSettings(values["dtype"], values["optimizer"], int(values["zero"]), values["recompute"] == "full",
-                            values["overlap"], float(values["bucket_mb"]) * 2**20, bool(values["fp32_grads"]))
+    recompute = values["recompute"]  # plan files before 'selective' wrote booleans
+    recompute = {True: "full", False: "none"}.get(recompute, recompute) if isinstance(recompute, bool) else recompute
+    return TrainingSettings(values["dtype"], values["optimizer"], int(values["zero"]), recompute,
+                            values["overlap"], float(values["bucket_mb"]) * 2**20, bool(values["fp32_grads"]),
+                            bool(values["sequence_parallel"]))
 
 
 def _given(args: argparse.Namespace, names: Sequence[str]) -> list[str]:

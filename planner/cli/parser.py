@@ -40,7 +40,7 @@ def _add_logging(p: argparse.ArgumentParser, top: bool) -> None:
 
 
 SETTINGS_DEFAULTS = {"dtype": "bf16", "optimizer": "adam", "zero": 0, "recompute": "none", "overlap": "full",
-                     "bucket_mb": 25.0, "fp32_grads": False}
+                     "bucket_mb": 25.0, "fp32_grads": False, "sequence_parallel": False}
 
 
 def _add_common(p: argparse.ArgumentParser, model_required: bool = True) -> None:
@@ -58,7 +58,12 @@ def _add_common(p: argparse.ArgumentParser, model_required: bool = True) -> None
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="default bf16")
     p.add_argument("--optimizer", choices=["adam", "sgd"], help="default adam")
     p.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="ZeRO stage on data-parallel axes (default 0)")
-    p.add_argument("--recompute", choices=["none", "full"], help="activation recompute (default none)")
+    p.add_argument("--recompute", choices=["none", "selective", "full"],
+                   help="activation recompute: selective = the attention core (scores, softmax, its dropout) is "
+                        "re-run instead of kept; full = only layer inputs are kept (default none)")
+    p.add_argument("--sequence-parallel", action="store_const", const=True,
+                   help="keep activations that tensor-parallel operators read replicated 1/t-sharded and "
+                        "re-gather them in the backward pass (Megatron-LM's sequence parallelism)")
     p.add_argument("--overlap", choices=["none", "grad", "full"],
                    help="communication behind compute: grad = gradient reduction behind the backward pass (DDP, "
                         "Megatron), full = also ZeRO-3 gathers prefetched (FSDP); default full")

@@ -55,16 +55,18 @@ def format_3d(result: Plan3D) -> str:
              f"max memory per device {pipe.max_memory_bytes / GIB:.2f} GiB{limit} "
              f"({'fits' if pipe.fits_memory else 'does not fit'})",
              f"stage cuts (first layer of stages 1..p-1): {list(pipe.cuts)}",
-             f"settings: recompute {'full' if result.settings.recompute else 'none'}, zero {result.settings.zero}; "
+             f"settings: recompute {result.settings.recompute}, zero {result.settings.zero}, sequence parallel "
+             f"{'on' if result.settings.sequence_parallel else 'off'}; "
              "linear layers split: " + ", ".join(f"{a}:{d or '-'}" for a, d in result.tensor_parallel_dims),
              f"search time {result.search_time_s:.2f} s",
              "per stage: time per micro-batch (ms), memory per device (GiB):"]
     for k, (t, m) in enumerate(zip(result.stage_times_s, result.stage_memory_bytes)):
         lines.append(f"  stage {k:3d} {t * 1e3:10.3f} ms {m / GIB:8.2f} GiB")
     if result.candidates:
-        lines.append("candidates (stages, stage mesh, recompute, zero, M, s, GiB, fits):")
+        lines.append("candidates (stages, stage mesh, sequence parallel, recompute, zero, M, s, GiB, fits):")
         for c in result.candidates:
-            lines.append(f"  {c['stages']:4d} {c['stage_mesh']:18s} {str(c['recompute']):5s} {c['zero']} "
+            lines.append(f"  {c['stages']:4d} {c['stage_mesh']:18s} {'sp' if c['sequence_parallel'] else '-':2s} "
+                         f"{c['recompute']:9s} {c['zero']} "
                          f"{c['num_microbatches']:5d} {c['iteration_time_s']:10.3f} {c['max_memory_bytes'] / GIB:8.2f} "
                          f"{c['fits_memory']}")
     return "\n".join(lines)
@@ -78,7 +80,8 @@ def summary_3d(result: Plan3D, model: str, timings: bool = True) -> dict:
            "schedule": pipe.schedule, "method": pipe.method, "intra_method": result.intra_method,
            "intra_status": result.intra_status, "status": pipe.status, "iteration_time_s": pipe.iteration_time_s,
            "max_memory_bytes": pipe.max_memory_bytes, "fits_memory": pipe.fits_memory,
-           "cuts": " ".join(map(str, pipe.cuts)), "recompute": result.settings.recompute, "zero": result.settings.zero}
+           "cuts": " ".join(map(str, pipe.cuts)), "recompute": result.settings.recompute, "zero": result.settings.zero,
+           "sequence_parallel": result.settings.sequence_parallel}
     if timings:
         row["search_time_s"] = result.search_time_s
     return row

@@ -1,7 +1,10 @@
 """Operator costs (DESIGN sections 4 and 4b): what one operator under one strategy costs per device.
 
 Per operator (forward + backward): compute flops/P(s) forward, backward_factor times that
-backward, one more forward under recompute, timed by the roofline of ``planner.cost.compute``; splitting a normalised dim all-reduces the
+backward, one more forward when the op is re-run (full recompute: every op; selective: the
+attention core of ``attention_core``), timed by the roofline of ``planner.cost.compute``;
+saved activations as ``_saved_activation`` keeps them (sequence parallelism: 1/t and a
+re-gather in the backward pass); splitting a normalised dim all-reduces the
 statistics in both passes; a parameter whose op splits a dim absent from it gets a Partial
 gradient, all-reduced per use (tied weights: once per consumer, as XLA does) (reduce-scatter + all-gather under ZeRO >= 1, a second
 all-gather under ZeRO-3). Parameter collectives are issued per gradient bucket (latency paid
@@ -42,6 +45,7 @@ class OperandInfo:
     counts_memory: bool  # this op owns the tensor's parameter state or saved activation
     grad_free: bool = False  # the op sums its input to a scalar: the input's gradient is a broadcast
     saved_bytes: int = 0  # bytes per element the op keeps when it saves this input (a dropout mask: 1)
+    rerun: bool = False  # the op reading this input is re-run in the backward pass (recompute)
 
     @property
     def edge_grad(self) -> bool:
@@ -52,12 +56,16 @@ class OperandInfo:
 
 
 def operand_infos(graph: Graph, settings: TrainingSettings) -> dict[str, tuple[OperandInfo, ...]]:
-    """Per operator, its inputs' facts. A tensor's memory is counted once, at its first consumer."""
+    """Per operator, its inputs' facts. A tensor's memory is counted once, at its first consumer;
+    what recompute drops is not kept (full: all but layer inputs; selective: the attention core)."""
+    core = attention_core(graph) if settings.recompute == "selective" else frozenset()
+    rerun_ops = {op.name for op in graph.operators if any(o.tensor in core for o in op.outputs)}
     owner: dict[str, str] = {}
     for op in graph.operators:
         for operand in op.inputs:
             t = graph.tensor(operand.tensor)
-            if t.role == "param" or (operand.saved and (t.checkpoint or not settings.recompute)):
+            kept = t.checkpoint if settings.recompute == "full" else t.name not in core
+            if t.role == "param" or (operand.saved and kept):
                 owner.setdefault(t.name, op.name)
     infos = {}
     grads = graph.grad_tensors()
@@ -65,12 +73,29 @@ def operand_infos(graph: Graph, settings: TrainingSettings) -> dict[str, tuple[O
         row = []
         full_sum = op.kind == "reduce" and all(not o.dims for o in op.outputs)
         saved_bytes = REGISTRY[op.kind].saved_bytes
+        rerun = settings.recompute == "full" or op.name in rerun_ops
         for operand in op.inputs:
             t = graph.tensor(operand.tensor)
             row.append(OperandInfo(t.shape, t.role, t.name in grads, INTEGER_BYTES if t.integer else settings.elem_bytes,
-                                   owner.get(t.name) == op.name, full_sum, saved_bytes))
+                                   owner.get(t.name) == op.name, full_sum, saved_bytes, rerun))
         infos[op.name] = tuple(row)
     return infos
+
+
+def attention_core(graph: Graph) -> frozenset[str]:
+    """The tensors selective recompute drops (Korthikanti et al. 2022): each softmax's computed
+    input (the attention scores), its output, and what elementwise ops (dropout) make of that
+    output before a contraction reads it. Their producers are re-run in the backward pass."""
+    produced = {o.tensor for op in graph.operators for o in op.outputs}
+    core: set[str] = set()
+    for op in graph.operators:  # graph order is topological
+        category = REGISTRY[op.kind].category
+        if op.kind == "softmax":
+            core.update(o.tensor for o in op.inputs if o.tensor in produced and graph.tensor(o.tensor).role != "param")
+            core.update(o.tensor for o in op.outputs)
+        elif category == "elementwise" and len(op.inputs) == 1 and op.inputs[0].tensor in core:
+            core.update(o.tensor for o in op.outputs)
+    return frozenset(core)
 
 
 def op_cost(op: Operator, strategy: Strategy, mesh: Mesh, settings: TrainingSettings,
@@ -92,16 +117,36 @@ def op_cost(op: Operator, strategy: Strategy, mesh: Mesh, settings: TrainingSett
             param_comm.extend(collectives)
             memory, opt_bytes = memory + param_memory, opt_bytes + step_bytes
         elif info.counts_memory:
-            memory = memory + Memory(activations=numel * (info.saved_bytes or info.elem_bytes))
+            kept, regather = _saved_activation(numel, layout, mesh_shape, settings, info.elem_bytes)
+            memory = memory + Memory(activations=kept * (info.saved_bytes or info.elem_bytes))
+            param_comm.extend(regather)
     for operand, layout in zip(op.outputs, output_layouts(op, strategy)):
         io_bytes += math.prod(op.operand_shape(operand)) / shard_factor(layout, mesh_shape) * settings.elem_bytes
     time = op_seconds(op, strategy, mesh, profile, fwd, io_bytes)
-    bwd_s = time.bwd_s + (time.fwd_s if settings.recompute else 0.0)
+    rerun = bool(inputs) and inputs[0].rerun
+    bwd_s = time.bwd_s + (time.fwd_s if rerun else 0.0)
     opt_s = opt_bytes / profile.hbm_bandwidth if profile.roofline and profile.hbm_bandwidth > 0 else 0.0
     hidden_pass, hidden_sync = _hidden_seconds(param_comm, time.fwd_s, bwd_s, mesh, settings.overlap)
-    recompute = fwd if settings.recompute else 0.0
+    recompute = fwd if rerun else 0.0
     return CostRecord(fwd, fwd * op.backward_factor + recompute, merge_comm(tuple(comm + param_comm)), memory,
                       time.fwd_s, bwd_s, opt_s, hidden_pass, hidden_sync)
+
+
+def _saved_activation(numel: float, layout: Layout, mesh_shape: tuple[int, ...], settings: TrainingSettings,
+                      elem_bytes: int) -> tuple[float, list[Collective]]:
+    """Elements of a saved activation kept per device, and the collectives that restore it for the
+    backward pass. Under sequence parallelism an input read replicated by an op that splits other
+    dims over an axis is kept 1/size per device and all-gathered again in the backward pass
+    (Megatron-LM's sequence-parallel linear, which overlaps that gather with its backward GEMM)."""
+    axes = [ax for ax, p in enumerate(layout) if p == GRAD_PARTIAL and mesh_shape[ax] > 1]
+    if not settings.sequence_parallel or not axes:
+        return numel, []
+    kept = numel / math.prod(mesh_shape[ax] for ax in axes)
+    regather, buffer = [], kept * elem_bytes
+    for ax in reversed(axes):  # innermost first, as the redistribution gathers
+        buffer *= mesh_shape[ax]
+        regather.append(Collective("bwd", "all_gather", ax, buffer))
+    return kept, regather
 
 
 def _norm_comm(op: Operator, strategy: Strategy, mesh: Mesh, settings: TrainingSettings) -> list[Collective]:
@@ -119,8 +164,8 @@ def _hidden_seconds(param_comm: list[Collective], fwd_s: float, bwd_s: float, me
                     overlap: str) -> tuple[float, float]:
     """Seconds of this operator's parameter collectives that run behind its own compute, per pass
     and per step: with ``grad`` the gradient reduction behind the backward pass; with ``full``
-    first ZeRO-3's gathers (forward and backward, prefetched), then the reduction behind what is
-    left of the backward pass."""
+    first the gathers (ZeRO-3's, prefetched; sequence parallelism's re-gather of a saved input),
+    then the reduction behind what is left of the backward pass."""
     if overlap == "none":
         return 0.0, 0.0
     spent = {"fwd": 0.0, "bwd": 0.0, "grad": 0.0, "opt": 0.0}

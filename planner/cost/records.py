@@ -45,7 +45,7 @@ class CostRecord:
     fwd_s: float = 0.0
     bwd_s: float = 0.0
     opt_s: float = 0.0
-    hidden_s: float = 0.0  # per pass: ZeRO-3 gathers behind the forward/backward compute
+    hidden_s: float = 0.0  # per pass: gathers (ZeRO-3, sequence-parallel re-gathers) behind the compute
     hidden_sync_s: float = 0.0  # per step: the gradient reduction behind the (last) backward pass
 
     def __add__(self, other: "CostRecord") -> "CostRecord":

@@ -13,6 +13,7 @@ INTEGER_BYTES = 4
 OPTIMIZER_BYTES = {("adam", "bf16"): 12, ("adam", "fp16"): 12, ("adam", "fp32"): 8,
                    ("sgd", "bf16"): 8, ("sgd", "fp16"): 8, ("sgd", "fp32"): 4}
 OVERLAP = ("none", "grad", "full")
+RECOMPUTE = ("none", "selective", "full")
 # PyTorch DDP's default bucket_cap_mb (25 MiB): the latency of a gradient collective is paid per bucket.
 DEFAULT_BUCKET_BYTES = 25 * 2**20
 
@@ -20,6 +21,14 @@ DEFAULT_BUCKET_BYTES = 25 * 2**20
 @dataclass(frozen=True, slots=True)
 class TrainingSettings:
     """What a training step does: dtype, optimizer, ZeRO stage on data-parallel axes, recompute.
+
+    ``recompute``: ``none``; ``selective`` (Korthikanti et al. 2022: the attention core, from the
+    scores to the softmax and its dropout, is re-run in the backward pass instead of kept);
+    ``full`` (only layer inputs are kept; every layer is re-run). ``True``/``False`` read as
+    ``full``/``none``. ``sequence_parallel``: an activation that a tensor-parallel operator reads
+    replicated is kept 1/t-sharded for the backward pass and gathered again there (Megatron-LM's
+    sequence-parallel linear; the search places norms, dropouts and residuals sequence-sharded
+    where that pays, as it always may).
 
     ``overlap``: which communication runs behind compute (``none``; ``grad``: gradient reduction
     behind the backward pass, as DDP and Megatron do; ``full``: also ZeRO-3's parameter gathers,
@@ -30,12 +39,19 @@ class TrainingSettings:
     dtype: str = "bf16"
     optimizer: str = "adam"
     zero: int = 0
-    recompute: bool = False
+    recompute: str = "none"
     overlap: str = "full"
     bucket_bytes: float = DEFAULT_BUCKET_BYTES
     fp32_grads: bool = False
+    sequence_parallel: bool = False
 
     def __post_init__(self) -> None:
+        if isinstance(self.recompute, bool):
+            object.__setattr__(self, "recompute", "full" if self.recompute else "none")
+        if self.recompute not in RECOMPUTE:
+            raise SettingsError(f"--recompute: must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
+        if not isinstance(self.sequence_parallel, bool):
+            raise SettingsError(f"--sequence-parallel: must be true or false, got {self.sequence_parallel!r}")
         if self.dtype not in DTYPE_BYTES:
             raise SettingsError(f"--dtype: must be one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}")
         if self.optimizer not in ("adam", "sgd"):
@@ -55,8 +71,9 @@ class TrainingSettings:
     def to_dict(self) -> dict:
         """The settings as plan files and CSV rows write them (the CLI's option names and values)."""
         return {"dtype": self.dtype, "optimizer": self.optimizer, "zero": self.zero,
-                "recompute": "full" if self.recompute else "none", "overlap": self.overlap,
-                "bucket_mb": self.bucket_bytes / 2**20, "fp32_grads": self.fp32_grads}
+                "recompute": self.recompute, "overlap": self.overlap,
+                "bucket_mb": self.bucket_bytes / 2**20, "fp32_grads": self.fp32_grads,
+                "sequence_parallel": self.sequence_parallel}
 
     @property
     def grad_bytes(self) -> int:

@@ -8,8 +8,13 @@ by cuts) and M micro-batches. With T_k = sum_{l in k} t_l(b) + 2 * send(a_last(k
 forward, its gradient backward; the last stage sends nothing):
 
     iteration time  T = sum_k T_k / v + (M - 1/v) * max_k T_k + sum_{l in stage 0} g_l
-    memory (stage k) = static_k + inflight_k * act_k(b),  inflight_k = M (GPipe), min(p - k, M) (1F1B),
+    memory (stage k) = static_k + inflight_k * act_k(b) + max_{l in k} work_l(b) + tied_k,
+                       inflight_k = M (GPipe), min(p - k, M) (1F1B),
                        min(p - k, M) * (1 + (p - 1) / (p v)) (interleaved 1F1B)
+
+work_l(b) is what re-running layer l under recompute materialises again (one layer at a time);
+tied_k the copy of a parameter that stage k reads but a layer of another stage keeps (the tied
+embedding on the last stage), whose gradients the two stages all-reduce once per step.
 
 GPipe and 1F1B have v = 1 and the same time (sum + (M - 1) max); they differ in memory. Interleaved
 1F1B (``interleaved:v``, Megatron-LM's schedule) gives each device v model chunks, which divides the
@@ -67,6 +72,8 @@ class LayerChain:
     link_bandwidth: float
     link_latency: float
     names: tuple[str, ...] = ()
+    working_memory: np.ndarray | None = None  # extra bytes while one layer re-runs (recompute)
+    tied: tuple[tuple[int, int, float, float], ...] = ()  # (owner layer, reader layer, bytes, sync s)
 
     def __post_init__(self) -> None:
         layers = self.static_memory.shape[0]
@@ -75,6 +82,10 @@ class LayerChain:
                 raise SettingsError(f"layer chain: field '{name}' must have shape ({layers}, {len(self.counts)})")
         if layers < 1:
             raise SettingsError("layer chain: needs at least one layer")
+        if self.working_memory is not None and self.working_memory.shape != (layers, len(self.counts)):
+            raise SettingsError(f"layer chain: field 'working_memory' must have shape ({layers}, {len(self.counts)})")
+        if any(not (0 <= o < layers and 0 <= r < layers) for o, r, *_ in self.tied):
+            raise SettingsError("layer chain: field 'tied' names a layer outside the chain")
 
     @property
     def num_layers(self) -> int:
@@ -113,6 +124,7 @@ class Evaluator:
     _act: np.ndarray = field(init=False)
     _static: np.ndarray = field(init=False)
     _sync: np.ndarray = field(init=False)
+    _work: np.ndarray | None = field(init=False)  # [M, begin, end]: max working memory of layers [begin, end)
 
     def __post_init__(self) -> None:
         self.kind, self.chunks = parse_schedule(self.schedule)
@@ -121,6 +133,13 @@ class Evaluator:
         self._act = np.vstack([zero_row, np.cumsum(self.chain.activation_memory, axis=0)])
         self._static = np.concatenate([[0.0], np.cumsum(self.chain.static_memory)])
         self._sync = np.concatenate([[0.0], np.cumsum(self.chain.grad_sync)])
+        self._work = None
+        work = self.chain.working_memory
+        if work is not None and work.any():
+            layers = self.chain.num_layers
+            self._work = np.zeros((len(self.chain.counts), layers + 1, layers + 1))
+            for begin in range(layers):
+                self._work[:, begin, begin + 1:] = np.maximum.accumulate(work[begin:], axis=0).T
 
     def send(self, last_layer: int, m: int) -> float:
         nbytes = self.chain.activation_bytes[last_layer, m]
@@ -146,9 +165,24 @@ class Evaluator:
         inflight = min(self.stages - k, count)
         return inflight * (1 + (self.stages - 1) / (self.stages * self.chunks)) if self.chunks > 1 else inflight
 
-    def stage_memory(self, k: int, start: int, end: int, m: int) -> float:
+    def stage_memory(self, k: int, start, end, m: int):
+        """Memory of stage k holding layers [start, end) (either may be an array: vectorised):
+        static state, the in-flight micro-batches' activations, the largest working set of one
+        layer's re-run, and the copy of a parameter read here but kept by a layer of another stage."""
+        start, end = np.asarray(start), np.asarray(end)
         act = self._act[end, m] - self._act[start, m]
-        return self._static[end] - self._static[start] + self.inflight(k, m) * act
+        memory = self._static[end] - self._static[start] + self.inflight(k, m) * act
+        if self._work is not None:
+            memory = memory + self._work[m, start, end]
+        for owner, reader, nbytes, _ in self.chain.tied:
+            memory = memory + np.where(_holds(start, end, reader) & ~_holds(start, end, owner), nbytes, 0.0)
+        return float(memory) if memory.ndim == 0 else memory
+
+    def tied_sync(self, cuts: Sequence[int]) -> float:
+        """Gradient sync of parameters whose copies sit on two stages (Megatron's embedding all-reduce)."""
+        bounds = (0, *cuts, self.chain.num_layers)
+        stage = lambda layer: int(np.searchsorted(bounds, layer, side="right")) - 1
+        return sum(sync for owner, reader, _, sync in self.chain.tied if stage(owner) != stage(reader))
 
     def fits(self, k: int, start: int, end: int, m: int) -> bool:
         return self.memory_limit is None or self.stage_memory(k, start, end, m) <= self.memory_limit
@@ -160,12 +194,16 @@ class Evaluator:
         times = [self.stage_time(bounds[k], bounds[k + 1], m) for k in range(self.stages)]
         memory = max(self.stage_memory(k, bounds[k], bounds[k + 1], m) for k in range(self.stages))
         total = sum(times) / self.chunks + self.bubble_factor(m) * max(times) + self._sync[bounds[1]]
-        return total, max(times), memory
+        return total + self.tied_sync(cuts), max(times), memory
 
     def objective(self, cuts: Sequence[int], m: int) -> float:
         """Iteration time, or infinity when a stage does not fit in memory."""
         total, _, memory = self.cost(cuts, m)
         return total if self.memory_limit is None or memory <= self.memory_limit else math.inf
+
+
+def _holds(start: np.ndarray, end: np.ndarray, layer: int) -> np.ndarray:
+    return (start <= layer) & (layer < end)
 
 
 def make_result(ev: Evaluator, method: str, cuts: Sequence[int] | None, m: int | None, start: float) -> PipelinePlan:

@@ -39,19 +39,18 @@ def _dp_at(ev: Evaluator, m: int, bottleneck: float) -> tuple[float, tuple[int, 
     """
     ev.evaluations += 1  # for the DP, one evaluation is one (stages x layers) table
     layers, p = ev.chain.num_layers, ev.stages
-    prefix_t, prefix_a, prefix_s = ev._time[:, m], ev._act[:, m], ev._static
+    prefix_t = ev._time[:, m]
     best = np.full((p + 1, layers + 1), math.inf)
     arg = np.zeros((p + 1, layers + 1), dtype=np.int64)
     best[0, 0] = 0.0
     for k in range(1, p + 1):
-        inflight = ev.inflight(k - 1, m)
         for end in range(k, layers - (p - k) + 1):
             begin = np.arange(k - 1, end)
             t = prefix_t[end] - prefix_t[begin] + ev.boundary_seconds(end, m)
             value = best[k - 1, begin] + t / ev.chunks + (ev._sync[end] if k == 1 else 0.0)
             ok = t <= bottleneck
             if ev.memory_limit is not None:
-                ok &= prefix_s[end] - prefix_s[begin] + inflight * (prefix_a[end] - prefix_a[begin]) <= ev.memory_limit
+                ok &= ev.stage_memory(k - 1, begin, end, m) <= ev.memory_limit
             value = np.where(ok, value, math.inf)
             j = int(np.argmin(value))
             best[k, end], arg[k, end] = value[j], begin[j]
@@ -112,15 +111,14 @@ def _greedy_cuts(ev: Evaluator, m: int, bottleneck: float) -> list[int] | None:
     smaller activation); None if that needs more than p stages."""
     cuts, begin, k = [], 0, 0
     layers = ev.chain.num_layers
-    prefix_t, prefix_a, prefix_s = ev._time[:, m], ev._act[:, m], ev._static
+    prefix_t = ev._time[:, m]
     sends = 2.0 * (ev.chain.link_latency + ev.chain.activation_bytes[:, m] / ev.chain.link_bandwidth)
     sends = np.append(sends[:-1], 0.0)  # the last layer's stage sends nothing
     while begin < layers:
         ends = np.arange(begin + 1, layers + 1)
         ok = prefix_t[ends] - prefix_t[begin] + sends[ends - 1] <= bottleneck
         if ev.memory_limit is not None:
-            ok &= (prefix_s[ends] - prefix_s[begin] + ev.inflight(k, m) * (prefix_a[ends] - prefix_a[begin])
-                   <= ev.memory_limit)
+            ok &= ev.stage_memory(k, begin, ends, m) <= ev.memory_limit
         feasible = np.flatnonzero(ok)
         if not len(feasible):
             return None

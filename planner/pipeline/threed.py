@@ -11,8 +11,8 @@ first and the last layer. The cut search (CSIMD by default) picks cuts and M; th
 the schedule's (1F1B: stage k holds min(p - k, M) micro-batches). Stages need not hold equal
 layer counts: the cut search places every cut, and the ``even`` method gives stage k the layers
 round(k L / p) .. round((k+1) L / p) - 1 (96 layers on 35 stages: 26 stages of 3 layers and 9
-of 2). When no plan fits, the stage is re-planned with full recompute, then with ZeRO-1 on top
-(unless ``escalate`` is off); the best fitting total over p wins.
+of 2). When no plan fits, the stage is re-planned with sequence parallelism, then selective and
+full recompute, then ZeRO-1 on top (unless ``escalate`` is off); the best fitting total over p wins.
 
 The micro-batch size b in a 3D plan counts the samples of one micro-batch over the whole stage
 (all its data-parallel replicas); Megatron's per-replica micro-batch is b / dp.
@@ -28,9 +28,9 @@ from typing import Callable
 
 import numpy as np
 
-from planner.cost.operators import operand_infos, output_layouts
+from planner.cost.operators import op_cost, operand_infos, output_layouts
 from planner.cost.records import CostRecord, seconds, sum_records
-from planner.cost.settings import TrainingSettings
+from planner.cost.settings import RECOMPUTE, TrainingSettings
 from planner.cost.terms import plan_terms
 from planner.errors import InfeasibleError, SettingsError
 from planner.search.exact import solve_exact
@@ -149,7 +149,43 @@ def cost_layers(graph: Graph, mesh: Mesh, profile: MachineProfile, settings: Tra
         "activation_memory": np.array([r.memory.activations for r in records]),
         "static_memory": np.array([r.memory.params + r.memory.grads + r.memory.optimizer for r in records]),
         "out_bytes": out_bytes,
+        "working_memory": _working_memory(graph, mesh, profile, settings, chosen, terms.ops, layer, n),
+        "tied": _tied_parameters(graph, mesh, profile, settings, chosen, infos, terms.ops, layer),
     }
+
+
+def _working_memory(graph: Graph, mesh: Mesh, profile: MachineProfile, settings: TrainingSettings, chosen,
+                    records, layer: list[int], n: int) -> np.ndarray:
+    """Per layer, the activations its re-run materialises again under recompute (what it would
+    keep without recompute less what it keeps): Megatron's working set of one layer."""
+    working = np.zeros(n)
+    if settings.recompute == "none":
+        return working
+    plain = replace(settings, recompute="none")
+    infos = operand_infos(graph, plain)
+    for i, op in enumerate(graph.operators):
+        kept = op_cost(op, chosen[i], mesh, plain, infos[op.name], profile).memory.activations
+        working[layer[i]] += kept - records[i].memory.activations
+    return working
+
+
+def _tied_parameters(graph: Graph, mesh: Mesh, profile: MachineProfile, settings: TrainingSettings, chosen, infos,
+                     records, layer: list[int]) -> list[tuple[int, int, float, float]]:
+    """Parameters read in two layers (the tied embedding, read by the LM head): (owner layer,
+    reader layer, the reader's copy's static bytes, its gradient bytes)."""
+    owner = {op.inputs[slot].tensor: layer[i] for i, op in enumerate(graph.operators)
+             for slot, info in enumerate(infos[op.name]) if info.role == "param" and info.counts_memory}
+    tied = []
+    for i, op in enumerate(graph.operators):
+        for slot, info in enumerate(infos[op.name]):
+            home = owner.get(op.inputs[slot].tensor, layer[i])
+            if info.role != "param" or info.counts_memory or home == layer[i]:
+                continue
+            own = tuple(replace(x, counts_memory=True) if j == slot else x for j, x in enumerate(infos[op.name]))
+            copy, base = op_cost(op, chosen[i], mesh, settings, own, profile).memory, records[i].memory
+            static = copy.params + copy.grads + copy.optimizer - (base.params + base.grads + base.optimizer)
+            tied.append((home, layer[i], static, copy.grads - base.grads))
+    return tied
 
 
 def _send_split(layout, mesh: Mesh) -> int:
@@ -183,9 +219,12 @@ def model_chain(load: Callable[[int], Graph], batch: int, counts: list[int], mes
     if not columns:
         return None
     stack = lambda key: np.stack([col[key] for col in columns], axis=1)
+    # the two copies' gradients are all-reduced between their stages over the pipeline link
+    tied = tuple((o, r, nbytes, 2 * link.latency + grad_bytes / link.bandwidth)
+                 for o, r, nbytes, grad_bytes in columns[0]["tied"])
     return LayerChain(tuple(batch // c for c in kept), tuple(kept), stack("time"), stack("out_bytes"),
                       stack("activation_memory"), columns[0]["static_memory"], columns[0]["sync"],
-                      link.bandwidth, link.latency)
+                      link.bandwidth, link.latency, working_memory=stack("working_memory"), tied=tied)
 
 
 def _plan_valid(graph: Graph, mesh: Mesh, strategies: dict[str, Strategy]) -> bool:
@@ -226,7 +265,7 @@ def plan_pipeline(load: Callable[[int], Graph], mesh: Mesh, profile: MachineProf
         if progress:
             progress(done, len(degrees), "pipeline degrees")
         sub = stage_mesh(mesh, p)
-        for variant in (_variants(settings) if escalate else [settings]):
+        for variant in (_variants(settings, sub) if escalate else [settings]):
             found = _plan_degree(load, mesh, sub, profile, batch, variant, memory_limit, schedule, method, p, counts,
                                  stage_planner, cuts)
             if found is None:
@@ -234,7 +273,8 @@ def plan_pipeline(load: Callable[[int], Graph], mesh: Mesh, profile: MachineProf
             candidate = replace(found, intra_method=intra_method)
             pipe = candidate.pipeline
             first = first or candidate
-            rows.append({"stages": p, "stage_mesh": sub.spec, "recompute": variant.recompute, "zero": variant.zero,
+            rows.append({"stages": p, "stage_mesh": sub.spec, "sequence_parallel": variant.sequence_parallel,
+                         "recompute": variant.recompute, "zero": variant.zero,
                          "num_microbatches": pipe.num_microbatches, "iteration_time_s": pipe.iteration_time_s,
                          "max_memory_bytes": pipe.max_memory_bytes, "fits_memory": pipe.fits_memory})
             if pipe.fits_memory:
@@ -263,10 +303,15 @@ def _check_choices(degrees, counts, outer: int, layers: int, batch: int, cuts) -
         raise SettingsError("--cuts: fixed cuts need one pipeline degree (--pp)")
 
 
-def _variants(settings: TrainingSettings) -> list[TrainingSettings]:
+def _variants(settings: TrainingSettings, stage: Mesh) -> list[TrainingSettings]:
+    """The memory-saving escalation, cheapest first: sequence parallelism (when the stage mesh can
+    split operators), selective recompute, full recompute, then ZeRO-1 on top."""
     out = [settings]
-    if not settings.recompute:
-        out.append(replace(settings, recompute=True))
+    if not settings.sequence_parallel and stage.num_devices > 1:
+        out.append(replace(settings, sequence_parallel=True))
+    for recompute in ("selective", "full"):
+        if RECOMPUTE.index(settings.recompute) < RECOMPUTE.index(recompute):
+            out.append(replace(out[-1], recompute=recompute))
     if settings.zero < 1:
         out.append(replace(out[-1], zero=1))
     return out
