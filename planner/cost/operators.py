@@ -98,6 +98,13 @@ def attention_core(graph: Graph) -> frozenset[str]:
     return frozenset(core)
 
 
+def op_signature(op: Operator, infos: tuple[OperandInfo, ...]) -> tuple:
+    """What ``op_cost`` reads of an operator: operators with equal signatures cost the same under
+    every strategy (the identical layers of a model share one costing)."""
+    return (op.kind, op.dims, tuple((o.dims, o.saved) for o in op.inputs), tuple(o.dims for o in op.outputs),
+            op.flops, op.backward_factor, op.unsplittable, op.norm_dims, op.norm_stats, infos)
+
+
 def op_cost(op: Operator, strategy: Strategy, mesh: Mesh, settings: TrainingSettings,
             inputs: tuple[OperandInfo, ...], profile: MachineProfile) -> CostRecord:
     """Cost of one operator under one strategy, for one training step, per device."""

@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from planner.cost.operators import OperandInfo, input_layouts, op_cost, operand_infos, output_layouts
+from planner.cost.operators import OperandInfo, input_layouts, op_cost, op_signature, operand_infos, output_layouts
 from planner.cost.records import CostRecord, sum_records, seconds
 from planner.cost.redistribution import edge_cost
 from planner.cost.settings import TrainingSettings
@@ -105,11 +105,6 @@ class Problem:
         terms = plan_terms(self.graph, self.mesh, self.profile, self.settings, strategies, {t.op.name: t.inputs for t in self.ops},
                            [t.records[c] for t, c in zip(self.ops, choice)])
         return sum_records(list(terms.ops) + [record for *_, record in terms.edges])
-
-
-def _op_key(op: Operator, infos: tuple[OperandInfo, ...]) -> tuple:
-    return (op.kind, op.dims, tuple((o.dims, o.saved) for o in op.inputs), tuple(o.dims for o in op.outputs),
-            op.flops, op.backward_factor, op.unsplittable, op.norm_dims, op.norm_stats, infos)
 
 
 MAX_UNITS = 2**50  # per term (13 days in ns, 1 PiB): int64 sums over many terms must not overflow
@@ -199,7 +194,7 @@ def build_problem(graph: Graph, mesh: Mesh, profile: MachineProfile, settings: T
     op_cache: dict[tuple, OpTable] = {}
     tables = []
     for op in graph.operators:
-        key = _op_key(op, infos[op.name])
+        key = op_signature(op, infos[op.name])
         if key not in op_cache:
             op_cache[key] = _build_op_table(op, infos[op.name], mesh, profile, settings, unit_s)
         cached = op_cache[key]

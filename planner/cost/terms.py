@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from planner.cost.operators import OperandInfo, input_layouts, op_cost, operand_infos, output_layouts
+from planner.cost.operators import OperandInfo, input_layouts, op_cost, op_signature, operand_infos, output_layouts
 from planner.cost.records import CostRecord
 from planner.cost.redistribution import edge_cost
 from planner.cost.settings import TrainingSettings
@@ -37,15 +37,22 @@ def plan_terms(graph: Graph, mesh: Mesh, profile: MachineProfile, settings: Trai
     """Cost every operator and every edge of a plan (one strategy per operator, graph order).
 
     ``op_records`` may carry records already computed for some operators (a problem's tables);
-    identical edges (same shape and layouts) are costed once."""
+    identical operators (same signature and strategy) and identical edges (same shape and
+    layouts) are costed once."""
     infos = infos if infos is not None else operand_infos(graph, settings)
     producer = {o.tensor: (i, k) for i, op in enumerate(graph.operators) for k, o in enumerate(op.outputs)}
     outs = [output_layouts(op, s) for op, s in zip(graph.operators, strategies)]
     op_terms, edge_terms = [], []
     cache: dict[tuple, CostRecord] = {}
+    op_cache: dict[tuple, CostRecord] = {}
     for i, (op, strategy) in enumerate(zip(graph.operators, strategies)):
         given = op_records[i] if op_records is not None else None
-        op_terms.append(given if given is not None else op_cost(op, strategy, mesh, settings, infos[op.name], profile))
+        if given is None:
+            key = (op_signature(op, infos[op.name]), strategy)
+            if key not in op_cache:
+                op_cache[key] = op_cost(op, strategy, mesh, settings, infos[op.name], profile)
+            given = op_cache[key]
+        op_terms.append(given)
         ins = input_layouts(op, strategy, infos[op.name])
         for slot, operand in enumerate(op.inputs):
             if operand.tensor not in producer:

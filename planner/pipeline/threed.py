@@ -21,6 +21,7 @@ The micro-batch size b in a 3D plan counts the samples of one micro-batch over t
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import time
 from dataclasses import dataclass, replace
@@ -28,7 +29,7 @@ from typing import Callable
 
 import numpy as np
 
-from planner.cost.operators import op_cost, operand_infos, output_layouts
+from planner.cost.operators import op_cost, op_signature, operand_infos, output_layouts
 from planner.cost.records import CostRecord, seconds, sum_records
 from planner.cost.settings import RECOMPUTE, TrainingSettings
 from planner.cost.terms import plan_terms
@@ -163,9 +164,12 @@ def _working_memory(graph: Graph, mesh: Mesh, profile: MachineProfile, settings:
         return working
     plain = replace(settings, recompute="none")
     infos = operand_infos(graph, plain)
+    kept: dict[tuple, float] = {}  # identical layers cost once
     for i, op in enumerate(graph.operators):
-        kept = op_cost(op, chosen[i], mesh, plain, infos[op.name], profile).memory.activations
-        working[layer[i]] += kept - records[i].memory.activations
+        key = (op_signature(op, infos[op.name]), chosen[i])
+        if key not in kept:
+            kept[key] = op_cost(op, chosen[i], mesh, plain, infos[op.name], profile).memory.activations
+        working[layer[i]] += kept[key] - records[i].memory.activations
     return working
 
 
@@ -254,6 +258,7 @@ def plan_pipeline(load: Callable[[int], Graph], mesh: Mesh, profile: MachineProf
     Raises ``InfeasibleError`` when no candidate fits the memory limit, unless ``fit_required`` is
     off: then the first candidate is returned, marked as not fitting."""
     start = time.perf_counter()
+    load = functools.lru_cache(maxsize=None)(load)  # each micro-batch size's graph is built once per search
     graph = load(batch)
     layers = max(_layer_of(graph)) + 1
     outer = mesh.axes[0].size
