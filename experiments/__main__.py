@@ -13,7 +13,8 @@ import sys
 from experiments.common import run
 import time
 
-SCRIPTS = ("fidelity", "portability", "smsg_models", "verify", "exact_vs_heuristic", "pipeline", "scaling")
+SCRIPTS = ("fidelity", "portability", "smsg_models", "verify", "exact_vs_heuristic", "pipeline", "scaling",
+           "memory_bound")
 
 
 def main(argv: list[str] | None = None) -> int:

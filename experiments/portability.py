@@ -67,8 +67,8 @@ def plan_row(model: str, changed: str, setting: dict) -> dict:
         return {**row, "status": "INFEASIBLE", "notes": str(exc), "replan_time_s": time.perf_counter() - start}
     row.update({"status": result.pipeline.status, **degrees(result),
                 "num_microbatches": result.pipeline.num_microbatches,
-                "recompute": result.settings.recompute, "zero": result.settings.zero,
-                "objective": result.pipeline.iteration_time_s, "iteration_time_s": result.pipeline.iteration_time_s,
+                "sequence_parallel": result.settings.sequence_parallel, "recompute": result.settings.recompute,
+                "zero": result.settings.zero, "objective": result.pipeline.iteration_time_s, "iteration_time_s": result.pipeline.iteration_time_s,
                 "max_memory_gib": result.pipeline.max_memory_bytes / 2**30,
                 "replan_time_s": time.perf_counter() - start})
     return row

@@ -2,7 +2,9 @@
 
     unconstrained:  reduce every distinct segment once (planner.search.eliminate), multiply the tables
                     (planner.search.decompose); the result is the whole-graph optimum.
-    memory binds:   Lagrangian relaxation, since memory is additive over operators:
+    memory binds:   the Pareto tables and label-setting master of ``planner.search.pareto``
+                    (exact, OPTIMAL); if its fronts outgrow their caps or its share of the time
+                    limit ends, Lagrangian relaxation, since memory is additive over operators:
                         L(lam) = min_x c(x) + lam * (m(x) - M)  <=  OPT   for every lam >= 0,
                     each L(lam) solved exactly by the same decomposition with unary costs
                     c + lam * m. Bisection on lam keeps the best feasible plan x_f and the best
@@ -24,11 +26,14 @@ from typing import Callable, Sequence
 import numpy as np
 
 from planner.search.decompose import Segment, group_blocks, product_block, segment_network, split_segments
+from planner.search.fronts import FrontTooLarge
+from planner.search.pareto import ParetoResult, pareto_search
 from planner.cost.problem import Problem
 from planner.search.solver import SolveResult, build_seconds, explain_infeasible, min_memory, program_size, solve
 
 Progress = Callable[[int, int, str], None]
 LAGRANGE_ITERATIONS = 40
+PARETO_SHARE = 0.5  # of the time limit: the Pareto master's; the Lagrangian path keeps the rest
 MAX_WHOLE_PROGRAM = 2_000_000
 
 
@@ -143,7 +148,23 @@ def solve_exact(problem: Problem, memory_limit: float | None = None, time_limit_
             raise RuntimeError(f"decomposed value {free.value} disagrees with the integer objective {objective}")
         if memory_limit is None or problem.memory(free.choice) <= memory_limit:
             return SolveResult("OPTIMAL", objective, objective, free.choice, time.perf_counter() - start, 0), notes
-        return _lagrangian(problem, segments, memory_limit, deadline, seed, workers, start, notes, step_s)
+        found, why = _pareto(problem, segments, memory_limit, start + PARETO_SHARE * (deadline - start))
+        if found is not None:
+            return SolveResult("OPTIMAL", found.objective, found.objective, found.choice, time.perf_counter() - start,
+                               0), notes + (why,)
+        return _lagrangian(problem, segments, memory_limit, deadline, seed, workers, start, notes + (why,), step_s)
+
+
+def _pareto(problem: Problem, segments: Sequence[Segment], memory_limit: float,
+            deadline: float) -> tuple[ParetoResult | None, str]:
+    """The exact Pareto master, or None and why it stopped (fronts past their caps, the deadline)."""
+    try:
+        found = pareto_search(problem, segments, memory_limit, deadline)
+    except (FrontTooLarge, TimeoutError) as exc:
+        return None, f"memory binds: Pareto tables stopped ({exc}); Lagrangian pricing and CP-SAT instead"
+    return found, (f"memory binds: exact Pareto tables and label-setting master (fronts of up to "
+                   f"{found.table_points} points, up to {found.max_labels} labels per layout; "
+                   f"Lagrangian bound {found.lagrangian_bound})")
 
 
 def _lagrangian(problem: Problem, segments: Sequence[Segment], memory_limit: float, deadline: float, seed: int,

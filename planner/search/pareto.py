@@ -1,0 +1,289 @@
+"""Exact search under a memory limit: Pareto segment tables and a label-setting master (DESIGN 5b).
+
+Each distinct segment is reduced once into a table of Pareto fronts: for every (entry layout, exit
+layout) pair, the non-dominated (cost, memory) points of its plans (``planner.search.fronts``).
+The segments form a chain, so the program is a resource-constrained shortest path:
+
+    labels at boundary k, layout b:  front( U_{a, p in labels[k-1][a], q in T_k[a,b]}  p (+) q )
+
+kept only while they can still lead to a fitting plan better than the incumbent:
+
+    memory:  m + minmem_k(b) <= M                                   (minmem_k: least memory to finish)
+    cost:    c + R0_k(b) <= UB  and  c + Rlam_k(b) - lam (M - m) <= UB (R: least cost, and least cost
+             + lam * memory, to finish; valid since the rest uses at most M - m bytes)
+
+with lam and UB from a Lagrangian bisection over the same tables. No label that can reach an
+optimum is dropped, so the cheapest label at the last boundary is the optimum of the whole program
+(OPTIMAL, no solver gap); its back-pointers give each segment's point, and ``explain`` gives every
+operator's strategy. Fronts or labels past their caps raise ``FrontTooLarge`` (the caller falls
+back to the Lagrangian + CP-SAT path).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from planner.cost.problem import Problem
+from planner.search.decompose import Segment, segment_network
+from planner.search.fronts import (FrontTooLarge, Node, add, chain_end, collapse, column, explain, leaf, outer, pick,
+                                   prune, series, transpose, union)
+
+FRONT_CAP = 512  # points per front in a segment table
+LABEL_CAP = 4096  # labels per boundary layout in the master
+BEAM = 32  # labels per boundary layout in the heuristic pass that sets the upper bound
+
+
+@dataclass(frozen=True, slots=True)
+class ParetoResult:
+    """The optimum under the memory limit: integer objective, memory, choice, and search sizes."""
+
+    objective: int
+    memory: int
+    choice: tuple[int, ...]
+    table_points: int  # the largest front of any segment table
+    max_labels: int  # the most labels kept at one boundary
+    lagrangian_bound: int
+    seconds: float
+
+
+class ParetoNetwork:
+    """A pairwise network whose unary and pairwise tables hold (cost, memory) fronts."""
+
+    def __init__(self, unary: list[Node], cap: int = FRONT_CAP) -> None:
+        self.unary = list(unary)
+        self.factors: dict[tuple[int, int], Node] = {}
+        self.neighbours: list[set[int]] = [set() for _ in unary]
+        self.const = leaf(np.zeros(()))
+        self.cap = cap
+
+    def add_factor(self, x: int, y: int, node: Node) -> None:
+        if x > y:
+            x, y, node = y, x, transpose(node)
+        key = (x, y)
+        self.factors[key] = add(self.factors[key], node, self.cap) if key in self.factors else node
+        self.neighbours[x].add(y)
+        self.neighbours[y].add(x)
+
+    def _take(self, x: int, v: int) -> Node:
+        self.neighbours[x].discard(v)
+        self.neighbours[v].discard(x)
+        return self.factors.pop((x, v)) if x < v else transpose(self.factors.pop((v, x)))
+
+    def _clone(self) -> "ParetoNetwork":
+        other = ParetoNetwork(self.unary, self.cap)
+        other.factors = dict(self.factors)
+        other.neighbours = [set(n) for n in self.neighbours]
+        other.const = self.const
+        return other
+
+    def reduce(self, entry: int | None, exit: int | None, done: frozenset[int] = frozenset()) -> Node:
+        """The [entry, exit] front table; variables eliminated min degree first, as ``Network``."""
+        keep = {k for k in (entry, exit) if k is not None}
+        alive = set(range(len(self.unary))) - keep - set(done)
+        while alive:
+            var = min(alive, key=lambda k: (len(self.neighbours[k]), k))
+            around = tuple(sorted(self.neighbours[var]))
+            if len(around) > 2:
+                pivot = max(alive, key=lambda k: (len(self.neighbours[k]), -k))
+                return self._condition(pivot, entry, exit, done | (set(range(len(self.unary))) - alive))
+            self._eliminate(var, around)
+            alive.discard(var)
+        rows = self.unary[entry] if entry is not None else None
+        cols = self.unary[exit] if exit is not None else None
+        table = outer(rows, cols, self.const, self.cap)
+        if entry is not None and exit is not None and (min(entry, exit), max(entry, exit)) in self.factors:
+            table = add(table, self._take(entry, exit), self.cap)
+        return table
+
+    def _eliminate(self, var: int, around: tuple[int, ...]) -> None:
+        if not around:
+            self.const = add(self.const, collapse(var, self.unary[var], self.cap), self.cap)
+        elif len(around) == 1:
+            (x,) = around
+            self.unary[x] = add(self.unary[x], chain_end(var, self._take(x, var), self.unary[var], self.cap), self.cap)
+        else:
+            x, y = around
+            self.add_factor(x, y, series(var, self._take(x, var), self.unary[var], self._take(var, y), self.cap))
+
+    def _condition(self, var: int, entry: int | None, exit: int | None, done: set[int]) -> Node:
+        """One reduction per state of ``var`` (fixed), the tables joined by a union of fronts."""
+        branches = []
+        for state in range(self.unary[var].shape[0]):
+            branch = self._clone()
+            branch.const = add(branch.const, pick(self.unary[var], state), self.cap)
+            for other in sorted(branch.neighbours[var]):
+                branch.unary[other] = add(branch.unary[other], column(branch._take(other, var), state), self.cap)
+            branches.append(branch.reduce(entry, exit, frozenset(done) | {var}))
+        return union(var, branches, self.cap)
+
+
+def segment_front_table(problem: Problem, seg: Segment, cap: int = FRONT_CAP) -> Node:
+    """The [entry layout, exit layout] table of (cost, memory) fronts of one segment."""
+    costs = [t.cost.astype(np.float64) for t in problem.ops]
+    net, entry, exit_ = segment_network(problem, seg, costs)
+    memory = [problem.ops[op].memory.astype(np.float64) for op in seg.ops]
+    unary = [leaf(u, memory[n] if n < len(seg.ops) else None) for n, u in enumerate(net.unary)]
+    fronts = ParetoNetwork(unary, cap)
+    for (x, y), matrix in sorted(net.factors.items()):
+        fronts.add_factor(x, y, leaf(matrix))
+    table = fronts.reduce(entry, exit_)
+    return table
+
+
+def pareto_search(problem: Problem, segments: Sequence[Segment], memory_limit: float, deadline: float | None = None,
+                  cap: int = FRONT_CAP, label_cap: int = LABEL_CAP) -> ParetoResult:
+    """The exact optimum under ``memory_limit`` over a chain of segments (see the module text).
+    Raises ``FrontTooLarge`` past the caps and ``TimeoutError`` past ``deadline``."""
+    start = time.perf_counter()
+    tables: dict[str, Node] = {}
+    for seg in segments:
+        if seg.key not in tables:
+            tables[seg.key] = segment_front_table(problem, seg, cap)
+            _check(deadline)
+    chain = [tables[s.key] for s in segments]
+    limit = float(memory_limit)
+    lam, upper, bound = _lagrangian(chain, limit, deadline)
+    _, _, heuristic = _master(chain, limit, lam, upper, label_cap, deadline, beam=BEAM)
+    back, final, _ = _master(chain, limit, lam, min(upper, heuristic), label_cap, deadline)
+    if final is None:
+        raise FrontTooLarge("no label fits the memory limit")  # the caller's path reports infeasibility
+    choice = _recover(problem, segments, chain, back, final)
+    objective, memory = problem.objective(choice), problem.memory(choice)
+    if memory > memory_limit or (upper < math.inf and objective > upper):
+        raise RuntimeError(f"Pareto master returned objective {objective}, memory {memory} (upper bound {upper})")
+    return ParetoResult(objective, memory, tuple(choice), max(t.cost.shape[-1] for t in tables.values()),
+                        max(b[0].shape[1] for b in back), int(math.ceil(bound - 1e-6)),
+                        time.perf_counter() - start)
+
+
+def _check(deadline: float | None) -> None:
+    if deadline is not None and time.perf_counter() > deadline:
+        raise TimeoutError("the time limit ended the Pareto search")
+
+
+def _scalar(table: Node, lam: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per (entry, exit): least cost + lam * memory over the front, and the point reaching it."""
+    value = table.cost + (lam * table.mem if lam else 0.0)
+    value = np.where(np.isfinite(table.cost), value, np.inf)
+    point = value.argmin(axis=-1)
+    return np.take_along_axis(value, point[..., None], axis=-1)[..., 0], point
+
+
+def _suffix(chain: Sequence[Node], lam: float | None) -> list[np.ndarray]:
+    """Per boundary k and state: least cost (+ lam * memory; lam None: least memory) to finish."""
+    out = [np.zeros(chain[-1].shape[1])]
+    for table in reversed(chain):
+        weights = table.mem[..., 0] if lam is None else _scalar(table, lam)[0]
+        out.append((weights + out[-1][None, :]).min(axis=1))
+    return out[::-1]
+
+
+def _lagrangian(chain: Sequence[Node], limit: float, deadline: float | None) -> tuple[float, float, float]:
+    """(lam of the best bound, cost of the best fitting plan found (UB), the best Lagrangian bound)."""
+    best_cost, best_bound, best_lam = math.inf, -math.inf, 0.0
+
+    def at(lam: float) -> bool:
+        nonlocal best_cost, best_bound, best_lam
+        weights = [_scalar(t, lam) for t in chain]
+        vector, args = np.zeros(1), []
+        for value, _ in weights:
+            total = vector[:, None] + value
+            args.append(total.argmin(axis=0))
+            vector = total.min(axis=0)
+        state, cost, mem = 0, 0.0, 0.0
+        for (value, point), table, arg in zip(reversed(weights), reversed(chain), reversed(args)):
+            prev = int(arg[state])
+            cost += table.cost[prev, state, point[prev, state]]
+            mem += table.mem[prev, state, point[prev, state]]
+            state = prev
+        if float(vector[0]) - lam * limit > best_bound:
+            best_bound, best_lam = float(vector[0]) - lam * limit, lam
+        if mem <= limit:
+            best_cost = min(best_cost, cost)
+            return True
+        return False
+
+    scale = max(1.0, sum(float(np.nanmax(np.where(np.isfinite(t.cost), t.cost, 0))) for t in chain)) / \
+        max(1.0, sum(float(np.nanmax(np.where(np.isfinite(t.mem), t.mem, 0))) for t in chain))
+    low, high = 0.0, scale
+    if not at(0.0):
+        for _ in range(60):
+            _check(deadline)
+            if at(high):
+                break
+            low, high = high, high * 4
+        for _ in range(40):
+            _check(deadline)
+            mid = 0.5 * (low + high)
+            low, high = (low, mid) if at(mid) else (mid, high)
+    return best_lam, best_cost, best_bound
+
+
+def _master(chain: Sequence[Node], limit: float, lam: float, upper: float, label_cap: int,
+            deadline: float | None, beam: int | None = None) -> tuple[list, tuple[int, int] | None, float]:
+    """Label-setting over the chain: back-pointers per boundary, the optimal final label and its
+    cost. With ``beam`` each boundary state keeps only that many labels, those of least bound:
+    a fast heuristic whose plan still fits (it gives the exact pass its upper bound)."""
+    prices = sorted({0.0, lam / 4, lam / 2, lam, 2 * lam, 4 * lam})
+    least_memory = _suffix(chain, None)
+    priced = {price: _suffix(chain, price) for price in prices}
+    slack = 1.0 + 1e-9 * abs(upper) if upper < math.inf else math.inf  # float rounding, in objective units
+    cost, mem = np.zeros((1, 1)), np.zeros((1, 1))
+    back = []
+    for k, table in enumerate(chain):
+        _check(deadline)
+        live = np.flatnonzero(np.isfinite(cost).any(axis=1))  # boundary states that still hold labels
+        nb, kt, kl = table.shape[1], table.cost.shape[2], cost.shape[1]
+        cand_c = (cost[live][:, None, :, None] + table.cost[live][:, :, None, :]).transpose(1, 0, 2, 3).reshape(nb, -1)
+        cand_m = (mem[live][:, None, :, None] + table.mem[live][:, :, None, :]).transpose(1, 0, 2, 3).reshape(nb, -1)
+        ok = cand_m + least_memory[k + 1][:, None] <= limit
+        cols = np.flatnonzero(ok.any(axis=0))  # candidates that fit somewhere: the only ones sorted
+        cand_c, cand_m, ok = cand_c[:, cols], np.where(ok, cand_m, np.inf)[:, cols], ok[:, cols]
+        with np.errstate(invalid="ignore"):  # no point (inf memory): excluded by ``ok``
+            bound = np.max([cand_c + priced[p][k + 1][:, None] - p * (limit - cand_m) for p in prices], axis=0)
+        ok &= bound <= upper + slack
+        cost, mem, src = prune(np.where(ok, cand_c, np.inf), np.where(ok, cand_m, np.inf),
+                               label_cap if beam is None else 1 << 40)
+        if beam is not None and cost.shape[1] > beam:
+            cost, mem, src = _keep_best(cost, mem, src, np.take_along_axis(bound, np.maximum(src, 0), axis=1), beam)
+        flat = cols[np.maximum(src, 0)] if len(cols) else np.zeros_like(src)
+        a, p, q = np.unravel_index(flat, (len(live), kl, kt))
+        back.append((live[a] if len(live) else a, p, q, src >= 0))
+    if not np.isfinite(cost[0]).any():
+        return back, None, math.inf
+    last = int(np.where(np.isfinite(cost[0]), cost[0], np.inf).argmin())
+    return back, (0, last), float(cost[0, last])
+
+
+def _keep_best(cost: np.ndarray, mem: np.ndarray, src: np.ndarray, bound: np.ndarray, beam: int) -> tuple:
+    """Per row, the ``beam`` labels of least bound, in their front order."""
+    bound = np.where(src >= 0, bound, np.inf)
+    keep = np.sort(np.argsort(bound, axis=1, kind="stable")[:, :beam], axis=1)
+    return tuple(np.take_along_axis(a, keep, axis=1) for a in (cost, mem, src))
+
+
+def _recover(problem: Problem, segments: Sequence[Segment], chain: Sequence[Node], back: list,
+             final: tuple[int, int]) -> list[int]:
+    """Each segment's (entry, exit, point) from the back-pointers, then each operator's strategy."""
+    choice = [-1] * len(problem.ops)
+    state, label = final
+    explained: dict[tuple, dict[int, int]] = {}
+    for k in range(len(segments) - 1, -1, -1):
+        a, p, q, valid = (arr[state, label] for arr in back[k])
+        if not valid:
+            raise RuntimeError("Pareto master: a back-pointer leads nowhere")
+        seg = segments[k]
+        key = (seg.key, int(a), state, int(q))
+        if key not in explained:
+            states: dict[int, int] = {}
+            explain(chain[k], (int(a), state), int(q), states)
+            explained[key] = states
+        for n, op in enumerate(seg.ops):
+            choice[op] = explained[key][n]
+        state, label = int(a), int(p)
+    return choice

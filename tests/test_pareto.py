@@ -1,0 +1,91 @@
+"""Exact under a memory limit: Pareto fronts, the segment front tables and the label-setting master,
+against brute force (small random graphs) and the whole-program CP-SAT (small GPTs)."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, seed
+from hypothesis import strategies as st
+
+from planner import make_cluster, make_problem
+from planner.cluster.mesh import Mesh, MeshAxis
+from planner.cluster.profiles import SYMBOLIC
+from planner.cost.problem import build_problem
+from planner.search.brute import brute_force
+from planner.search.decompose import split_segments
+from planner.search.exact import solve_exact
+from planner.search.fronts import FrontTooLarge, prune
+from planner.search.pareto import pareto_search, segment_front_table
+from planner.search.solver import min_memory, solve
+from test_decompose import chain_graphs
+
+
+def test_prune_keeps_the_non_dominated_points_by_hand():
+    cost = np.array([[5.0, 3.0, 4.0, 3.0, np.inf, 1.0]])
+    mem = np.array([[1.0, 2.0, 2.0, 2.0, 0.0, 9.0]])
+    c, m, src = prune(cost, mem, cap=10)
+    assert c.tolist() == [[5.0, 3.0, 1.0]] and m.tolist() == [[1.0, 2.0, 9.0]]  # (4, 2) and a copy of (3, 2) go
+    assert src[0, 1] in (1, 3) and src[0, 2] == 5
+    with pytest.raises(FrontTooLarge):
+        prune(cost, mem, cap=2)
+
+
+def _limits(problem, fractions):
+    low = min_memory(problem)
+    high = int(sum(int(t.memory.max()) for t in problem.ops))
+    return [int(low + f * (high - low)) for f in fractions]
+
+
+@seed(7)
+@settings(max_examples=70, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graph=chain_graphs(), two_axes=st.booleans(), fraction=st.floats(0.0, 0.6))
+def test_random_chains_under_memory_limits_match_brute_force(graph, two_axes, fraction):
+    axes = (MeshAxis("a", 2, 1e9, 0.0),) + ((MeshAxis("b", 2, 4e9, 1e-6),) if two_axes else ())
+    problem = build_problem(graph, Mesh(axes), SYMBOLIC)
+    if np.prod([len(t.strategies) for t in problem.ops], dtype=float) > 3e6:
+        problem = build_problem(graph, Mesh(axes[:1]), SYMBOLIC)
+    (limit,) = _limits(problem, [fraction])
+    best, _ = brute_force(problem, limit)
+    found = pareto_search(problem, split_segments(problem), limit)
+    assert found.objective == best
+    assert problem.objective(found.choice) == best and problem.memory(found.choice) <= limit
+
+
+GPT = "gpt:layers=4,hidden=256,heads=4,seq=128,vocab=1024"
+
+
+@pytest.mark.parametrize("mesh", ["4", "2x2"])
+def test_small_gpt_under_memory_limits_matches_the_whole_program(mesh):
+    """Limits from the least memory to the unconstrained plan's; the exact search certifies each
+    optimum, the whole-program CP-SAT agrees, and some limit makes identical layers differ."""
+    problem = make_problem(GPT, make_cluster(mesh, "a100-80g"))
+    free, _ = solve_exact(problem, None)
+    low, high = min_memory(problem), problem.memory(free.choice)
+    mixed = 0
+    for fraction in (0.05, 0.2, 0.35, 0.5, 0.65, 0.8, 0.95):
+        limit = int(low + fraction * (high - low))
+        result, notes = solve_exact(problem, limit, time_limit_s=60)
+        whole = solve(problem, limit, time_limit_s=60)
+        assert result.status == "OPTIMAL" and any("Pareto" in n for n in notes)
+        assert whole.status == "OPTIMAL" and whole.objective == result.objective
+        assert problem.memory(result.choice) <= limit
+        per_layer = {}
+        for table, c in zip(problem.ops, result.choice):
+            if table.op.layer is not None:
+                per_layer.setdefault(table.op.layer, []).append(table.strategies[c])
+        mixed += len({tuple(v) for v in per_layer.values()}) > 1
+    assert mixed >= 1, "some limit is met only by giving identical layers different plans"
+
+
+def test_segment_front_table_holds_the_unconstrained_optimum():
+    """The least cost of each front entry is the scalar decomposition's table entry."""
+    problem = make_problem(GPT, make_cluster("2x2", "a100-80g"))
+    free, _ = solve_exact(problem, None)
+    total = 0.0
+    segments = split_segments(problem)
+    tables = {s.key: segment_front_table(problem, s) for s in segments}
+    vector = np.zeros(1)
+    for seg in segments:
+        cost = np.where(np.isfinite(tables[seg.key].cost), tables[seg.key].cost, np.inf).min(axis=-1)
+        vector = (vector[:, None] + cost).min(axis=0)
+    total = float(vector[0])
+    assert total == free.objective
