@@ -31,7 +31,7 @@ import numpy as np
 from planner.cost.problem import Problem
 from planner.search.decompose import Segment, segment_network
 from planner.search.fronts import (FrontTooLarge, Node, add, chain_end, collapse, column, explain, leaf, outer, pick,
-                                   prune, series, transpose, union)
+                                   series, transpose, union)
 
 FRONT_CAP = 512  # points per front in a segment table
 LABEL_CAP = 4096  # labels per boundary layout in the master
@@ -229,7 +229,7 @@ def _master(chain: Sequence[Node], limit: float, lam: float, upper: float, label
     """Label-setting over the chain: back-pointers per boundary, the optimal final label and its
     cost. With ``beam`` each boundary state keeps only that many labels, those of least bound:
     a fast heuristic whose plan still fits (it gives the exact pass its upper bound)."""
-    prices = sorted({0.0, lam / 4, lam / 2, lam, 2 * lam, 4 * lam})
+    prices = list(dict.fromkeys((lam, 0.0, lam / 2, 2 * lam, lam / 4, 4 * lam)))  # the strongest first
     least_memory = _suffix(chain, None)
     priced = {price: _suffix(chain, price) for price in prices}
     slack = 1.0 + 1e-9 * abs(upper) if upper < math.inf else math.inf  # float rounding, in objective units
@@ -239,20 +239,17 @@ def _master(chain: Sequence[Node], limit: float, lam: float, upper: float, label
         _check(deadline)
         live = np.flatnonzero(np.isfinite(cost).any(axis=1))  # boundary states that still hold labels
         nb, kt, kl = table.shape[1], table.cost.shape[2], cost.shape[1]
-        cand_c = (cost[live][:, None, :, None] + table.cost[live][:, :, None, :]).transpose(1, 0, 2, 3).reshape(nb, -1)
         cand_m = (mem[live][:, None, :, None] + table.mem[live][:, :, None, :]).transpose(1, 0, 2, 3).reshape(nb, -1)
-        ok = cand_m + least_memory[k + 1][:, None] <= limit
-        cols = np.flatnonzero(ok.any(axis=0))  # candidates that fit somewhere: the only ones sorted
-        cand_c, cand_m, ok = cand_c[:, cols], np.where(ok, cand_m, np.inf)[:, cols], ok[:, cols]
-        with np.errstate(invalid="ignore"):  # no point (inf memory): excluded by ``ok``
-            bound = np.max([cand_c + priced[p][k + 1][:, None] - p * (limit - cand_m) for p in prices], axis=0)
-        ok &= bound <= upper + slack
-        cost, mem, src = prune(np.where(ok, cand_c, np.inf), np.where(ok, cand_m, np.inf),
-                               label_cap if beam is None else 1 << 40)
-        if beam is not None and cost.shape[1] > beam:
-            cost, mem, src = _keep_best(cost, mem, src, np.take_along_axis(bound, np.maximum(src, 0), axis=1), beam)
-        flat = cols[np.maximum(src, 0)] if len(cols) else np.zeros_like(src)
-        a, p, q = np.unravel_index(flat, (len(live), kl, kt))
+        rows, cols = np.nonzero(cand_m + least_memory[k + 1][:, None] <= limit)  # the candidates that can fit
+        cand_c = (cost[live][:, None, :, None] + table.cost[live][:, :, None, :]).transpose(1, 0, 2, 3).reshape(nb, -1)
+        c, m, bound = cand_c[rows, cols], cand_m[rows, cols], np.full(len(rows), -np.inf)
+        for price in prices:  # each price's bound only on the candidates the earlier ones kept
+            bound = np.maximum(bound, c + priced[price][k + 1][rows] - price * (limit - m))
+            keep = bound <= upper + slack
+            rows, cols, c, m, bound = rows[keep], cols[keep], c[keep], m[keep], bound[keep]
+        rows, cols, c, m, bound = _fronts_by_row(rows, cols, c, m, bound, nb, label_cap, beam)
+        cost, mem, src = _as_table(rows, nb, c, m, cols)
+        a, p, q = np.unravel_index(np.maximum(src, 0), (max(1, len(live)), kl, kt))
         back.append((live[a] if len(live) else a, p, q, src >= 0))
     if not np.isfinite(cost[0]).any():
         return back, None, math.inf
@@ -260,11 +257,39 @@ def _master(chain: Sequence[Node], limit: float, lam: float, upper: float, label
     return back, (0, last), float(cost[0, last])
 
 
-def _keep_best(cost: np.ndarray, mem: np.ndarray, src: np.ndarray, bound: np.ndarray, beam: int) -> tuple:
-    """Per row, the ``beam`` labels of least bound, in their front order."""
-    bound = np.where(src >= 0, bound, np.inf)
-    keep = np.sort(np.argsort(bound, axis=1, kind="stable")[:, :beam], axis=1)
-    return tuple(np.take_along_axis(a, keep, axis=1) for a in (cost, mem, src))
+def _fronts_by_row(rows, cols, c, m, bound, nb: int, label_cap: int, beam: int | None) -> tuple:
+    """Per row (boundary state), the non-dominated candidates sorted by memory; with ``beam``, only
+    the ``beam`` of least bound. Rows are told apart by an offset larger than any cost range, so
+    one running minimum serves every row (integers below 2^53: exact)."""
+    order = np.lexsort((c, m, rows))
+    rows, cols, c, m, bound = rows[order], cols[order], c[order], m[order], bound[order]
+    if not len(c):
+        return rows, cols, c, m, bound
+    span = float(c.max() - c.min()) + 1.0
+    shifted = (c - c.min()) + (nb - rows) * span
+    keep = np.ones(len(c), dtype=bool)
+    keep[1:] = shifted[1:] < np.minimum.accumulate(shifted)[:-1]
+    rows, cols, c, m, bound = rows[keep], cols[keep], c[keep], m[keep], bound[keep]
+    counts = np.bincount(rows, minlength=nb)
+    if beam is not None and counts.max() > beam:
+        by_bound = np.lexsort((bound, rows))
+        rank = np.arange(len(rows)) - np.searchsorted(rows[by_bound], rows[by_bound])
+        chosen = np.sort(by_bound[rank < beam])
+        rows, cols, c, m, bound = rows[chosen], cols[chosen], c[chosen], m[chosen], bound[chosen]
+    elif counts.max() > label_cap:
+        raise FrontTooLarge(f"{int(counts.max())} labels at one boundary layout (cap {label_cap})")
+    return rows, cols, c, m, bound
+
+
+def _as_table(rows, nb: int, c, m, cols) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Row-sorted candidates as [state, label] arrays padded with inf (and -1 sources)."""
+    counts = np.bincount(rows, minlength=nb)
+    width = max(1, int(counts.max(initial=0)))
+    slot = np.arange(len(rows)) - np.searchsorted(rows, rows)
+    cost, mem = np.full((nb, width), np.inf), np.full((nb, width), np.inf)
+    src = np.full((nb, width), -1, dtype=np.int64)
+    cost[rows, slot], mem[rows, slot], src[rows, slot] = c, m, cols
+    return cost, mem, src
 
 
 def _recover(problem: Problem, segments: Sequence[Segment], chain: Sequence[Node], back: list,
