@@ -35,7 +35,7 @@ from planner.search.fronts import (FrontTooLarge, Node, add, chain_end, collapse
 
 FRONT_CAP = 512  # points per front in a segment table
 LABEL_CAP = 4096  # labels per boundary layout in the master
-BEAM = 32  # labels per boundary layout in the heuristic pass that sets the upper bound
+BEAM = 8  # labels per boundary layout in the heuristic pass that sets the upper bound
 
 
 @dataclass(frozen=True, slots=True)
