@@ -58,8 +58,9 @@ def test_parallel_segment_workers_give_the_same_plan():
 
 
 def test_one_worker_pool_serves_every_price_step(monkeypatch):
-    """--jobs 2 under a binding memory limit: the Lagrangian prices many steps, all on one pool
-    (a new pool per step cost seconds each), and the plan is the --jobs 1 plan."""
+    """--jobs 2 under a binding memory limit on the Lagrangian fallback (the Pareto master is
+    switched off here): the price takes many steps, all on one pool (a new pool per step cost
+    seconds each), and the plan is the --jobs 1 plan."""
     import multiprocessing
 
     from planner import make_cluster, make_problem
@@ -82,6 +83,7 @@ def test_one_worker_pool_serves_every_price_step(monkeypatch):
 
     monkeypatch.setattr(exact.multiprocessing, "get_context", lambda kind: Counting(real_context(kind)))
     monkeypatch.setattr(exact, "solve_unary", lambda *a, **k: steps.append(1) or real_unary(*a, **k))
+    monkeypatch.setattr(exact, "_pareto", lambda *a, **k: (None, "Pareto master off"))
     two, _ = exact.solve_exact(problem, limit, jobs=2, time_limit_s=120)
     one, _ = exact.solve_exact(problem, limit, jobs=1, time_limit_s=120)
     assert len(steps) > 5 and pools == [2]

@@ -15,6 +15,7 @@ and Megatron's ``f`` all-reduce (an activation): both are a Partial gradient to 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from typing import Sequence
@@ -93,11 +94,16 @@ def bias_exact_dims(op: Operator, operand: Operand) -> frozenset[str]:
     gradient is a sum of the output gradient, which is replicated over an axis that splits a
     reduction dim (the gradient of a Partial output is Replicate). Megatron's row-parallel bias.
     """
-    out_dims = {d for o in op.outputs for d in o.op_dims()}
-    own = set(operand.op_dims())
+    return _bias_exact(tuple(o.dims for o in op.outputs), operand.dims, tuple(o.dims for o in op.inputs))
+
+
+@functools.lru_cache(maxsize=4096)  # a pure function of dims, asked once per (operator, input, strategy)
+def _bias_exact(outputs: tuple, own_dims: tuple, inputs: tuple) -> frozenset[str]:
+    out_dims = {d for dims in outputs for group in dims for d in group}
+    own = {d for group in own_dims for d in group}
     if not own <= out_dims:
         return frozenset()
-    in_dims = {d for o in op.inputs for d in o.op_dims()}
+    in_dims = {d for dims in inputs for group in dims for d in group}
     return frozenset(in_dims - out_dims)
 
 
