@@ -149,13 +149,13 @@ def pareto_search(problem: Problem, segments: Sequence[Segment], memory_limit: f
     limit = float(memory_limit)
     lam, upper, bound = _lagrangian(chain, limit, deadline)
     _, _, heuristic = _master(chain, limit, lam, upper, label_cap, deadline, beam=BEAM)
-    back, final, _ = _master(chain, limit, lam, min(upper, heuristic), label_cap, deadline)
+    back, final, best = _master(chain, limit, lam, min(upper, heuristic), label_cap, deadline)
     if final is None:
         raise FrontTooLarge("no label fits the memory limit")  # the caller's path reports infeasibility
     choice = _recover(problem, segments, chain, back, final)
     objective, memory = problem.objective(choice), problem.memory(choice)
-    if memory > memory_limit or (upper < math.inf and objective > upper):
-        raise RuntimeError(f"Pareto master returned objective {objective}, memory {memory} (upper bound {upper})")
+    if memory > memory_limit or objective != int(round(best)):
+        raise RuntimeError(f"Pareto master: the plan costs {objective} with {memory} bytes, its label {best}")
     return ParetoResult(objective, memory, tuple(choice), max(t.cost.shape[-1] for t in tables.values()),
                         max(b[0].shape[1] for b in back), int(math.ceil(bound - 1e-6)),
                         time.perf_counter() - start)
