@@ -206,11 +206,8 @@ def _split(kind: str, parts: list, index: tuple, cost: float, mem: float, states
         slices = [(n.cost[i], n.mem[i]) for n, i in operands]
     else:
         var, *nodes = parts
-        k_first = {"series": lambda n, k: [(nodes[0], (index[0], k)), (nodes[1], (k,)), (nodes[2], (k, index[1]))],
-                   "chain_end": lambda n, k: [(nodes[0], (index[0], k)), (nodes[1], (k,))],
-                   "collapse": lambda n, k: [(nodes[0], (k,))]}[kind]
-        for k in range(nodes[-1].shape[0] if kind != "series" else nodes[1].shape[0]):
-            found = _match(k_first(None, k), cost, mem)
+        for k in range(nodes[1].shape[0] if kind == "series" else nodes[-1].shape[0]):
+            found = _match(_eliminated_operands(kind, nodes, index, k), cost, mem)
             if found is not None:
                 states[var] = k
                 return found
@@ -219,6 +216,15 @@ def _split(kind: str, parts: list, index: tuple, cost: float, mem: float, states
     if found is None:
         raise RuntimeError(f"no decomposition of point ({cost}, {mem}) in a {kind} node")
     return found
+
+
+def _eliminated_operands(kind: str, nodes: list, index: tuple, k: int) -> list:
+    """The operand entries a series / chain-end / collapse node summed for state k of its variable."""
+    if kind == "series":
+        return [(nodes[0], (index[0], k)), (nodes[1], (k,)), (nodes[2], (k, index[1]))]
+    if kind == "chain_end":
+        return [(nodes[0], (index[0], k)), (nodes[1], (k,))]
+    return [(nodes[0], (k,))]
 
 
 def _match(operands: list, cost: float, mem: float, slices: list | None = None) -> list | None:

@@ -131,8 +131,7 @@ def segment_front_table(problem: Problem, seg: Segment, cap: int = FRONT_CAP) ->
     fronts = ParetoNetwork(unary, cap)
     for (x, y), matrix in sorted(net.factors.items()):
         fronts.add_factor(x, y, leaf(matrix))
-    table = fronts.reduce(entry, exit_)
-    return table
+    return fronts.reduce(entry, exit_)
 
 
 def pareto_search(problem: Problem, segments: Sequence[Segment], memory_limit: float, deadline: float | None = None,
