@@ -12,6 +12,7 @@ one flat ring all-reduce over all those devices.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
 
@@ -50,14 +51,27 @@ def hierarchical_all_reduce(phase: str, axes: list[int], nbytes: float,
     """All-reduce of ``nbytes`` over several mesh axes (outermost first): reduce-scatter on the
     inner axes (innermost first), all-reduce of the scattered buffer on the outermost axis,
     all-gather back. It moves the bytes of one flat ring all-reduce over all those devices."""
+    return [Collective(phase, kind, ax, scaled(nbytes, chain)) for kind, ax, chain in hierarchical_steps(axes, mesh_shape)]
+
+
+def hierarchical_steps(axes: Sequence[int], mesh_shape: Sequence[int]) -> list[tuple[str, int, tuple[int, ...]]]:
+    """The (kind, axis, buffer chain) of ``hierarchical_all_reduce``: a chain of sizes, negative to
+    divide and positive to multiply, turns the reduced buffer into the one each step moves."""
     if not axes:
         return []
-    out, buffer = [], nbytes
+    out, chain = [], ()
     for ax in reversed(axes[1:]):
-        out.append(Collective(phase, "reduce_scatter", ax, buffer))
-        buffer /= mesh_shape[ax]
-    out.append(Collective(phase, "all_reduce", axes[0], buffer))
+        out.append(("reduce_scatter", ax, chain))
+        chain += (-mesh_shape[ax],)
+    out.append(("all_reduce", axes[0], chain))
     for ax in axes[1:]:
-        buffer *= mesh_shape[ax]
-        out.append(Collective(phase, "all_gather", ax, buffer))
+        chain += (mesh_shape[ax],)
+        out.append(("all_gather", ax, chain))
     return out
+
+
+def scaled(nbytes: float, chain: Sequence[int]) -> float:
+    """``nbytes`` through a chain of ``hierarchical_steps`` (in order, so the float result is the same)."""
+    for size in chain:
+        nbytes = nbytes / -size if size < 0 else nbytes * size
+    return nbytes

@@ -20,6 +20,7 @@ Edges are costed in ``planner.cost.redistribution``.
 from __future__ import annotations
 
 import math
+from typing import Mapping
 from dataclasses import dataclass, replace
 
 from planner.cluster.mesh import Mesh
@@ -55,9 +56,14 @@ class OperandInfo:
         return self.needs_grad and not self.grad_free
 
 
-def operand_infos(graph: Graph, settings: TrainingSettings) -> dict[str, tuple[OperandInfo, ...]]:
+def operand_infos(graph: Graph, settings: TrainingSettings) -> Mapping[str, tuple[OperandInfo, ...]]:
     """Per operator, its inputs' facts. A tensor's memory is counted once, at its first consumer;
-    what recompute drops is not kept (full: all but layer inputs; selective: the attention core)."""
+    what recompute drops is not kept (full: all but layer inputs; selective: the attention core).
+    Built once per (graph, settings) and shared: read it, never change it."""
+    return graph.derived(("operand_infos", settings), lambda: _operand_infos(graph, settings))
+
+
+def _operand_infos(graph: Graph, settings: TrainingSettings) -> dict[str, tuple[OperandInfo, ...]]:
     core = attention_core(graph) if settings.recompute == "selective" else frozenset()
     rerun_ops = {op.name for op in graph.operators if any(o.tensor in core for o in op.outputs)}
     owner: dict[str, str] = {}
@@ -103,6 +109,15 @@ def op_signature(op: Operator, infos: tuple[OperandInfo, ...]) -> tuple:
     every strategy (the identical layers of a model share one costing)."""
     return (op.kind, op.dims, tuple((o.dims, o.saved) for o in op.inputs), tuple(o.dims for o in op.outputs),
             op.flops, op.backward_factor, op.unsplittable, op.norm_dims, op.norm_stats, infos)
+
+
+def signature_ids(graph: Graph, settings: TrainingSettings) -> tuple[int, ...]:
+    """Per operator, a small id, equal for operators with equal ``op_signature`` under these
+    settings (built once per graph and settings: a plan walk then hashes ints, not signatures)."""
+    def build() -> tuple[int, ...]:
+        infos, ids = operand_infos(graph, settings), {}
+        return tuple(ids.setdefault(op_signature(op, infos[op.name]), len(ids)) for op in graph.operators)
+    return graph.derived(("signature_ids", settings), build)
 
 
 def op_cost(op: Operator, strategy: Strategy, mesh: Mesh, settings: TrainingSettings,

@@ -11,6 +11,8 @@ all exact methods optimise the same integer objective, so they agree to the inte
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import math
 from dataclasses import dataclass, field
@@ -20,7 +22,7 @@ import numpy as np
 
 from planner.cost.operators import OperandInfo, input_layouts, op_cost, op_signature, operand_infos, output_layouts
 from planner.cost.records import CostRecord, sum_records, seconds
-from planner.cost.redistribution import edge_cost
+from planner.cost.redistribution import edge_seconds
 from planner.cost.settings import TrainingSettings
 from planner.cost.terms import plan_terms
 from planner.errors import SettingsError
@@ -102,7 +104,7 @@ class Problem:
     def record(self, choice: Sequence[int]) -> CostRecord:
         """The symbolic cost record of a whole plan (for breakdowns)."""
         strategies = [t.strategies[c] for t, c in zip(self.ops, choice)]
-        terms = plan_terms(self.graph, self.mesh, self.profile, self.settings, strategies, {t.op.name: t.inputs for t in self.ops},
+        terms = plan_terms(self.graph, self.mesh, self.profile, self.settings, strategies,
                            [t.records[c] for t, c in zip(self.ops, choice)])
         return sum_records(list(terms.ops) + [record for *_, record in terms.edges])
 
@@ -190,6 +192,25 @@ def build_problem(graph: Graph, mesh: Mesh, profile: MachineProfile, settings: T
     """Enumerate and cost every operator strategy and every edge layout pair."""
     check_size(graph, mesh)
     settings = settings or TrainingSettings()
+    with _no_cycle_collection():
+        return _build(graph, mesh, profile, settings, unit_s)
+
+
+@contextlib.contextmanager
+def _no_cycle_collection():
+    """Costing allocates ~10^6 short-lived acyclic records that reference counting frees; the cycle
+    collector would rescan every long-lived table each few hundred allocations (a quarter of the
+    build time on large meshes), so it pauses here and resumes as it was."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _build(graph: Graph, mesh: Mesh, profile: MachineProfile, settings: TrainingSettings, unit_s: float) -> Problem:
     infos = operand_infos(graph, settings)
     op_cache: dict[tuple, OpTable] = {}
     tables = []
@@ -235,9 +256,8 @@ def _build_edges(graph: Graph, tables: list[OpTable], mesh: Mesh, profile: Machi
             key = (info.shape, info.elem_bytes, info.edge_grad, src_layouts, dst_layouts)
             if key not in matrix_cache:
                 matrix_cache[key] = np.array(
-                    [[_to_units(seconds(edge_cost(info.shape, info.elem_bytes, a, b, mesh.shape, info.edge_grad),
-                                        mesh, profile), unit_s) for b in dst_layouts] for a in src_layouts],
-                    dtype=np.int64)
+                    [[_to_units(edge_seconds(info.shape, info.elem_bytes, a, b, mesh, info.edge_grad), unit_s)
+                      for b in dst_layouts] for a in src_layouts], dtype=np.int64)
             edges.append(EdgeTable(operand.tensor, src, src_slot, dst, slot, src_layouts, dst_layouts,
                                    matrix_cache[key], src_index, dst_index))
     return tuple(edges)

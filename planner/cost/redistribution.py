@@ -13,9 +13,13 @@ carries a gradient, the transposed redistribution of the gradient (consumer -> p
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass, field
+from typing import Sequence
 
-from planner.cost.collectives import Collective, hierarchical_all_reduce
+from planner.cluster.mesh import Mesh
+from planner.cost.collectives import Collective, collective_seconds, hierarchical_steps, scaled
 from planner.cost.records import CostRecord
 from planner.cost.strategy import (PARTIAL, REPLICATE, Layout, forward_layout, gradient_layout, gradient_target,
                                    layout_divides, shard_factor)
@@ -49,6 +53,18 @@ def redistribution_steps(shape: tuple[int, ...], src: Layout, dst: Layout,
     block), so a step on an axis whose dim an inner axis also shards gathers the inner axes first
     and slices them back afterwards: a plain all-gather there would not leave each device a
     contiguous block."""
+    return _steps(_divisibility(shape, mesh_shape), tuple(src), tuple(dst), tuple(mesh_shape))
+
+
+def _divisibility(shape: Sequence[int], mesh_shape: Sequence[int]) -> tuple[int, ...]:
+    """The shape as the steps read it: only divisibility by products of axis sizes matters, which
+    the gcd of each dim with the device count keeps (so tensors of many shapes share a cache entry)."""
+    total = math.prod(mesh_shape)
+    return tuple(math.gcd(int(dim), total) for dim in shape)
+
+
+@functools.lru_cache(maxsize=1 << 18)
+def _steps(shape: tuple[int, ...], src: Layout, dst: Layout, mesh_shape: tuple[int, ...]) -> tuple[Step, ...]:
     if any(want == PARTIAL and have != PARTIAL for have, want in zip(src, dst)):
         raise ValueError(f"redistribution: {src} -> {dst} would create a Partial placement")
     plan = _Steps(shape, list(src), tuple(dst), mesh_shape)
@@ -143,15 +159,27 @@ def redistribute(shape: tuple[int, ...], elem_bytes: int, src: Layout, dst: Layo
     numel = 1.0
     for s in shape:
         numel *= s
-    out: list[Collective] = []
-    for step in redistribution_steps(shape, src, dst, mesh_shape):
-        layout = step.after if step.kind == "all_gather" else step.before
-        local = numel * elem_bytes / shard_factor(layout, mesh_shape)
+    return tuple(Collective(phase, kind, ax, scaled(numel * elem_bytes / factor, chain))
+                 for kind, ax, factor, chain in _recipe(_divisibility(shape, mesh_shape), tuple(src), tuple(dst),
+                                                        tuple(mesh_shape)))
+
+
+@functools.lru_cache(maxsize=1 << 18)
+def _recipe(shape: tuple[int, ...], src: Layout, dst: Layout,
+            mesh_shape: tuple[int, ...]) -> tuple[tuple[str, int, int, tuple[int, ...]], ...]:
+    """Per collective of ``redistribute``: kind, axis, the shard factor of the buffer the step is
+    charged on, and the ``hierarchical_steps`` chain from that buffer (axes of size 1 dropped)."""
+    out = []
+    for step in _steps(shape, src, dst, mesh_shape):
+        if step.kind == "slice":
+            continue
+        factor = shard_factor(step.after if step.kind == "all_gather" else step.before, mesh_shape)
         if step.kind == "all_reduce":
-            out.extend(hierarchical_all_reduce(phase, [ax for ax in step.axes if mesh_shape[ax] > 1], local, mesh_shape))
-        elif step.kind != "slice":
-            out.append(Collective(phase, step.kind, step.axes[0], local))
-    return tuple(c for c in out if mesh_shape[c.axis] > 1)
+            axes = [ax for ax in step.axes if mesh_shape[ax] > 1]
+            out.extend((kind, ax, factor, chain) for kind, ax, chain in hierarchical_steps(axes, mesh_shape))
+        else:
+            out.append((step.kind, step.axes[0], factor, ()))
+    return tuple(c for c in out if mesh_shape[c[1]] > 1)
 
 
 def edge_cost(shape: tuple[int, ...], elem_bytes: int, producer_layout: Layout, consumer_layout: Layout,
@@ -162,3 +190,24 @@ def edge_cost(shape: tuple[int, ...], elem_bytes: int, producer_layout: Layout, 
         comm += redistribute(shape, elem_bytes, gradient_layout(consumer_layout), gradient_target(producer_layout),
                              mesh_shape, "bwd")
     return CostRecord(comm=comm)
+
+
+def edge_seconds(shape: tuple[int, ...], elem_bytes: int, producer_layout: Layout, consumer_layout: Layout,
+                 mesh: Mesh, needs_grad: bool) -> float:
+    """``seconds(edge_cost(...))`` without building the records, for the cost tables (one call per
+    layout pair of every edge): the same collectives, summed per kind in the order ``breakdown``
+    sums them, so the two agree to the last bit (tested)."""
+    numel = 1.0
+    for s in shape:
+        numel *= s
+    legs = [(tuple(producer_layout), forward_layout(consumer_layout))]
+    if needs_grad:
+        legs.append((gradient_layout(consumer_layout), gradient_target(producer_layout)))
+    divisibility, by_kind = _divisibility(shape, mesh.shape), {}
+    for src, dst in legs:
+        for kind, ax, factor, chain in _recipe(divisibility, src, dst, mesh.shape):
+            axis = mesh.axes[ax]
+            t = collective_seconds(kind, axis.size, axis.bandwidth, axis.latency,
+                                   scaled(numel * elem_bytes / factor, chain))
+            by_kind[kind] = by_kind.get(kind, 0.0) + t
+    return sum(by_kind.values())

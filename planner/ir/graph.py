@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 import networkx as nx
 
@@ -210,6 +210,13 @@ class Graph:
 
     def producer(self, tensor: str) -> str | None:
         return self._index["producer"].get(tensor)
+
+    def derived(self, key: tuple, build: Callable[[], object]) -> object:
+        """A fact computed from this (immutable) graph, built once per key: the cost model's
+        operand facts per training settings, asked for each micro-batch count and variant."""
+        if key not in self._index:
+            self._index[key] = build()
+        return self._index[key]
 
     def grad_tensors(self) -> frozenset[str]:
         """Tensors whose gradient a training step computes: float parameters, and activations

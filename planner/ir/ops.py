@@ -9,6 +9,7 @@ reduction dims: splitting one leaves the output ``Partial``.
 from __future__ import annotations
 
 import csv
+import functools
 import math
 from dataclasses import dataclass
 from importlib import resources
@@ -21,7 +22,7 @@ from planner.ir.graph import Graph, Operand, Operator, Tensor
 Groups = tuple[tuple[str, ...], ...]
 
 
-def parse_operand(text: str, where: str) -> Groups:
+def parse_operand(text: str) -> Groups:
     """Parse ``"bs(ad)"`` into ``(("b",), ("s",), ("a", "d"))``."""
     groups: list[tuple[str, ...]] = []
     i = 0
@@ -30,30 +31,38 @@ def parse_operand(text: str, where: str) -> Groups:
         if ch == "(":
             end = text.find(")", i)
             if end < 0 or end == i + 1:
-                raise GraphError(f"{where}: field 'equation' has an unbalanced group in {text!r}")
+                raise GraphError(f"field 'equation' has an unbalanced group in {text!r}")
             group = tuple(text[i + 1:end])
             if not all(c.isascii() and c.isalpha() for c in group):
-                raise GraphError(f"{where}: field 'equation' needs ASCII letters in a group, got {text!r}")
+                raise GraphError(f"field 'equation' needs ASCII letters in a group, got {text!r}")
             groups.append(group)
             i = end + 1
         elif ch.isascii() and ch.isalpha():
             groups.append((ch,))
             i += 1
         else:
-            raise GraphError(f"{where}: field 'equation' has bad character {ch!r} in {text!r} (ASCII letters only)")
+            raise GraphError(f"field 'equation' has bad character {ch!r} in {text!r} (ASCII letters only)")
     flat = [d for g in groups for d in g]
     if len(set(flat)) != len(flat):
-        raise GraphError(f"{where}: field 'equation' repeats an index within {text!r} (diagonals are not supported)")
+        raise GraphError(f"field 'equation' repeats an index within {text!r} (diagonals are not supported)")
     return tuple(groups)
 
 
 def parse_equation(equation: str, where: str) -> tuple[list[Groups], list[Groups]]:
     if not isinstance(equation, str) or "->" not in equation:
         raise GraphError(f"{where}: field 'equation' must look like 'bk,kn->bn', got {equation!r}")
+    try:
+        ins, outs = _parse_equation(equation)
+    except GraphError as exc:  # raised without a place: say which operator
+        raise GraphError(f"{where}: {exc}") from None
+    return list(ins), list(outs)
+
+
+@functools.lru_cache(maxsize=4096)  # the layers of a model repeat a handful of equations thousands of times
+def _parse_equation(equation: str) -> tuple[tuple[Groups, ...], tuple[Groups, ...]]:
     lhs, rhs = equation.replace(" ", "").split("->", 1)
-    ins = [parse_operand(part, where) for part in lhs.split(",")] if lhs else []
-    outs = [parse_operand(part, where) for part in rhs.split(",")]
-    return ins, outs
+    ins = tuple(parse_operand(part) for part in lhs.split(",")) if lhs else ()
+    return ins, tuple(parse_operand(part) for part in rhs.split(","))
 
 
 def _all_dims(sizes: Mapping[str, int], ins: list[Groups], outs: list[Groups]) -> int:

@@ -158,17 +158,19 @@ class Evaluator:
         """The multiple of the bottleneck stage time in the iteration: M - 1/v."""
         return self.chain.counts[m] - 1.0 / self.chunks
 
-    def inflight(self, k: int, m: int) -> float:
+    def inflight(self, k, m: int):
+        """Micro-batches whose activations stage k holds at its peak (k may be an array)."""
         count = self.chain.counts[m]
         if self.kind == "gpipe":
             return count
-        inflight = min(self.stages - k, count)
+        inflight = np.minimum(self.stages - np.asarray(k), count)
         return inflight * (1 + (self.stages - 1) / (self.stages * self.chunks)) if self.chunks > 1 else inflight
 
-    def stage_memory(self, k: int, start, end, m: int):
-        """Memory of stage k holding layers [start, end) (either may be an array: vectorised):
-        static state, the in-flight micro-batches' activations, the largest working set of one
-        layer's re-run, and the copy of a parameter read here but kept by a layer of another stage."""
+    def stage_memory(self, k, start, end, m: int):
+        """Memory of stage k holding layers [start, end) (any of the three may be an array:
+        vectorised): static state, the in-flight micro-batches' activations, the largest working
+        set of one layer's re-run, and the copy of a parameter read here but kept by a layer of
+        another stage."""
         start, end = np.asarray(start), np.asarray(end)
         act = self._act[end, m] - self._act[start, m]
         memory = self._static[end] - self._static[start] + self.inflight(k, m) * act
@@ -192,7 +194,7 @@ class Evaluator:
         self.evaluations += 1
         bounds = (0, *cuts, self.chain.num_layers)
         times = [self.stage_time(bounds[k], bounds[k + 1], m) for k in range(self.stages)]
-        memory = max(self.stage_memory(k, bounds[k], bounds[k + 1], m) for k in range(self.stages))
+        memory = float(self.stage_memory(np.arange(self.stages), bounds[:-1], bounds[1:], m).max())
         total = sum(times) / self.chunks + self.bubble_factor(m) * max(times) + self._sync[bounds[1]]
         return total + self.tied_sync(cuts), max(times), memory
 

@@ -29,7 +29,7 @@ from typing import Callable
 
 import numpy as np
 
-from planner.cost.operators import op_cost, op_signature, operand_infos, output_layouts
+from planner.cost.operators import op_cost, operand_infos, output_layouts, signature_ids
 from planner.cost.records import CostRecord, seconds, sum_records
 from planner.cost.settings import RECOMPUTE, TrainingSettings
 from planner.cost.terms import plan_terms
@@ -129,7 +129,7 @@ def cost_layers(graph: Graph, mesh: Mesh, profile: MachineProfile, settings: Tra
     layer = _layer_of(graph)
     n = max(layer) + 1
     chosen = [strategies[op.name] for op in graph.operators]
-    terms = plan_terms(graph, mesh, profile, settings, chosen, infos)
+    terms = plan_terms(graph, mesh, profile, settings, chosen)
     per_layer: list[list] = [[] for _ in range(n)]
     for i, record in enumerate(terms.ops):
         per_layer[layer[i]].append(record)
@@ -143,10 +143,18 @@ def cost_layers(graph: Graph, mesh: Mesh, profile: MachineProfile, settings: Tra
             k = next(k for k, o in enumerate(graph.operators[src].outputs) if o.tensor == operand.tensor)
             layout = output_layouts(graph.operators[src], chosen[src])[k]
             out_bytes[layer[src]] += math.prod(info.shape) * info.elem_bytes / _send_split(layout, mesh)
-    records = [sum_records(r) for r in per_layer]
+    summed: dict[tuple[int, ...], CostRecord] = {}  # identical layers hold the same (cached) term objects
+    records = []
+    for layer_terms in per_layer:
+        key = tuple(map(id, layer_terms))
+        if key not in summed:
+            summed[key] = sum_records(layer_terms)
+        records.append(summed[key])
+    phases = {id(r): (_phase_seconds(r, mesh, profile, PER_MICROBATCH), _phase_seconds(r, mesh, profile, ("grad", "opt")))
+              for r in summed.values()}
     return {
-        "time": np.array([_phase_seconds(r, mesh, profile, PER_MICROBATCH) for r in records]),
-        "sync": np.array([_phase_seconds(r, mesh, profile, ("grad", "opt")) for r in records]),
+        "time": np.array([phases[id(r)][0] for r in records]),
+        "sync": np.array([phases[id(r)][1] for r in records]),
         "activation_memory": np.array([r.memory.activations for r in records]),
         "static_memory": np.array([r.memory.params + r.memory.grads + r.memory.optimizer for r in records]),
         "out_bytes": out_bytes,
@@ -165,8 +173,8 @@ def _working_memory(graph: Graph, mesh: Mesh, profile: MachineProfile, settings:
     plain = replace(settings, recompute="none")
     infos = operand_infos(graph, plain)
     kept: dict[tuple, float] = {}  # identical layers cost once
-    for i, op in enumerate(graph.operators):
-        key = (op_signature(op, infos[op.name]), chosen[i])
+    for i, (op, signature) in enumerate(zip(graph.operators, signature_ids(graph, plain))):
+        key = (signature, chosen[i])
         if key not in kept:
             kept[key] = op_cost(op, chosen[i], mesh, plain, infos[op.name], profile).memory.activations
         working[layer[i]] += kept[key] - records[i].memory.activations
@@ -177,19 +185,24 @@ def _tied_parameters(graph: Graph, mesh: Mesh, profile: MachineProfile, settings
                      records, layer: list[int]) -> list[tuple[int, int, float, float]]:
     """Parameters read in two layers (the tied embedding, read by the LM head): (owner layer,
     reader layer, the reader's copy's static bytes, its gradient bytes)."""
+    tied = []
+    for i, slot, home in graph.derived(("tied_reads", settings), lambda: _tied_reads(graph, infos, layer)):
+        op = graph.operators[i]
+        own = tuple(replace(x, counts_memory=True) if j == slot else x for j, x in enumerate(infos[op.name]))
+        copy, base = op_cost(op, chosen[i], mesh, settings, own, profile).memory, records[i].memory
+        static = copy.params + copy.grads + copy.optimizer - (base.params + base.grads + base.optimizer)
+        tied.append((home, layer[i], static, copy.grads - base.grads))
+    return tied
+
+
+def _tied_reads(graph: Graph, infos, layer: list[int]) -> tuple[tuple[int, int, int], ...]:
+    """(operator, input slot, owner layer) of each parameter read outside the layer that keeps it."""
     owner = {op.inputs[slot].tensor: layer[i] for i, op in enumerate(graph.operators)
              for slot, info in enumerate(infos[op.name]) if info.role == "param" and info.counts_memory}
-    tied = []
-    for i, op in enumerate(graph.operators):
-        for slot, info in enumerate(infos[op.name]):
-            home = owner.get(op.inputs[slot].tensor, layer[i])
-            if info.role != "param" or info.counts_memory or home == layer[i]:
-                continue
-            own = tuple(replace(x, counts_memory=True) if j == slot else x for j, x in enumerate(infos[op.name]))
-            copy, base = op_cost(op, chosen[i], mesh, settings, own, profile).memory, records[i].memory
-            static = copy.params + copy.grads + copy.optimizer - (base.params + base.grads + base.optimizer)
-            tied.append((home, layer[i], static, copy.grads - base.grads))
-    return tied
+    return tuple((i, slot, owner.get(op.inputs[slot].tensor, layer[i])) for i, op in enumerate(graph.operators)
+                 for slot, info in enumerate(infos[op.name])
+                 if info.role == "param" and not info.counts_memory
+                 and owner.get(op.inputs[slot].tensor, layer[i]) != layer[i])
 
 
 def _send_split(layout, mesh: Mesh) -> int:
@@ -232,7 +245,8 @@ def model_chain(load: Callable[[int], Graph], batch: int, counts: list[int], mes
 
 
 def _plan_valid(graph: Graph, mesh: Mesh, strategies: dict[str, Strategy]) -> bool:
-    return all(divides(op.sizes, strategies[op.name], mesh) for op in graph.operators)
+    distinct = {(op.dims, strategies[op.name]) for op in graph.operators}  # the layers repeat a few operators
+    return all(divides(dict(dims), strategy, mesh) for dims, strategy in distinct)
 
 
 def exact_stage_plan(problem: Problem) -> tuple[tuple[Strategy, ...], str]:

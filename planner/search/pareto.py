@@ -237,15 +237,16 @@ def _master(chain: Sequence[Node], limit: float, lam: float, upper: float, label
     for k, table in enumerate(chain):
         _check(deadline)
         live = np.flatnonzero(np.isfinite(cost).any(axis=1))  # boundary states that still hold labels
-        nb, kt, kl = table.shape[1], table.cost.shape[2], cost.shape[1]
-        cand_m = (mem[live][:, None, :, None] + table.mem[live][:, :, None, :]).transpose(1, 0, 2, 3).reshape(nb, -1)
-        rows, cols = np.nonzero(cand_m + least_memory[k + 1][:, None] <= limit)  # the candidates that can fit
-        cand_c = (cost[live][:, None, :, None] + table.cost[live][:, :, None, :]).transpose(1, 0, 2, 3).reshape(nb, -1)
-        c, m, bound = cand_c[rows, cols], cand_m[rows, cols], np.full(len(rows), -np.inf)
+        kl, kt = cost.shape[1], table.cost.shape[2]
+        rows, cols, c, m = _candidates(cost, mem, live, table, priced[prices[0]][k + 1], limit, prices[0], upper)
+        fits = m + least_memory[k + 1][rows] <= limit
+        rows, cols, c, m = rows[fits], cols[fits], c[fits], m[fits]
+        bound = np.full(len(rows), -np.inf)
         for price in prices:  # each price's bound only on the candidates the earlier ones kept
             bound = np.maximum(bound, c + priced[price][k + 1][rows] - price * (limit - m))
             keep = bound <= upper + slack
             rows, cols, c, m, bound = rows[keep], cols[keep], c[keep], m[keep], bound[keep]
+        nb = table.shape[1]
         rows, cols, c, m, bound = _fronts_by_row(rows, cols, c, m, bound, nb, label_cap, beam)
         cost, mem, src = _as_table(rows, nb, c, m, cols)
         a, p, q = np.unravel_index(np.maximum(src, 0), (max(1, len(live)), kl, kt))
@@ -256,14 +257,43 @@ def _master(chain: Sequence[Node], limit: float, lam: float, upper: float, label
     return back, (0, last), float(cost[0, last])
 
 
+def _candidates(cost, mem, live, table: Node, reach: np.ndarray, limit: float, price: float,
+                upper: float) -> tuple[np.ndarray, ...]:
+    """The (label, point) pairs that can pass ``price``'s bound, as (exit state, source, cost,
+    memory); the source indexes the dense [live entry state, label, point] array. The bound is
+    linear in (cost + price * memory) of label and point, so per entry state the labels sorted by it
+    give each point's partners as a prefix; only those pairs are built (a superset: the caller
+    applies every bound exactly)."""
+    kl, kt = cost.shape[1], table.cost.shape[2]
+    margin = 1.0 + 1e-6 * (abs(upper) + abs(price * limit)) if upper < math.inf else math.inf
+    parts = []
+    for ai, a in enumerate(live):
+        finite = np.flatnonzero(np.isfinite(cost[a]))
+        weight = cost[a, finite] + price * mem[a, finite]
+        order = np.argsort(weight, kind="stable")
+        point = table.cost[a] + (price * table.mem[a] if price else 0.0) + reach[:, None]  # [exit state, point]
+        room = np.where(np.isfinite(point), upper + margin + price * limit - point, -np.inf)
+        counts = np.searchsorted(weight[order], room.ravel(), side="right")
+        flat = np.repeat(np.arange(counts.size), counts)
+        label = finite[order[np.arange(len(flat)) - np.repeat(np.cumsum(counts) - counts, counts)]]
+        b, q = np.divmod(flat, kt)
+        parts.append((b, (ai * kl + label) * kt + q, cost[a, label] + table.cost[a, b, q],
+                      mem[a, label] + table.mem[a, b, q]))
+    if not parts:
+        return tuple(np.zeros(0, dtype=d) for d in (np.int64, np.int64, np.float64, np.float64))
+    return tuple(np.concatenate(arrays) for arrays in zip(*parts))
+
+
 def _fronts_by_row(rows, cols, c, m, bound, nb: int, label_cap: int, beam: int | None) -> tuple:
     """Per row (boundary state), the non-dominated candidates sorted by memory; with ``beam``, only
     the ``beam`` of least bound. Rows are told apart by an offset larger than any cost range, so
     one running minimum serves every row (integers below 2^53: exact)."""
-    order = np.lexsort((c, m, rows))
-    rows, cols, c, m, bound = rows[order], cols[order], c[order], m[order], bound[order]
     if not len(c):
         return rows, cols, c, m, bound
+    # (state, memory) as one exact key: integers below 2^53; ties keep the candidates' given order
+    key = rows * (float(m.max()) + 1.0) + m if nb * (float(m.max()) + 1.0) < 2.0 ** 53 else None
+    order = np.lexsort((c, key)) if key is not None else np.lexsort((c, m, rows))
+    rows, cols, c, m, bound = rows[order], cols[order], c[order], m[order], bound[order]
     span = float(c.max() - c.min()) + 1.0
     shifted = (c - c.min()) + (nb - rows) * span
     keep = np.ones(len(c), dtype=bool)
