@@ -12,13 +12,13 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from planner.cost.settings import TrainingSettings
+from planner.cost.settings import AUTO, TrainingSettings
 from planner.errors import InfeasibleError, PlannerError, SettingsError
 from planner.ir.graph import Graph
 from planner.search.baselines import data_parallel, drec, greedy, megatron
 from planner.cluster.mesh import Mesh, parse_mesh
 from planner.cluster.profiles import DEFAULT_HARDWARE_CSV, MachineProfile, get_profile
-from planner.plans import Plan, make_plan, strategies_from_choice, strategies_from_mapping
+from planner.plans import Plan, make_plan, read_plan_file, strategies_from_choice, strategies_from_mapping
 from planner.cost.problem import Problem, build_problem
 from planner.search.exact import MAX_WHOLE_PROGRAM, Progress, program_size, solve_exact
 from planner.search.solver import solve
@@ -92,8 +92,11 @@ def plan_problem(problem: Problem, memory_limit: float | None, method: str = "ex
                  seed: int = 0, jobs: int = 1, progress: Progress | None = None) -> Plan:
     """Search a plan for a built problem with one method (see ``METHODS``)."""
     start = time.perf_counter()
-    if method in ("exact", "whole"):
+    if method == "exact" or (method == "whole" and problem.settings.recompute != AUTO):
         return _search(problem, memory_limit, method, time_limit_s, seed, jobs, progress, start)
+    if problem.settings.recompute == AUTO:
+        raise SettingsError(f"--recompute auto: only --method exact chooses recompute per layer; give none, "
+                            f"selective or full for --method {method}")
     if method == "zero":
         problem = build_problem(problem.graph, problem.mesh, problem.profile, replace(problem.settings, zero=3),
                                 problem.unit_s)
@@ -119,6 +122,12 @@ def _search(problem: Problem, memory_limit: float | None, method: str, time_limi
     if result.choice is None:
         return _failed_plan(problem, method, result.status, time.perf_counter() - start, memory_limit,
                             result.explanation, notes)
+    if result.layer_recompute:  # recompute 'auto' chose a mode per layer: cost the plan under that choice
+        problem = build_problem(problem.graph, problem.mesh, problem.profile,
+                                replace(problem.settings, layer_recompute=result.layer_recompute), problem.unit_s)
+        if problem.objective(result.choice) != result.objective or problem.memory(result.choice) > memory_limit:
+            raise RuntimeError("recompute auto: the plan under its per-layer modes costs "
+                               f"{problem.objective(result.choice)}, the search found {result.objective}")
     return make_plan(problem, strategies_from_choice(problem, result.choice), method=method, status=result.status,
                      memory_limit=memory_limit, search_time_s=time.perf_counter() - start, notes=notes,
                      explanation=result.explanation, bound=result.bound)
@@ -229,6 +238,7 @@ def plan_pipeline(model: str, mesh: str | Mesh | None = None, device: str | Mach
     if method not in PIPELINE_METHODS:
         raise SettingsError(f"--pipeline-method: unknown cut search {method!r} (known: {', '.join(PIPELINE_METHODS)})")
     settings = settings or TrainingSettings()
+    _refuse_auto(settings, "3D plans add recompute in their escalation when memory binds")
     if intra == "zero":
         settings = replace(settings, zero=3)
     cluster = make_cluster(mesh, profile, memory, devices)
@@ -295,29 +305,6 @@ class LoadedPlan:
     strategies: dict
 
 
-def read_plan_file(path: Path | str) -> dict:
-    """A plan JSON (flat or 3D) with its required fields checked; one-line errors name the field."""
-    import json
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise SettingsError(f"--plan: cannot read a plan from {path} ({exc})") from None
-    if not isinstance(data, dict):
-        raise SettingsError(f"--plan: {path} must hold a JSON object")
-    for key, kind in (("mesh", str), ("operators", list)) + ((("pipeline", dict),) if "pipeline" in data else ()):
-        if not isinstance(data.get(key), kind):
-            raise SettingsError(f"--plan: {path}: field '{key}' is missing or not a {kind.__name__}")
-    names = []
-    for i, entry in enumerate(data["operators"]):
-        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or "strategy" not in entry:
-            raise SettingsError(f"--plan: {path}: operators #{i} needs 'name' and 'strategy'")
-        names.append(entry["name"])
-    if len(set(names)) != len(names):
-        dup = next(n for n in names if names.count(n) > 1)
-        raise SettingsError(f"--plan: {path}: field 'operators' names {dup!r} twice")
-    return data
-
-
 def evaluate_3d_file(data: dict, model: str, device: str | MachineProfile = "a100-80g", *, batch: int | None = None,
                      seq: int | None = None, settings: TrainingSettings | None = None, memory: float | None = None,
                      hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV, where: str = "--plan") -> Plan3D:
@@ -335,6 +322,7 @@ def evaluate_3d_file(data: dict, model: str, device: str | MachineProfile = "a10
         raise SettingsError(f"{where}: num_microbatches {count} does not divide the batch {global_batch}")
     sub = threed.stage_mesh(cluster.mesh, stages)
     settings = settings or TrainingSettings()
+    _refuse_auto(settings, "a 3D plan file fixes one recompute mode")
     problem = build_problem(load(global_batch // count), sub, cluster.profile, settings)
     chosen = strategies_from_mapping(problem, {o["name"]: o["strategy"] for o in data["operators"]}, where=where)
     strategies = {t.op.name: s for t, s in zip(problem.ops, chosen)}
@@ -394,6 +382,11 @@ def verify_loaded(loaded: LoadedPlan, *, run_numpy: bool = True, run_xla: bool =
     check_memory(loaded.graph, loaded.strategies, loaded.mesh, run_numpy, run_xla, max_memory)
     return verify_plan(loaded.graph, loaded.strategies, loaded.mesh, run_numpy=run_numpy, run_xla=run_xla,
                        tolerance=tolerance)
+
+
+def _refuse_auto(settings: TrainingSettings, why: str) -> None:
+    if settings.recompute == AUTO:
+        raise SettingsError(f"--recompute auto: not for pipeline plans ({why}); give none, selective or full")
 
 
 def describe_error(exc: Exception) -> str:

@@ -6,12 +6,14 @@ user), so every method is compared by the same cost model and the same integer o
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Mapping, Sequence
 
 from planner.cost.records import CostRecord, breakdown, seconds, sum_records
 from planner.cost.terms import plan_terms
-from planner.errors import PlannerError
+from planner.errors import PlannerError, SettingsError
 from planner.cost.problem import Problem
 from planner.cost.strategy import Strategy, enumerate_strategies
 
@@ -181,3 +183,25 @@ def strategies_from_mapping(problem: Problem, assignment: Mapping[str, Mapping[s
             raise PlannerError(f"{where}: operator {table.op.name}: field 'strategy' {dict(zip(axes, strategy))} is not a valid strategy")
         out.append(strategy)
     return tuple(out)
+
+
+def read_plan_file(path: Path | str) -> dict:
+    """A plan JSON (flat or 3D) with its required fields checked; one-line errors name the field."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise SettingsError(f"--plan: cannot read a plan from {path} ({exc})") from None
+    if not isinstance(data, dict):
+        raise SettingsError(f"--plan: {path} must hold a JSON object")
+    for key, kind in (("mesh", str), ("operators", list)) + ((("pipeline", dict),) if "pipeline" in data else ()):
+        if not isinstance(data.get(key), kind):
+            raise SettingsError(f"--plan: {path}: field '{key}' is missing or not a {kind.__name__}")
+    names = []
+    for i, entry in enumerate(data["operators"]):
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or "strategy" not in entry:
+            raise SettingsError(f"--plan: {path}: operators #{i} needs 'name' and 'strategy'")
+        names.append(entry["name"])
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise SettingsError(f"--plan: {path}: field 'operators' names {dup!r} twice")
+    return data

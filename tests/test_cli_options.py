@@ -62,6 +62,12 @@ CASES = [
      lambda t, c, o: _json(t)["settings"]["zero"] == 3),
     ("plan --recompute", ["plan", "--model", "mlp", "--recompute", "full", "--json", "out.json"], 0,
      lambda t, c, o: _json(t)["settings"]["recompute"] == "full"),
+    ("plan --recompute auto", ["plan", "--model", GPT, "--batch", "64", "--memory", "20MB", "--recompute", "auto",
+                               "--json", "out.json"], 0,
+     lambda t, c, o: _json(t)["settings"]["recompute"] == "auto" and _json(t)["settings"]["layer_recompute"]
+     and "recompute per layer" in o and api.plan(GPT, batch=64, memory=20e6).status == "INFEASIBLE"),
+    ("plan --recompute auto heuristic", ["plan", "--model", GPT, "--method", "megatron", "--recompute", "auto"], 2, None),
+    ("plan --recompute auto pipeline", ["plan", "--model", GPT, "--pipeline", "auto", "--recompute", "auto"], 2, None),
     ("plan --recompute selective", ["plan", "--model", GPT + ",dropout=1", "--method", "megatron", "--recompute",
                                     "selective", "--json", "out.json"], 0,
      lambda t, c, o: _json(t)["settings"]["recompute"] == "selective"
@@ -181,7 +187,7 @@ CASES = [
                       _json(t)["pipeline"]["method"], _json(t)["pipeline"]["stages"], "search_time_s" in _csv(t),
                       c["time_limit_s"], c["seed"], c["jobs"])
      == ("tiny", 0.9e9, {"dtype": "fp32", "optimizer": "sgd", "zero": 1, "recompute": "full", "overlap": "grad", "bucket_mb": 4.0,
-                "fp32_grads": True, "sequence_parallel": True}, "brute", 2, False,
+                "fp32_grads": True, "sequence_parallel": True, "layer_recompute": ""}, "brute", 2, False,
          6.0, 2, 2)),
     ("pipeline --schedule interleaved", ["pipeline", "--model", GPT, "--mesh", "2x2", "--pp", "2", "--schedule",
                                          "interleaved:2", "--json", "out.json"], 0,
@@ -198,7 +204,7 @@ CASES = [
                                  "--no-timings", "--json", "out.json"], 0,
      lambda t, c, o: (_json(t)["device"], _json(t)["settings"], "search_time_s" in _json(t))
      == ("tiny", {"dtype": "fp32", "optimizer": "sgd", "zero": 1, "recompute": "full", "overlap": "grad", "bucket_mb": 4.0,
-                "fp32_grads": True, "sequence_parallel": True}, False)),
+                "fp32_grads": True, "sequence_parallel": True, "layer_recompute": ""}, False)),
     ("models -q", ["models", "-q"], 0, lambda t, c, o: o == ""),
     ("models", ["models"], 0, lambda t, c, o: "gpt3-175b" in o),
 ]
@@ -269,3 +275,14 @@ def test_every_option_of_every_command_has_a_row():
                 if flag.startswith("--") and flag not in skip and (name, flag) not in covered:
                     missing.append(f"{name} {flag}")
     assert not missing, missing
+
+
+def test_recompute_auto_plan_file_reads_back_with_its_layer_modes(tmp_path, monkeypatch):
+    """A plan whose recompute was chosen per layer evaluates to the same objective from its file."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["--model", GPT, "--batch", "64", "--memory", "20MB"]
+    assert main(["plan", *argv, "--recompute", "auto", "--json", "p.json"]) == 0
+    assert main(["evaluate", "--plan", "p.json", *argv, "--json", "e.json"]) == 0
+    planned, evaluated = _json(tmp_path, "p.json"), _json(tmp_path, "e.json")
+    assert planned["settings"]["layer_recompute"] == evaluated["settings"]["layer_recompute"] != ""
+    assert evaluated["objective"] == planned["objective"]

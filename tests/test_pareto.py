@@ -89,3 +89,52 @@ def test_segment_front_table_holds_the_unconstrained_optimum():
         vector = (vector[:, None] + cost).min(axis=0)
     total = float(vector[0])
     assert total == free.objective
+
+
+def _pinned_optimum(problem, limit):
+    """The optimum for fixed per-layer modes by the Pareto master alone (no mode choice)."""
+    try:
+        return pareto_search(problem, split_segments(problem), limit).objective
+    except FrontTooLarge:  # "no label fits"
+        return None
+
+
+@pytest.mark.parametrize("mesh,oracle", [("4", "cp-sat"), ("2x2", "pareto")])
+def test_recompute_auto_matches_brute_force_over_every_assignment_of_layer_modes(mesh, oracle):
+    """--recompute auto decides none / selective / full per layer inside the Pareto master. Its
+    optimum equals the best optimum over all 3^L per-layer assignments, each solved with its modes
+    fixed (by the whole-program CP-SAT on 4 devices; by the Pareto master without mode choice on
+    2x2, where CP-SAT takes minutes), at limits from "only full recompute fits" to "almost nothing
+    needs recompute"; the limits force mixed assignments (two layers in different modes)."""
+    import itertools
+
+    from planner.api import resolve_model
+    from planner.cost.settings import TrainingSettings
+
+    cluster = make_cluster(mesh)
+    graph = resolve_model("gpt:layers=2,hidden=64,heads=4,seq=64,vocab=128", 8)
+    layers = sorted({op.layer for op in graph.operators if op.layer is not None})
+    auto = build_problem(graph, cluster.mesh, cluster.profile, TrainingSettings(recompute="auto"))
+    pinned = {modes: build_problem(graph, cluster.mesh, cluster.profile,
+                                   TrainingSettings(recompute="auto", layer_recompute=tuple(zip(layers, modes))))
+              for modes in itertools.product(("none", "selective", "full"), repeat=len(layers))}
+    low = min(min_memory(p) for p in pinned.values())
+    high = auto.memory(solve_exact(auto)[0].choice)
+    mixed = set()
+    for fraction in (0.2, 0.4, 0.6, 0.8, 0.95):
+        limit = low + fraction * (high - low)
+        result, notes = solve_exact(auto, limit)
+        if oracle == "cp-sat":
+            found = [solve(p, limit) for p in pinned.values()]
+            assert all(o.status in ("OPTIMAL", "INFEASIBLE") for o in found)
+            best = min(o.objective for o in found if o.status == "OPTIMAL")
+        else:
+            best = min(v for v in (_pinned_optimum(p, limit) for p in pinned.values()) if v is not None)
+        assert result.status == "OPTIMAL" and any("recompute chosen per layer" in n for n in notes)
+        assert result.objective == best
+        chosen = dict(result.layer_recompute)
+        assert sorted(chosen) == layers
+        assert pinned[tuple(chosen[layer] for layer in layers)].objective(result.choice) == result.objective
+        if len(set(chosen.values())) > 1:
+            mixed.add(tuple(chosen.values()))
+    assert mixed  # at least one limit where the layers differ

@@ -10,7 +10,7 @@ import sys
 from typing import Sequence
 
 from planner import api
-from planner.cost.settings import TrainingSettings
+from planner.cost.settings import AUTO, TrainingSettings, parse_layer_modes
 from planner.errors import SettingsError
 from planner.cluster.mesh import parse_mesh
 from planner.cluster.profiles import SYMBOLIC
@@ -42,9 +42,12 @@ def _settings(args: argparse.Namespace, base: dict | None = None) -> TrainingSet
               for k, v in SETTINGS_DEFAULTS.items()}
     recompute = values["recompute"]  # plan files before 'selective' wrote booleans
     recompute = {True: "full", False: "none"}.get(recompute, recompute) if isinstance(recompute, bool) else recompute
+    # a plan file's per-layer choice of recompute 'auto' is kept unless --recompute overrides it
+    layers = parse_layer_modes((base or {}).get("layer_recompute", "")) if recompute == AUTO and \
+        args.recompute is None else ()
     return TrainingSettings(values["dtype"], values["optimizer"], int(values["zero"]), recompute,
                             values["overlap"], float(values["bucket_mb"]) * 2**20, bool(values["fp32_grads"]),
-                            bool(values["sequence_parallel"]))
+                            bool(values["sequence_parallel"]), layers)
 
 
 def _given(args: argparse.Namespace, names: Sequence[str]) -> list[str]:

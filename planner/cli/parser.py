@@ -58,9 +58,10 @@ def _add_common(p: argparse.ArgumentParser, model_required: bool = True) -> None
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="default bf16")
     p.add_argument("--optimizer", choices=["adam", "sgd"], help="default adam")
     p.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="ZeRO stage on data-parallel axes (default 0)")
-    p.add_argument("--recompute", choices=["none", "selective", "full"],
+    p.add_argument("--recompute", choices=["none", "selective", "full", "auto"],
                    help="activation recompute: selective = the attention core (scores, softmax, its dropout) is "
-                        "re-run instead of kept; full = only layer inputs are kept (default none)")
+                        "re-run instead of kept; full = only layer inputs are kept; auto = the exact method "
+                        "chooses one of these per layer when memory binds (default none)")
     p.add_argument("--sequence-parallel", action="store_const", const=True,
                    help="keep activations that tensor-parallel operators read replicated 1/t-sharded and "
                         "re-gather them in the backward pass (Megatron-LM's sequence parallelism)")

@@ -64,13 +64,16 @@ def operand_infos(graph: Graph, settings: TrainingSettings) -> Mapping[str, tupl
 
 
 def _operand_infos(graph: Graph, settings: TrainingSettings) -> dict[str, tuple[OperandInfo, ...]]:
-    core = attention_core(graph) if settings.recompute == "selective" else frozenset()
+    mode = {op.name: settings.recompute_at(op.layer) for op in graph.operators}  # per layer under 'auto'
+    core = attention_core(graph) if "selective" in mode.values() else frozenset()
+    core = frozenset(t for op in graph.operators if mode[op.name] == "selective" for o in op.outputs
+                     if (t := o.tensor) in core)  # the core of the selective layers only
     rerun_ops = {op.name for op in graph.operators if any(o.tensor in core for o in op.outputs)}
     owner: dict[str, str] = {}
     for op in graph.operators:
         for operand in op.inputs:
             t = graph.tensor(operand.tensor)
-            kept = t.checkpoint if settings.recompute == "full" else t.name not in core
+            kept = t.checkpoint if mode[op.name] == "full" else t.name not in core
             if t.role == "param" or (operand.saved and kept):
                 owner.setdefault(t.name, op.name)
     infos = {}
@@ -79,7 +82,7 @@ def _operand_infos(graph: Graph, settings: TrainingSettings) -> dict[str, tuple[
         row = []
         full_sum = op.kind == "reduce" and all(not o.dims for o in op.outputs)
         saved_bytes = REGISTRY[op.kind].saved_bytes
-        rerun = settings.recompute == "full" or op.name in rerun_ops
+        rerun = mode[op.name] == "full" or op.name in rerun_ops
         for operand in op.inputs:
             t = graph.tensor(operand.tensor)
             row.append(OperandInfo(t.shape, t.role, t.name in grads, INTEGER_BYTES if t.integer else settings.elem_bytes,

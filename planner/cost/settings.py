@@ -14,6 +14,7 @@ OPTIMIZER_BYTES = {("adam", "bf16"): 12, ("adam", "fp16"): 12, ("adam", "fp32"):
                    ("sgd", "bf16"): 8, ("sgd", "fp16"): 8, ("sgd", "fp32"): 4}
 OVERLAP = ("none", "grad", "full")
 RECOMPUTE = ("none", "selective", "full")
+AUTO = "auto"  # recompute decided per layer by the exact search (written back as ``layer_recompute``)
 # PyTorch DDP's default bucket_cap_mb (25 MiB): the latency of a gradient collective is paid per bucket.
 DEFAULT_BUCKET_BYTES = 25 * 2**20
 
@@ -25,7 +26,9 @@ class TrainingSettings:
     ``recompute``: ``none``; ``selective`` (Korthikanti et al. 2022: the attention core, from the
     scores to the softmax and its dropout, is re-run in the backward pass instead of kept);
     ``full`` (only layer inputs are kept; every layer is re-run). ``True``/``False`` read as
-    ``full``/``none``. ``sequence_parallel``: an activation that a tensor-parallel operator reads
+    ``full``/``none``. ``auto``: the exact search chooses per layer (``layer_recompute`` then holds
+    its choice as ``(layer, mode)`` pairs; a layer not listed, and any operator outside the layers,
+    runs without recompute). ``sequence_parallel``: an activation that a tensor-parallel operator reads
     replicated is kept 1/t-sharded for the backward pass and gathered again there (Megatron-LM's
     sequence-parallel linear; the search places norms, dropouts and residuals sequence-sharded
     where that pays, as it always may).
@@ -44,12 +47,20 @@ class TrainingSettings:
     bucket_bytes: float = DEFAULT_BUCKET_BYTES
     fp32_grads: bool = False
     sequence_parallel: bool = False
+    layer_recompute: tuple[tuple[int, str], ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.recompute, bool):
             object.__setattr__(self, "recompute", "full" if self.recompute else "none")
-        if self.recompute not in RECOMPUTE:
-            raise SettingsError(f"--recompute: must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
+        if self.recompute not in RECOMPUTE + (AUTO,):
+            raise SettingsError(f"--recompute: must be one of {', '.join(RECOMPUTE + (AUTO,))}, got {self.recompute!r}")
+        layers = [layer for layer, _ in self.layer_recompute]
+        if layers != sorted(set(layers)) or any(not isinstance(layer, int) or isinstance(layer, bool) or layer < 0
+                                                or mode not in RECOMPUTE for layer, mode in self.layer_recompute):
+            raise SettingsError(f"layer_recompute: needs (layer >= 0, mode in {', '.join(RECOMPUTE)}) pairs in "
+                                f"increasing layer order, got {self.layer_recompute!r}")
+        if self.layer_recompute and self.recompute != AUTO:
+            raise SettingsError("layer_recompute: per-layer modes need recompute 'auto'")
         if not isinstance(self.sequence_parallel, bool):
             raise SettingsError(f"--sequence-parallel: must be true or false, got {self.sequence_parallel!r}")
         if self.dtype not in DTYPE_BYTES:
@@ -64,6 +75,12 @@ class TrainingSettings:
                 or not 0 <= self.bucket_bytes < 2**50:
             raise SettingsError(f"--bucket-mb: must be a non-negative size, got {self.bucket_bytes!r}")
 
+    def recompute_at(self, layer: int | None) -> str:
+        """The recompute mode of one layer (``None``: an operator outside the layers)."""
+        if self.recompute != AUTO:
+            return self.recompute
+        return dict(self.layer_recompute).get(layer, "none") if layer is not None else "none"
+
     @property
     def elem_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
@@ -73,7 +90,7 @@ class TrainingSettings:
         return {"dtype": self.dtype, "optimizer": self.optimizer, "zero": self.zero,
                 "recompute": self.recompute, "overlap": self.overlap,
                 "bucket_mb": self.bucket_bytes / 2**20, "fp32_grads": self.fp32_grads,
-                "sequence_parallel": self.sequence_parallel}
+                "sequence_parallel": self.sequence_parallel, "layer_recompute": format_layer_modes(self.layer_recompute)}
 
     @property
     def grad_bytes(self) -> int:
@@ -83,3 +100,26 @@ class TrainingSettings:
     @property
     def optimizer_bytes(self) -> int:
         return OPTIMIZER_BYTES[(self.optimizer, self.dtype)]
+
+
+def format_layer_modes(pairs: tuple[tuple[int, str], ...]) -> str:
+    """``((0, 'full'), (1, 'full'), (2, 'none'))`` as ``full:0-1,none:2`` (runs of layers)."""
+    runs: list[list] = []
+    for layer, mode in pairs:
+        if runs and runs[-1][0] == mode and runs[-1][2] == layer - 1:
+            runs[-1][2] = layer
+        else:
+            runs.append([mode, layer, layer])
+    return ",".join(f"{mode}:{a}" if a == b else f"{mode}:{a}-{b}" for mode, a, b in runs)
+
+
+def parse_layer_modes(text: str) -> tuple[tuple[int, str], ...]:
+    """The inverse of ``format_layer_modes``; raises ``SettingsError`` naming the field."""
+    pairs = []
+    for part in filter(None, (text or "").split(",")):
+        mode, _, span = part.partition(":")
+        first, _, last = span.partition("-")
+        if mode not in RECOMPUTE or not first.isdigit() or (last and not last.isdigit()):
+            raise SettingsError(f"layer_recompute: expected mode:first-last runs like 'full:0-11', got {part!r}")
+        pairs.extend((layer, mode) for layer in range(int(first), int(last or first) + 1))
+    return tuple(sorted(pairs))

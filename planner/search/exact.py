@@ -20,7 +20,7 @@ import time
 import multiprocessing
 import os
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -28,7 +28,9 @@ import numpy as np
 from planner.search.decompose import Segment, group_blocks, product_block, segment_network, split_segments
 from planner.search.fronts import FrontTooLarge
 from planner.search.pareto import ParetoResult, pareto_search
-from planner.cost.problem import Problem
+from planner.cost.operators import attention_core
+from planner.cost.problem import Problem, build_problem
+from planner.cost.settings import AUTO
 from planner.search.solver import SolveResult, build_seconds, explain_infeasible, min_memory, program_size, solve
 
 Progress = Callable[[int, int, str], None]
@@ -133,7 +135,10 @@ def solve_exact(problem: Problem, memory_limit: float | None = None, time_limit_
         return result, ("no single-tensor cut: solved as one whole-graph program",)
     distinct = len({s.key for s in segments})
     notes = (f"decomposed into {len(segments)} segments ({distinct} distinct)",)
+    options = None  # recompute 'auto': its variants are built only when memory binds
     if memory_limit is not None and min_memory(problem) > memory_limit:
+        options = recompute_options(problem, segments)
+    if options is not None and _least_memory(problem, options) > memory_limit:
         return SolveResult("INFEASIBLE", None, None, None, time.perf_counter() - start, 0,
                            explain_infeasible(problem, memory_limit)), notes
     with Workers(problem, jobs, distinct) as workers:
@@ -148,23 +153,72 @@ def solve_exact(problem: Problem, memory_limit: float | None = None, time_limit_
             raise RuntimeError(f"decomposed value {free.value} disagrees with the integer objective {objective}")
         if memory_limit is None or problem.memory(free.choice) <= memory_limit:
             return SolveResult("OPTIMAL", objective, objective, free.choice, time.perf_counter() - start, 0), notes
-        found, why = _pareto(problem, segments, memory_limit, start + PARETO_SHARE * (deadline - start))
+        options = options or recompute_options(problem, segments)
+        found, why = _pareto(problem, segments, memory_limit, start + PARETO_SHARE * (deadline - start), options)
         if found is not None:
+            modes = _layer_modes(problem, segments, found.modes, options)
             return SolveResult("OPTIMAL", found.objective, found.objective, found.choice, time.perf_counter() - start,
-                               0), notes + (why,)
+                               0, layer_recompute=modes), notes + (why,)
+        if options.variants:
+            why += "; recompute auto needs the Pareto master, so every layer runs without recompute"
         return _lagrangian(problem, segments, memory_limit, deadline, seed, workers, start, notes + (why,), step_s)
 
 
-def _pareto(problem: Problem, segments: Sequence[Segment], memory_limit: float,
-            deadline: float) -> tuple[ParetoResult | None, str]:
+def _pareto(problem: Problem, segments: Sequence[Segment], memory_limit: float, deadline: float,
+            options: "RecomputeOptions") -> tuple[ParetoResult | None, str]:
     """The exact Pareto master, or None and why it stopped (fronts past their caps, the deadline)."""
     try:
-        found = pareto_search(problem, segments, memory_limit, deadline)
+        found = pareto_search(problem, segments, memory_limit, deadline, variants=options.variants,
+                              units=options.units)
     except (FrontTooLarge, TimeoutError) as exc:
         return None, f"memory binds: Pareto tables stopped ({exc}); Lagrangian pricing and CP-SAT instead"
+    chosen = f"; recompute chosen per layer among {', '.join(options.modes)}" if options.variants else ""
     return found, (f"memory binds: exact Pareto tables and label-setting master (fronts of up to "
                    f"{found.table_points} points, up to {found.max_labels} labels per layout; "
-                   f"Lagrangian bound {found.lagrangian_bound})")
+                   f"Lagrangian bound {found.lagrangian_bound}){chosen}")
+
+
+@dataclass(frozen=True, slots=True)
+class RecomputeOptions:
+    """Under recompute 'auto': the problem costed with every layer in each other mode, and the
+    units of consecutive segments that share a layer (one mode per unit)."""
+
+    modes: tuple[str, ...] = ("none",)
+    variants: tuple[Problem, ...] = ()
+    units: tuple[int, ...] = ()
+
+
+def recompute_options(problem: Problem, segments: Sequence[Segment]) -> RecomputeOptions:
+    """The variants for recompute 'auto' (none otherwise); selective only where there is an
+    attention core to drop."""
+    if problem.settings.recompute != AUTO:
+        return RecomputeOptions()
+    graph = problem.graph
+    layers = sorted({op.layer for op in graph.operators if op.layer is not None})
+    modes = ("none",) + (("selective",) if attention_core(graph) else ()) + ("full",)
+    variants = tuple(build_problem(graph, problem.mesh, problem.profile,
+                                   replace(problem.settings, layer_recompute=tuple((layer, mode) for layer in layers)),
+                                   problem.unit_s) for mode in modes[1:])
+    units, seen = [], set()
+    for k, seg in enumerate(segments):
+        own = {graph.operators[op].layer for op in seg.ops} - {None}
+        units.append(units[-1] if k and own & seen else k)
+        seen = own | seen if k and own & seen else own
+    return RecomputeOptions(modes, variants, tuple(units))
+
+
+def _least_memory(problem: Problem, options: RecomputeOptions) -> int:
+    """A lower bound on any plan's memory: per operator, its least memory under any mode."""
+    return sum(min(int(p.ops[i].memory.min()) for p in (problem, *options.variants)) for i in range(len(problem.ops)))
+
+
+def _layer_modes(problem: Problem, segments: Sequence[Segment], chosen: Sequence[int],
+                 options: RecomputeOptions) -> tuple[tuple[int, str], ...]:
+    if not options.variants:
+        return ()
+    modes = {problem.graph.operators[op].layer: options.modes[mode] for seg, mode in zip(segments, chosen)
+             for op in seg.ops if problem.graph.operators[op].layer is not None}
+    return tuple(sorted(modes.items()))
 
 
 def _lagrangian(problem: Problem, segments: Sequence[Segment], memory_limit: float, deadline: float, seed: int,

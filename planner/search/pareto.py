@@ -35,7 +35,7 @@ from planner.search.fronts import (FrontTooLarge, Node, add, chain_end, collapse
 
 FRONT_CAP = 512  # points per front in a segment table
 LABEL_CAP = 4096  # labels per boundary layout in the master
-BEAM = 8  # labels per boundary layout in the heuristic pass that sets the upper bound
+BEAMS = (1, 8)  # labels per boundary layout in the heuristic passes that set the upper bound
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +49,7 @@ class ParetoResult:
     max_labels: int  # the most labels kept at one boundary
     lagrangian_bound: int
     seconds: float
+    modes: tuple[int, ...] = ()  # per segment, the settings it runs under (0: the problem's; i: variant i)
 
 
 class ParetoNetwork:
@@ -135,29 +136,66 @@ def segment_front_table(problem: Problem, seg: Segment, cap: int = FRONT_CAP) ->
 
 
 def pareto_search(problem: Problem, segments: Sequence[Segment], memory_limit: float, deadline: float | None = None,
-                  cap: int = FRONT_CAP, label_cap: int = LABEL_CAP) -> ParetoResult:
+                  cap: int = FRONT_CAP, label_cap: int = LABEL_CAP, variants: Sequence[Problem] = (),
+                  units: Sequence[int] = ()) -> ParetoResult:
     """The exact optimum under ``memory_limit`` over a chain of segments (see the module text).
+
+    ``variants``: the same graph costed under other settings (recompute modes); each unit of
+    consecutive segments (``units``: a unit id per segment) then runs under one of ``problem`` and
+    the variants, chosen per unit inside the same label-setting (``ParetoResult.modes``).
     Raises ``FrontTooLarge`` past the caps and ``TimeoutError`` past ``deadline``."""
     start = time.perf_counter()
-    tables: dict[str, Node] = {}
+    options = [problem, *variants]
+    tables: list[dict[str, Node]] = [{} for _ in options]
     for seg in segments:
-        if seg.key not in tables:
-            tables[seg.key] = segment_front_table(problem, seg, cap)
-            _check(deadline)
-    chain = [tables[s.key] for s in segments]
+        for table, option in zip(tables, options):
+            if seg.key not in table:
+                table[seg.key] = segment_front_table(option, seg, cap)
+                _check(deadline)
+    by_mode = [[table[s.key] for s in segments] for table in tables]
+    chain = by_mode[0] if not variants else mode_chain(by_mode, units)
     limit = float(memory_limit)
     lam, upper, bound = _lagrangian(chain, limit, deadline)
-    _, _, heuristic = _master(chain, limit, lam, upper, label_cap, deadline, beam=BEAM)
-    back, final, best = _master(chain, limit, lam, min(upper, heuristic), label_cap, deadline)
+    for beam in BEAMS:  # each heuristic pass prunes with the best plan of the one before
+        upper = min(upper, _master(chain, limit, lam, upper, label_cap, deadline, beam=beam)[2])
+    back, final, best = _master(chain, limit, lam, upper, label_cap, deadline)
     if final is None:
         raise FrontTooLarge("no label fits the memory limit")  # the caller's path reports infeasibility
-    choice = _recover(problem, segments, chain, back, final)
-    objective, memory = problem.objective(choice), problem.memory(choice)
+    choice, modes = _recover(segments, by_mode, len(problem.ops), back, final, len(options))
+    tables_of = [options[mode].ops[op] for seg, mode in zip(segments, modes) for op in seg.ops]
+    chosen = [choice[op] for seg in segments for op in seg.ops]
+    edges = problem.objective(choice) - sum(int(t.cost[c]) for t, c in zip(problem.ops, choice))
+    objective = edges + sum(int(t.cost[c]) for t, c in zip(tables_of, chosen))
+    memory = sum(int(t.memory[c]) for t, c in zip(tables_of, chosen))
     if memory > memory_limit or objective != int(round(best)):
         raise RuntimeError(f"Pareto master: the plan costs {objective} with {memory} bytes, its label {best}")
-    return ParetoResult(objective, memory, tuple(choice), max(t.cost.shape[-1] for t in tables.values()),
-                        max(b[0].shape[1] for b in back), int(math.ceil(bound - 1e-6)),
-                        time.perf_counter() - start)
+    widest = max(t.cost.shape[-1] for table in tables for t in table.values())
+    return ParetoResult(objective, memory, tuple(choice), widest, max(b[0].shape[1] for b in back),
+                        int(math.ceil(bound - 1e-6)), time.perf_counter() - start, tuple(modes))
+
+
+def mode_chain(by_mode: Sequence[Sequence[Node]], units: Sequence[int]) -> list[Node]:
+    """One chain whose boundary states are (layout, mode) pairs, ``layout * modes + mode``: segment
+    k runs under mode v (its table ``by_mode[v][k]``), the same mode as segment k - 1 unless a new
+    unit starts at k. The first entry is a layout alone; a last table of zeros ends every pair."""
+    count, out = len(by_mode), []
+    for k in range(len(by_mode[0])):
+        first = k == 0
+        fresh = first or units[k] != units[k - 1]
+        na, nb = by_mode[0][k].shape
+        width = max(tables[k].cost.shape[-1] for tables in by_mode)
+        cost = np.full((na if first else na * count, nb * count, width), np.inf)
+        mem = np.full_like(cost, np.inf)
+        for v, tables in enumerate(by_mode):
+            t = tables[k]
+            for u in ([0] if first else range(count)):
+                if fresh or u == v:
+                    rows = slice(None) if first else slice(u, None, count)
+                    cost[rows, v::count, :t.cost.shape[-1]] = t.cost
+                    mem[rows, v::count, :t.mem.shape[-1]] = t.mem
+        out.append(Node(cost, mem, ("modes", k)))
+    end = np.zeros((out[-1].shape[1], 1, 1))
+    return out + [Node(end, end.copy(), ("modes", len(out)))]
 
 
 def _check(deadline: float | None) -> None:
@@ -321,23 +359,29 @@ def _as_table(rows, nb: int, c, m, cols) -> tuple[np.ndarray, np.ndarray, np.nda
     return cost, mem, src
 
 
-def _recover(problem: Problem, segments: Sequence[Segment], chain: Sequence[Node], back: list,
-             final: tuple[int, int]) -> list[int]:
-    """Each segment's (entry, exit, point) from the back-pointers, then each operator's strategy."""
-    choice = [-1] * len(problem.ops)
+def _recover(segments: Sequence[Segment], by_mode: Sequence[Sequence[Node]], num_ops: int, back: list,
+             final: tuple[int, int], count: int) -> tuple[list[int], list[int]]:
+    """Each segment's (entry, exit, point) and mode from the back-pointers, then each operator's
+    strategy (``count`` modes: states are ``layout * count + mode`` when there are several)."""
+    choice, modes = [-1] * num_ops, [0] * len(segments)
     state, label = final
+    if count > 1:  # step back over the closing table of zeros
+        a, p, _, valid = (arr[state, label] for arr in back[-1])
+        state, label = int(a), int(p)
     explained: dict[tuple, dict[int, int]] = {}
     for k in range(len(segments) - 1, -1, -1):
         a, p, q, valid = (arr[state, label] for arr in back[k])
         if not valid:
             raise RuntimeError("Pareto master: a back-pointer leads nowhere")
-        seg = segments[k]
-        key = (seg.key, int(a), state, int(q))
+        mode, entry, exit_ = (state % count, int(a) // count if k else int(a), state // count) if count > 1 else \
+            (0, int(a), state)
+        seg, modes[k] = segments[k], mode
+        key = (mode, seg.key, entry, exit_, int(q))
         if key not in explained:
             states: dict[int, int] = {}
-            explain(chain[k], (int(a), state), int(q), states)
+            explain(by_mode[mode][k], (entry, exit_), int(q), states)
             explained[key] = states
         for n, op in enumerate(seg.ops):
             choice[op] = explained[key][n]
         state, label = int(a), int(p)
-    return choice
+    return choice, modes

@@ -63,6 +63,7 @@ class SolveResult:
     search_time_s: float
     num_booleans: int
     explanation: str = ""
+    layer_recompute: tuple[tuple[int, str], ...] = ()  # under recompute 'auto': the mode chosen per layer
 
 
 def build_model(problem: Problem, memory_limit: float | None = None,
