@@ -11,6 +11,9 @@
                     bound; if ceil(L) >= c(x_f) the plan is OPTIMAL with that certificate. Otherwise
                     CP-SAT solves the whole program with x_f as hint and c >= ceil(L) as a cut, and
                     its status (OPTIMAL or FEASIBLE at the time limit) is reported.
+    recompute auto: when memory binds, the graph is costed with every layer in each recompute mode
+                    and the Pareto master chooses a mode per layer with the strategies
+                    (``recompute_options``); the result's ``layer_recompute`` holds the choice.
 """
 
 from __future__ import annotations

@@ -17,6 +17,11 @@ optimum is dropped, so the cheapest label at the last boundary is the optimum of
 (OPTIMAL, no solver gap); its back-pointers give each segment's point, and ``explain`` gives every
 operator's strategy. Fronts or labels past their caps raise ``FrontTooLarge`` (the caller falls
 back to the Lagrangian + CP-SAT path).
+
+Recompute chosen per layer (``mode_chain``): with the tables of each mode (the graph costed with
+every layer in that mode), a boundary state is a (layout, mode) pair and a segment's table links
+only equal modes, except where a new unit (layer) begins; the same label-setting then picks each
+layer's mode with its strategies, exactly, since memory and cost stay additive over segments.
 """
 
 from __future__ import annotations
@@ -373,8 +378,8 @@ def _recover(segments: Sequence[Segment], by_mode: Sequence[Sequence[Node]], num
         a, p, q, valid = (arr[state, label] for arr in back[k])
         if not valid:
             raise RuntimeError("Pareto master: a back-pointer leads nowhere")
-        mode, entry, exit_ = (state % count, int(a) // count if k else int(a), state // count) if count > 1 else \
-            (0, int(a), state)
+        mode, exit_ = divmod(state, count)[::-1]
+        entry = int(a) // count if k else int(a)  # the first entry is a layout alone
         seg, modes[k] = segments[k], mode
         key = (mode, seg.key, entry, exit_, int(q))
         if key not in explained:
