@@ -5,9 +5,10 @@ memory less the runtime's reserve) with the exact method, and reports its status
 objective and, when memory binds, the sizes of the Pareto search (largest front of a segment
 table, most labels kept at one boundary layout). Where memory binds and the whole program can be
 built, the whole-program CP-SAT (``--whole-limit`` seconds) runs beside it: ``whole_status``,
-``whole_objective``, ``whole_bound`` and ``objectives_equal``. With ``--recompute none,auto`` (the
-default) a second row per model and mesh where memory binds (or nothing fits) lets the search
-choose recompute per layer (``recompute`` column; ``layer_recompute``: its choice).
+``whole_objective``, ``whole_bound`` and ``objectives_equal``. With ``--decide none,recompute,zero,both`` (the
+default, with ``--decide``) more rows per model and mesh where memory binds (or nothing fits) let
+the search choose recompute, the ZeRO stage, or both per layer (``decide`` column; ``layer_recompute``
+and ``layer_zero``: its choice).
 
     python -m experiments.memory_bound [--quick] [--models ...] [--meshes 8,2x4,8x8,4x8x8] [--out results/memory_bound.csv]
 """
@@ -36,12 +37,16 @@ def models(args: argparse.Namespace) -> list[str]:
     return zoo + [GPT3.format(layers) for layers in ((12, 24, 48, 96) if not args.quick else (12, 96))]
 
 
-def run_row(model: str, mesh: str, recompute: str, args: argparse.Namespace) -> dict:
-    row = {"model": model, "mesh": mesh, "recompute": recompute, "device": args.device}
+DECIDE = {"none": {}, "recompute": {"recompute": "auto"}, "zero": {"zero": "auto"},
+          "both": {"recompute": "auto", "zero": "auto"}}
+
+
+def run_row(model: str, mesh: str, decide: str, args: argparse.Namespace) -> dict:
+    row = {"model": model, "mesh": mesh, "decide": decide, "device": args.device}
     start = time.perf_counter()
     try:
         plan = planner.plan(model, mesh, args.device, time_limit_s=args.time_limit,
-                            settings=planner.TrainingSettings(recompute=recompute))
+                            settings=planner.TrainingSettings(**DECIDE[decide]))
     except planner.PlannerError as exc:
         return {**row, "status": "REFUSED", "notes": str(exc), "search_time_s": time.perf_counter() - start}
     binds = any("memory binds" in note for note in plan.notes)
@@ -51,8 +56,9 @@ def run_row(model: str, mesh: str, recompute: str, args: argparse.Namespace) -> 
                memory_gib=plan.memory_per_device_bytes / 2**30, memory_limit_gib=(plan.memory_limit_bytes or 0) / 2**30,
                memory_binds=binds, front_points=int(sizes.group(1)) if sizes else None,
                labels=int(sizes.group(2)) if sizes else None, notes=" | ".join(plan.notes),
-               layer_recompute=dict(plan.settings).get("layer_recompute", ""))
-    if binds and args.whole_limit > 0 and recompute != "auto":  # the whole program does not choose recompute
+               layer_recompute=dict(plan.settings).get("layer_recompute", ""),
+               layer_zero=dict(plan.settings).get("layer_zero", ""))
+    if binds and args.whole_limit > 0 and decide == "none":  # the whole program does not choose per layer
         try:
             whole = planner.plan(model, mesh, args.device, method="whole", time_limit_s=args.whole_limit)
             row.update(whole_status=whole.status, whole_objective=whole.objective, whole_bound=whole.bound,
@@ -67,9 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", help="comma-separated models (default: the zoo and GPT-3 shapes of 12-96 layers)")
     parser.add_argument("--meshes", default=MESHES)
     parser.add_argument("--device", default="a100-80g")
-    parser.add_argument("--recompute", default="none,auto",
-                        help="comma-separated settings: none, selective, full, auto (auto rows only where memory "
-                             "binds or nothing fits without recompute)")
+    parser.add_argument("--decide", default="none,recompute,zero,both",
+                        help="comma-separated: none, and what the search chooses per layer (recompute, zero, "
+                             "both); those rows only where memory binds or nothing fits without them")
     parser.add_argument("--time-limit", type=float, default=120.0, help="exact search limit per row (s)")
     parser.add_argument("--whole-limit", type=float, default=60.0, help="whole-program CP-SAT limit (s; 0: skip)")
     parser.add_argument("--quick", action="store_true", help="three zoo models and GPT-3 shapes of 12 and 96 layers")
@@ -78,22 +84,23 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.smallest:
         args.meshes = "8"
-    modes = args.recompute.split(",")
-    unknown = [m for m in modes if m not in ("none", "selective", "full", "auto")]
+    modes = args.decide.split(",")
+    unknown = [m for m in modes if m not in DECIDE]
     if unknown:
-        parser.error(f"--recompute: unknown setting {unknown[0]!r}")
-    table = results_table(args, ("model", "mesh", "recompute"))
+        parser.error(f"--decide: unknown choice {unknown[0]!r} (known: {', '.join(DECIDE)})")
+    table = results_table(args, ("model", "mesh", "decide"))
     for model in models(args):
         for mesh in args.meshes.split(","):
             binds = True
-            for recompute in modes:
-                if table.done(model=model, mesh=mesh, recompute=recompute) or (recompute == "auto" and not binds):
+            for decide in modes:
+                if table.done(model=model, mesh=mesh, decide=decide) or (decide != "none" and not binds):
                     continue
-                row = run_row(model, mesh, recompute, args)
-                binds = bool(row.get("memory_binds")) or row["status"] == "INFEASIBLE"
-                print({k: row.get(k) for k in ("model", "mesh", "recompute", "status", "search_time_s", "memory_binds",
+                row = run_row(model, mesh, decide, args)
+                if decide == "none":
+                    binds = bool(row.get("memory_binds")) or row["status"] == "INFEASIBLE"
+                print({k: row.get(k) for k in ("model", "mesh", "decide", "status", "search_time_s", "memory_binds",
                                                "front_points", "labels", "whole_status", "objectives_equal",
-                                               "layer_recompute")}, flush=True)
+                                               "layer_recompute", "layer_zero")}, flush=True)
                 table.add([row])
     if (png := png_path(args)):
         plot(table.rows, png)

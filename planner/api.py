@@ -92,11 +92,12 @@ def plan_problem(problem: Problem, memory_limit: float | None, method: str = "ex
                  seed: int = 0, jobs: int = 1, progress: Progress | None = None) -> Plan:
     """Search a plan for a built problem with one method (see ``METHODS``)."""
     start = time.perf_counter()
-    if method == "exact" or (method == "whole" and problem.settings.recompute != AUTO):
+    if method == "exact" or (method == "whole" and AUTO not in (problem.settings.recompute, problem.settings.zero)):
         return _search(problem, memory_limit, method, time_limit_s, seed, jobs, progress, start)
-    if problem.settings.recompute == AUTO:
-        raise SettingsError(f"--recompute auto: only --method exact chooses recompute per layer; give none, "
-                            f"selective or full for --method {method}")
+    for option, value in (("recompute", problem.settings.recompute), ("zero", problem.settings.zero)):
+        if value == AUTO:
+            raise SettingsError(f"--{option} auto: only --method exact chooses it per layer; give a fixed "
+                                f"--{option} for --method {method}")
     if method == "zero":
         problem = build_problem(problem.graph, problem.mesh, problem.profile, replace(problem.settings, zero=3),
                                 problem.unit_s)
@@ -122,11 +123,12 @@ def _search(problem: Problem, memory_limit: float | None, method: str, time_limi
     if result.choice is None:
         return _failed_plan(problem, method, result.status, time.perf_counter() - start, memory_limit,
                             result.explanation, notes)
-    if result.layer_recompute:  # recompute 'auto' chose a mode per layer: cost the plan under that choice
+    if result.layer_recompute or result.layer_zero:  # chosen per layer: cost the plan under that choice
         problem = build_problem(problem.graph, problem.mesh, problem.profile,
-                                replace(problem.settings, layer_recompute=result.layer_recompute), problem.unit_s)
+                                replace(problem.settings, layer_recompute=result.layer_recompute,
+                                        layer_zero=result.layer_zero), problem.unit_s)
         if problem.objective(result.choice) != result.objective or problem.memory(result.choice) > memory_limit:
-            raise RuntimeError("recompute auto: the plan under its per-layer modes costs "
+            raise RuntimeError("per-layer choice: the plan under its per-layer settings costs "
                                f"{problem.objective(result.choice)}, the search found {result.objective}")
     return make_plan(problem, strategies_from_choice(problem, result.choice), method=method, status=result.status,
                      memory_limit=memory_limit, search_time_s=time.perf_counter() - start, notes=notes,
@@ -385,8 +387,9 @@ def verify_loaded(loaded: LoadedPlan, *, run_numpy: bool = True, run_xla: bool =
 
 
 def _refuse_auto(settings: TrainingSettings, why: str) -> None:
-    if settings.recompute == AUTO:
-        raise SettingsError(f"--recompute auto: not for pipeline plans ({why}); give none, selective or full")
+    for option, value in (("recompute", settings.recompute), ("zero", settings.zero)):
+        if value == AUTO:
+            raise SettingsError(f"--{option} auto: not for pipeline plans ({why}); give a fixed --{option}")
 
 
 def describe_error(exc: Exception) -> str:

@@ -66,7 +66,14 @@ CASES = [
                                "--json", "out.json"], 0,
      lambda t, c, o: _json(t)["settings"]["recompute"] == "auto" and _json(t)["settings"]["layer_recompute"]
      and "recompute per layer" in o and api.plan(GPT, batch=64, memory=20e6).status == "INFEASIBLE"),
-    ("plan --recompute auto heuristic", ["plan", "--model", GPT, "--method", "megatron", "--recompute", "auto"], 2, None),
+    ("plan --zero auto", ["plan", "--model", GPT, "--batch", "64", "--memory", "30MB", "--zero", "auto",
+                          "--json", "out.json"], 0,
+     lambda t, c, o: _json(t)["settings"]["zero"] == "auto" and _json(t)["settings"]["layer_zero"]
+     and "ZeRO stage per layer" in o and _json(t)["objective"] < api.plan(GPT, batch=64, memory=30e6).objective),
+    ("plan --zero auto heuristic", ["plan", "--model", GPT, "--method", "dp", "--zero", "auto"], 2, None),
+    ("plan --zero auto pipeline", ["plan", "--model", GPT, "--pipeline", "auto", "--zero", "auto"], 2, None),
+    ("plan --recompute auto heuristic", ["plan", "--model", GPT, "--method", "megatron", "--recompute", "auto"], 2,
+     None),
     ("plan --recompute auto pipeline", ["plan", "--model", GPT, "--pipeline", "auto", "--recompute", "auto"], 2, None),
     ("plan --recompute selective", ["plan", "--model", GPT + ",dropout=1", "--method", "megatron", "--recompute",
                                     "selective", "--json", "out.json"], 0,
@@ -187,7 +194,7 @@ CASES = [
                       _json(t)["pipeline"]["method"], _json(t)["pipeline"]["stages"], "search_time_s" in _csv(t),
                       c["time_limit_s"], c["seed"], c["jobs"])
      == ("tiny", 0.9e9, {"dtype": "fp32", "optimizer": "sgd", "zero": 1, "recompute": "full", "overlap": "grad", "bucket_mb": 4.0,
-                "fp32_grads": True, "sequence_parallel": True, "layer_recompute": ""}, "brute", 2, False,
+                "fp32_grads": True, "sequence_parallel": True, "layer_recompute": "", "layer_zero": ""}, "brute", 2, False,
          6.0, 2, 2)),
     ("pipeline --schedule interleaved", ["pipeline", "--model", GPT, "--mesh", "2x2", "--pp", "2", "--schedule",
                                          "interleaved:2", "--json", "out.json"], 0,
@@ -204,7 +211,7 @@ CASES = [
                                  "--no-timings", "--json", "out.json"], 0,
      lambda t, c, o: (_json(t)["device"], _json(t)["settings"], "search_time_s" in _json(t))
      == ("tiny", {"dtype": "fp32", "optimizer": "sgd", "zero": 1, "recompute": "full", "overlap": "grad", "bucket_mb": 4.0,
-                "fp32_grads": True, "sequence_parallel": True, "layer_recompute": ""}, False)),
+                "fp32_grads": True, "sequence_parallel": True, "layer_recompute": "", "layer_zero": ""}, False)),
     ("models -q", ["models", "-q"], 0, lambda t, c, o: o == ""),
     ("models", ["models"], 0, lambda t, c, o: "gpt3-175b" in o),
 ]
@@ -277,12 +284,14 @@ def test_every_option_of_every_command_has_a_row():
     assert not missing, missing
 
 
-def test_recompute_auto_plan_file_reads_back_with_its_layer_modes(tmp_path, monkeypatch):
-    """A plan whose recompute was chosen per layer evaluates to the same objective from its file."""
+def test_auto_plan_file_reads_back_with_its_layer_choices(tmp_path, monkeypatch):
+    """A plan whose recompute and ZeRO stages were chosen per layer evaluates to the same objective
+    from its file."""
     monkeypatch.chdir(tmp_path)
     argv = ["--model", GPT, "--batch", "64", "--memory", "20MB"]
-    assert main(["plan", *argv, "--recompute", "auto", "--json", "p.json"]) == 0
+    assert main(["plan", *argv, "--recompute", "auto", "--zero", "auto", "--json", "p.json"]) == 0
     assert main(["evaluate", "--plan", "p.json", *argv, "--json", "e.json"]) == 0
     planned, evaluated = _json(tmp_path, "p.json"), _json(tmp_path, "e.json")
-    assert planned["settings"]["layer_recompute"] == evaluated["settings"]["layer_recompute"] != ""
+    for field in ("layer_recompute", "layer_zero"):
+        assert planned["settings"][field] == evaluated["settings"][field] != ""
     assert evaluated["objective"] == planned["objective"]

@@ -99,13 +99,20 @@ def _pinned_optimum(problem, limit):
         return None
 
 
-@pytest.mark.parametrize("mesh,oracle", [("4", "cp-sat"), ("2x2", "pareto")])
-def test_recompute_auto_matches_brute_force_over_every_assignment_of_layer_modes(mesh, oracle):
-    """--recompute auto decides none / selective / full per layer inside the Pareto master. Its
-    optimum equals the best optimum over all 3^L per-layer assignments, each solved with its modes
-    fixed (by the whole-program CP-SAT on 4 devices; by the Pareto master without mode choice on
-    2x2, where CP-SAT takes minutes), at limits from "only full recompute fits" to "almost nothing
-    needs recompute"; the limits force mixed assignments (two layers in different modes)."""
+@pytest.mark.parametrize("mesh,oracle,decided,fractions", [
+    ("4", "cp-sat", "recompute", (0.2, 0.4, 0.6, 0.8, 0.95)),
+    ("2x2", "pareto", "recompute", (0.2, 0.4, 0.6, 0.8, 0.95)),
+    ("4", "cp-sat", "zero", (0.1, 0.6, 0.9)),
+    ("4", "pareto", "both", (0.15, 0.5)),
+])
+def test_auto_matches_brute_force_over_every_assignment_of_layer_choices(mesh, oracle, decided, fractions):
+    """--recompute auto / --zero auto decide none / selective / full recompute and the ZeRO stage
+    per layer inside the Pareto master. The optimum equals the best optimum over every per-layer
+    assignment (3^L, 4^L or 12^L), each solved with its choices fixed (by the whole-program CP-SAT
+    on 4 devices; by the Pareto master without choices on 2x2 and for the 144 joint assignments,
+    where CP-SAT takes minutes), at limits from "only the least-memory choices fit" to "almost
+    nothing needs them"; with recompute, the limits force mixed assignments (two layers choosing
+    differently)."""
     import itertools
 
     from planner.api import resolve_model
@@ -114,27 +121,41 @@ def test_recompute_auto_matches_brute_force_over_every_assignment_of_layer_modes
     cluster = make_cluster(mesh)
     graph = resolve_model("gpt:layers=2,hidden=64,heads=4,seq=64,vocab=128", 8)
     layers = sorted({op.layer for op in graph.operators if op.layer is not None})
-    auto = build_problem(graph, cluster.mesh, cluster.profile, TrainingSettings(recompute="auto"))
-    pinned = {modes: build_problem(graph, cluster.mesh, cluster.profile,
-                                   TrainingSettings(recompute="auto", layer_recompute=tuple(zip(layers, modes))))
-              for modes in itertools.product(("none", "selective", "full"), repeat=len(layers))}
+    recompute = ("none", "selective", "full") if decided in ("recompute", "both") else ("none",)
+    zero = (0, 1, 2, 3) if decided in ("zero", "both") else (0,)
+    auto = dict(recompute="auto" if len(recompute) > 1 else "none", zero="auto" if len(zero) > 1 else 0)
+
+    def settings(modes=None):
+        if modes is None:
+            return TrainingSettings(**auto)
+        return TrainingSettings(**auto, layer_recompute=tuple((l, m[0]) for l, m in zip(layers, modes))
+                                if len(recompute) > 1 else (),
+                                layer_zero=tuple((l, m[1]) for l, m in zip(layers, modes)) if len(zero) > 1 else ())
+
+    problem = build_problem(graph, cluster.mesh, cluster.profile, settings())
+    pinned = {modes: build_problem(graph, cluster.mesh, cluster.profile, settings(modes))
+              for modes in itertools.product(itertools.product(recompute, zero), repeat=len(layers))}
     low = min(min_memory(p) for p in pinned.values())
-    high = auto.memory(solve_exact(auto)[0].choice)
-    mixed = set()
-    for fraction in (0.2, 0.4, 0.6, 0.8, 0.95):
+    high = problem.memory(solve_exact(problem)[0].choice)
+    mixed, stages = set(), set()
+    for fraction in fractions:
         limit = low + fraction * (high - low)
-        result, notes = solve_exact(auto, limit)
+        result, notes = solve_exact(problem, limit)
         if oracle == "cp-sat":
             found = [solve(p, limit) for p in pinned.values()]
             assert all(o.status in ("OPTIMAL", "INFEASIBLE") for o in found)
             best = min(o.objective for o in found if o.status == "OPTIMAL")
         else:
             best = min(v for v in (_pinned_optimum(p, limit) for p in pinned.values()) if v is not None)
-        assert result.status == "OPTIMAL" and any("recompute chosen per layer" in n for n in notes)
+        assert result.status == "OPTIMAL" and any("chosen per layer" in n for n in notes)
         assert result.objective == best
-        chosen = dict(result.layer_recompute)
-        assert sorted(chosen) == layers
-        assert pinned[tuple(chosen[layer] for layer in layers)].objective(result.choice) == result.objective
-        if len(set(chosen.values())) > 1:
-            mixed.add(tuple(chosen.values()))
-    assert mixed  # at least one limit where the layers differ
+        chosen_r = dict(result.layer_recompute) or {layer: "none" for layer in layers}
+        chosen_z = dict(result.layer_zero) or {layer: 0 for layer in layers}
+        modes = tuple((chosen_r[layer], chosen_z[layer]) for layer in layers)
+        assert pinned[modes].objective(result.choice) == result.objective
+        stages.update(z for _, z in modes)
+        if len(set(modes)) > 1:
+            mixed.add(modes)
+    # recompute: at least one limit where the layers differ; ZeRO alone: stage 3 is cheapest here at
+    # every limit (its gathers hide behind compute, its reduce-scatter moves half an all-reduce)
+    assert mixed if decided != "zero" else stages - {0}

@@ -42,12 +42,15 @@ def _settings(args: argparse.Namespace, base: dict | None = None) -> TrainingSet
               for k, v in SETTINGS_DEFAULTS.items()}
     recompute = values["recompute"]  # plan files before 'selective' wrote booleans
     recompute = {True: "full", False: "none"}.get(recompute, recompute) if isinstance(recompute, bool) else recompute
-    # a plan file's per-layer choice of recompute 'auto' is kept unless --recompute overrides it
+    zero = AUTO if values["zero"] == AUTO else int(values["zero"])
+    # a plan file's per-layer choices under 'auto' are kept unless the option overrides them
     layers = parse_layer_modes((base or {}).get("layer_recompute", "")) if recompute == AUTO and \
         args.recompute is None else ()
-    return TrainingSettings(values["dtype"], values["optimizer"], int(values["zero"]), recompute,
+    stages = parse_layer_modes((base or {}).get("layer_zero", ""), "layer_zero") if zero == AUTO and \
+        args.zero is None else ()
+    return TrainingSettings(values["dtype"], values["optimizer"], zero, recompute,
                             values["overlap"], float(values["bucket_mb"]) * 2**20, bool(values["fp32_grads"]),
-                            bool(values["sequence_parallel"]), layers)
+                            bool(values["sequence_parallel"]), layers, stages)
 
 
 def _given(args: argparse.Namespace, names: Sequence[str]) -> list[str]:

@@ -31,9 +31,9 @@ def format_plan(plan: Plan) -> str:
     limit = f" of {plan.memory_limit_bytes / GIB:.2f} GiB" if plan.memory_limit_bytes else ""
     lines.append(f"memory per device {plan.memory_per_device_bytes / GIB:.2f} GiB{limit} ({mem} GiB)")
     lines.append(f"search time {plan.search_time_s:.2f} s")
-    chosen = dict(plan.settings).get("layer_recompute")
-    if chosen:
-        lines.append(f"recompute per layer (chosen by the search): {chosen}")
+    for field, what in (("layer_recompute", "recompute"), ("layer_zero", "ZeRO stage")):
+        if dict(plan.settings).get(field):
+            lines.append(f"{what} per layer (chosen by the search): {dict(plan.settings)[field]}")
     lines.extend(f"note: {note}" for note in plan.notes)
     if plan.explanation:
         lines.append(f"why: {plan.explanation}")

@@ -51,7 +51,8 @@ def hierarchical_all_reduce(phase: str, axes: list[int], nbytes: float,
     """All-reduce of ``nbytes`` over several mesh axes (outermost first): reduce-scatter on the
     inner axes (innermost first), all-reduce of the scattered buffer on the outermost axis,
     all-gather back. It moves the bytes of one flat ring all-reduce over all those devices."""
-    return [Collective(phase, kind, ax, scaled(nbytes, chain)) for kind, ax, chain in hierarchical_steps(axes, mesh_shape)]
+    return [Collective(phase, kind, ax, scaled(nbytes, chain))
+            for kind, ax, chain in hierarchical_steps(axes, mesh_shape)]
 
 
 def hierarchical_steps(axes: Sequence[int], mesh_shape: Sequence[int]) -> list[tuple[str, int, tuple[int, ...]]]:

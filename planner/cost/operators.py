@@ -28,7 +28,7 @@ from planner.cluster.profiles import MachineProfile
 from planner.cost.collectives import Collective, collective_seconds, hierarchical_all_reduce
 from planner.cost.compute import op_seconds
 from planner.cost.records import CostRecord, Memory, merge_comm
-from planner.cost.settings import INTEGER_BYTES, TrainingSettings
+from planner.cost.settings import AUTO, INTEGER_BYTES, TrainingSettings
 from planner.cost.strategy import (GRAD_PARTIAL, Layout, Strategy, input_layout, operand_layout, parallel_degree,
                                    shard_factor)
 from planner.ir.graph import Graph, Operator
@@ -47,6 +47,7 @@ class OperandInfo:
     grad_free: bool = False  # the op sums its input to a scalar: the input's gradient is a broadcast
     saved_bytes: int = 0  # bytes per element the op keeps when it saves this input (a dropout mask: 1)
     rerun: bool = False  # the op reading this input is re-run in the backward pass (recompute)
+    zero: int = 0  # the ZeRO stage of this parameter (its layer's, under zero 'auto')
 
     @property
     def edge_grad(self) -> bool:
@@ -86,7 +87,8 @@ def _operand_infos(graph: Graph, settings: TrainingSettings) -> dict[str, tuple[
         for operand in op.inputs:
             t = graph.tensor(operand.tensor)
             row.append(OperandInfo(t.shape, t.role, t.name in grads, INTEGER_BYTES if t.integer else settings.elem_bytes,
-                                   owner.get(t.name) == op.name, full_sum, saved_bytes, rerun))
+                                   owner.get(t.name) == op.name, full_sum, saved_bytes, rerun,
+                                   settings.zero_at(op.layer) if t.role == "param" else 0))
         infos[op.name] = tuple(row)
     return infos
 
@@ -138,7 +140,7 @@ def op_cost(op: Operator, strategy: Strategy, mesh: Mesh, settings: TrainingSett
         numel = math.prod(info.shape) / shard_factor(layout, mesh_shape)
         io_bytes += numel * info.elem_bytes
         if info.role == "param":
-            collectives, param_memory, step_bytes = _param_cost(numel, layout, mesh_shape, settings, info.counts_memory)
+            collectives, param_memory, step_bytes = _param_cost(numel, layout, mesh_shape, settings, info)
             param_comm.extend(collectives)
             memory, opt_bytes = memory + param_memory, opt_bytes + step_bytes
         elif info.counts_memory:
@@ -204,7 +206,7 @@ def _hidden_seconds(param_comm: list[Collective], fwd_s: float, bwd_s: float, me
 
 
 def _param_cost(numel: float, layout: Layout, mesh_shape: tuple[int, ...], settings: TrainingSettings,
-                counts_memory: bool) -> tuple[list[Collective], Memory, float]:
+                info: OperandInfo) -> tuple[list[Collective], Memory, float]:
     """A parameter's collectives (bucketed), its memory and the HBM bytes of its optimizer step."""
     dp_axes = [ax for ax, p in enumerate(layout) if p == GRAD_PARTIAL and mesh_shape[ax] > 1]
     nbytes, grad_nbytes = numel * settings.elem_bytes, numel * settings.grad_bytes
@@ -212,13 +214,14 @@ def _param_cost(numel: float, layout: Layout, mesh_shape: tuple[int, ...], setti
     # A parameter read by several operators (tied embeddings) has its gradient reduced once per
     # use: XLA's SPMD partitioner reduces each use's partial gradient where it is computed
     # (measured by `planner verify`); a framework that accumulates first pays less.
-    if settings.zero == 0:
+    z = info.zero if settings.zero == AUTO else settings.zero  # fixed: the settings'; auto: the layer's
+    if z == 0:
         comm = hierarchical_all_reduce("grad", dp_axes, grad_nbytes, mesh_shape)
     else:
         buffer, grad_buffer = nbytes, grad_nbytes
         for ax in dp_axes:
             comm.append(Collective("grad", "reduce_scatter", ax, grad_buffer))
-            if settings.zero == 3:  # parameters gathered before use, in both passes
+            if z == 3:  # parameters gathered before use, in both passes
                 comm.append(Collective("fwd", "all_gather", ax, buffer))
                 comm.append(Collective("bwd", "all_gather", ax, buffer))
             else:  # updated shards gathered after the optimizer step
@@ -227,10 +230,9 @@ def _param_cost(numel: float, layout: Layout, mesh_shape: tuple[int, ...], setti
             grad_buffer /= mesh_shape[ax]
     if settings.bucket_bytes > 0:  # one collective per bucket: this tensor's share of the latency
         comm = [replace(c, count=(grad_nbytes if c.phase == "grad" else nbytes) / settings.bucket_bytes) for c in comm]
-    if not counts_memory:
+    if not info.counts_memory:
         return comm, Memory(), 0.0
     dp = math.prod(mesh_shape[ax] for ax in dp_axes)
-    z = settings.zero
     memory = Memory(params=nbytes / (dp if z >= 3 else 1), grads=grad_nbytes / (dp if z >= 2 else 1),
                     optimizer=numel * settings.optimizer_bytes / (dp if z >= 1 else 1))
     updated = numel / (dp if z >= 1 else 1)  # read the gradient and the state, write the state and the weights

@@ -14,7 +14,8 @@ OPTIMIZER_BYTES = {("adam", "bf16"): 12, ("adam", "fp16"): 12, ("adam", "fp32"):
                    ("sgd", "bf16"): 8, ("sgd", "fp16"): 8, ("sgd", "fp32"): 4}
 OVERLAP = ("none", "grad", "full")
 RECOMPUTE = ("none", "selective", "full")
-AUTO = "auto"  # recompute decided per layer by the exact search (written back as ``layer_recompute``)
+ZERO_STAGES = (0, 1, 2, 3)
+AUTO = "auto"  # recompute / ZeRO decided per layer by the exact search (``layer_recompute``, ``layer_zero``)
 # PyTorch DDP's default bucket_cap_mb (25 MiB): the latency of a gradient collective is paid per bucket.
 DEFAULT_BUCKET_BYTES = 25 * 2**20
 
@@ -28,7 +29,9 @@ class TrainingSettings:
     ``full`` (only layer inputs are kept; every layer is re-run). ``True``/``False`` read as
     ``full``/``none``. ``auto``: the exact search chooses per layer (``layer_recompute`` then holds
     its choice as ``(layer, mode)`` pairs; a layer not listed, and any operator outside the layers,
-    runs without recompute). ``sequence_parallel``: an activation that a tensor-parallel operator reads
+    runs without recompute). ``zero``: the ZeRO stage on data-parallel axes, or ``auto``: the exact
+    search chooses 0-3 per layer (``layer_zero``; operators outside the layers keep stage 0).
+    ``sequence_parallel``: an activation that a tensor-parallel operator reads
     replicated is kept 1/t-sharded for the backward pass and gathered again there (Megatron-LM's
     sequence-parallel linear; the search places norms, dropouts and residuals sequence-sharded
     where that pays, as it always may).
@@ -48,27 +51,27 @@ class TrainingSettings:
     fp32_grads: bool = False
     sequence_parallel: bool = False
     layer_recompute: tuple[tuple[int, str], ...] = ()
+    layer_zero: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.recompute, bool):
             object.__setattr__(self, "recompute", "full" if self.recompute else "none")
         if self.recompute not in RECOMPUTE + (AUTO,):
             raise SettingsError(f"--recompute: must be one of {', '.join(RECOMPUTE + (AUTO,))}, got {self.recompute!r}")
-        layers = [layer for layer, _ in self.layer_recompute]
-        if layers != sorted(set(layers)) or any(not isinstance(layer, int) or isinstance(layer, bool) or layer < 0
-                                                or mode not in RECOMPUTE for layer, mode in self.layer_recompute):
-            raise SettingsError(f"layer_recompute: needs (layer >= 0, mode in {', '.join(RECOMPUTE)}) pairs in "
-                                f"increasing layer order, got {self.layer_recompute!r}")
+        _check_layers("layer_recompute", self.layer_recompute, RECOMPUTE)
         if self.layer_recompute and self.recompute != AUTO:
             raise SettingsError("layer_recompute: per-layer modes need recompute 'auto'")
+        _check_layers("layer_zero", self.layer_zero, ZERO_STAGES)
+        if self.layer_zero and self.zero != AUTO:
+            raise SettingsError("layer_zero: per-layer stages need zero 'auto'")
         if not isinstance(self.sequence_parallel, bool):
             raise SettingsError(f"--sequence-parallel: must be true or false, got {self.sequence_parallel!r}")
         if self.dtype not in DTYPE_BYTES:
             raise SettingsError(f"--dtype: must be one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}")
         if self.optimizer not in ("adam", "sgd"):
             raise SettingsError(f"--optimizer: must be adam or sgd, got {self.optimizer!r}")
-        if self.zero not in (0, 1, 2, 3):
-            raise SettingsError(f"--zero: must be 0, 1, 2 or 3, got {self.zero!r}")
+        if self.zero not in ZERO_STAGES + (AUTO,) or isinstance(self.zero, bool):
+            raise SettingsError(f"--zero: must be 0, 1, 2, 3 or auto, got {self.zero!r}")
         if self.overlap not in OVERLAP:
             raise SettingsError(f"--overlap: must be one of {', '.join(OVERLAP)}, got {self.overlap!r}")
         if isinstance(self.bucket_bytes, bool) or not isinstance(self.bucket_bytes, (int, float)) \
@@ -81,6 +84,12 @@ class TrainingSettings:
             return self.recompute
         return dict(self.layer_recompute).get(layer, "none") if layer is not None else "none"
 
+    def zero_at(self, layer: int | None) -> int:
+        """The ZeRO stage of one layer's parameters (``None``: an operator outside the layers)."""
+        if self.zero != AUTO:
+            return self.zero
+        return dict(self.layer_zero).get(layer, 0) if layer is not None else 0
+
     @property
     def elem_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
@@ -90,7 +99,9 @@ class TrainingSettings:
         return {"dtype": self.dtype, "optimizer": self.optimizer, "zero": self.zero,
                 "recompute": self.recompute, "overlap": self.overlap,
                 "bucket_mb": self.bucket_bytes / 2**20, "fp32_grads": self.fp32_grads,
-                "sequence_parallel": self.sequence_parallel, "layer_recompute": format_layer_modes(self.layer_recompute)}
+                "sequence_parallel": self.sequence_parallel,
+                "layer_recompute": format_layer_modes(self.layer_recompute),
+                "layer_zero": format_layer_modes(self.layer_zero)}
 
     @property
     def grad_bytes(self) -> int:
@@ -113,13 +124,23 @@ def format_layer_modes(pairs: tuple[tuple[int, str], ...]) -> str:
     return ",".join(f"{mode}:{a}" if a == b else f"{mode}:{a}-{b}" for mode, a, b in runs)
 
 
-def parse_layer_modes(text: str) -> tuple[tuple[int, str], ...]:
-    """The inverse of ``format_layer_modes``; raises ``SettingsError`` naming the field."""
+def parse_layer_modes(text: str, field: str = "layer_recompute") -> tuple[tuple[int, object], ...]:
+    """The inverse of ``format_layer_modes`` (``layer_zero``: integer stages); raises
+    ``SettingsError`` naming the field."""
+    allowed = {str(m): m for m in (ZERO_STAGES if field == "layer_zero" else RECOMPUTE)}
     pairs = []
     for part in filter(None, (text or "").split(",")):
         mode, _, span = part.partition(":")
         first, _, last = span.partition("-")
-        if mode not in RECOMPUTE or not first.isdigit() or (last and not last.isdigit()):
-            raise SettingsError(f"layer_recompute: expected mode:first-last runs like 'full:0-11', got {part!r}")
-        pairs.extend((layer, mode) for layer in range(int(first), int(last or first) + 1))
+        if mode not in allowed or not first.isdigit() or (last and not last.isdigit()):
+            raise SettingsError(f"{field}: expected mode:first-last runs like 'full:0-11' or '1:0-11', got {part!r}")
+        pairs.extend((layer, allowed[mode]) for layer in range(int(first), int(last or first) + 1))
     return tuple(sorted(pairs))
+
+
+def _check_layers(field: str, pairs: tuple, allowed: tuple) -> None:
+    layers = [layer for layer, _ in pairs]
+    if layers != sorted(set(layers)) or any(not isinstance(layer, int) or isinstance(layer, bool) or layer < 0
+                                            or mode not in allowed or isinstance(mode, bool) for layer, mode in pairs):
+        raise SettingsError(f"{field}: needs (layer >= 0, one of {', '.join(map(str, allowed))}) pairs in increasing "
+                            f"layer order, got {pairs!r}")

@@ -150,8 +150,8 @@ def cost_layers(graph: Graph, mesh: Mesh, profile: MachineProfile, settings: Tra
         if key not in summed:
             summed[key] = sum_records(layer_terms)
         records.append(summed[key])
-    phases = {id(r): (_phase_seconds(r, mesh, profile, PER_MICROBATCH), _phase_seconds(r, mesh, profile, ("grad", "opt")))
-              for r in summed.values()}
+    phases = {id(r): (_phase_seconds(r, mesh, profile, PER_MICROBATCH),
+                      _phase_seconds(r, mesh, profile, ("grad", "opt"))) for r in summed.values()}
     return {
         "time": np.array([phases[id(r)][0] for r in records]),
         "sync": np.array([phases[id(r)][1] for r in records]),

@@ -11,13 +11,15 @@
                     bound; if ceil(L) >= c(x_f) the plan is OPTIMAL with that certificate. Otherwise
                     CP-SAT solves the whole program with x_f as hint and c >= ceil(L) as a cut, and
                     its status (OPTIMAL or FEASIBLE at the time limit) is reported.
-    recompute auto: when memory binds, the graph is costed with every layer in each recompute mode
-                    and the Pareto master chooses a mode per layer with the strategies
-                    (``recompute_options``); the result's ``layer_recompute`` holds the choice.
+    recompute / zero auto: when memory binds, the graph is costed with every layer in each
+                    (recompute mode, ZeRO stage) pair and the Pareto master chooses a pair per layer
+                    with the strategies (``layer_options``); the result's ``layer_recompute`` and
+                    ``layer_zero`` hold the choice.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 import multiprocessing
@@ -33,7 +35,7 @@ from planner.search.fronts import FrontTooLarge
 from planner.search.pareto import ParetoResult, pareto_search
 from planner.cost.operators import attention_core
 from planner.cost.problem import Problem, build_problem
-from planner.cost.settings import AUTO
+from planner.cost.settings import AUTO, RECOMPUTE, ZERO_STAGES
 from planner.search.solver import SolveResult, build_seconds, explain_infeasible, min_memory, program_size, solve
 
 Progress = Callable[[int, int, str], None]
@@ -138,9 +140,9 @@ def solve_exact(problem: Problem, memory_limit: float | None = None, time_limit_
         return result, ("no single-tensor cut: solved as one whole-graph program",)
     distinct = len({s.key for s in segments})
     notes = (f"decomposed into {len(segments)} segments ({distinct} distinct)",)
-    options = None  # recompute 'auto': its variants are built only when memory binds
+    options = None  # recompute / zero 'auto': the variants are built only when memory binds
     if memory_limit is not None and min_memory(problem) > memory_limit:
-        options = recompute_options(problem, segments)
+        options = layer_options(problem, segments)
     if options is not None and _least_memory(problem, options) > memory_limit:
         return SolveResult("INFEASIBLE", None, None, None, time.perf_counter() - start, 0,
                            explain_infeasible(problem, memory_limit)), notes
@@ -154,74 +156,105 @@ def solve_exact(problem: Problem, memory_limit: float | None = None, time_limit_
         objective = problem.objective(free.choice)
         if objective != int(round(free.value)):
             raise RuntimeError(f"decomposed value {free.value} disagrees with the integer objective {objective}")
-        if memory_limit is None or problem.memory(free.choice) <= memory_limit:
+        fits = memory_limit is None or problem.memory(free.choice) <= memory_limit
+        # recompute only adds time, so a plan that fits without it is optimal; a ZeRO stage may save time
+        if fits and problem.settings.zero != AUTO:
             return SolveResult("OPTIMAL", objective, objective, free.choice, time.perf_counter() - start, 0), notes
-        options = options or recompute_options(problem, segments)
-        found, why = _pareto(problem, segments, memory_limit, start + PARETO_SHARE * (deadline - start), options)
+        options = options or layer_options(problem, segments)
+        # no limit: one no plan can reach (finite, so that prices times memory stay numbers)
+        limit = memory_limit if memory_limit is not None else 1.0 + max(
+            sum(int(t.memory.max()) for t in p.ops) for p in (problem, *options.variants))
+        found, why = _pareto(problem, segments, limit, start + PARETO_SHARE * (deadline - start), options)
+        if found is None and fits:  # the choices could not be searched: the plan without them stands
+            return SolveResult("OPTIMAL" if not options.variants else "FEASIBLE", objective, None, free.choice,
+                               time.perf_counter() - start, 0), notes + (why,)
         if found is not None:
-            modes = _layer_modes(problem, segments, found.modes, options)
+            why = why if not fits else why.replace("memory binds: ", "memory free: ", 1)
+            recompute, zero = _layer_modes(problem, segments, found.modes, options)
             return SolveResult("OPTIMAL", found.objective, found.objective, found.choice, time.perf_counter() - start,
-                               0, layer_recompute=modes), notes + (why,)
+                               0, layer_recompute=recompute, layer_zero=zero), notes + (why,)
         if options.variants:
-            why += "; recompute auto needs the Pareto master, so every layer runs without recompute"
+            why += "; choices per layer need the Pareto master: every layer runs without recompute at ZeRO stage 0"
         return _lagrangian(problem, segments, memory_limit, deadline, seed, workers, start, notes + (why,), step_s)
 
 
 def _pareto(problem: Problem, segments: Sequence[Segment], memory_limit: float, deadline: float,
-            options: "RecomputeOptions") -> tuple[ParetoResult | None, str]:
+            options: "LayerOptions") -> tuple[ParetoResult | None, str]:
     """The exact Pareto master, or None and why it stopped (fronts past their caps, the deadline)."""
     try:
         found = pareto_search(problem, segments, memory_limit, deadline, variants=options.variants,
                               units=options.units)
     except (FrontTooLarge, TimeoutError) as exc:
         return None, f"memory binds: Pareto tables stopped ({exc}); Lagrangian pricing and CP-SAT instead"
-    chosen = f"; recompute chosen per layer among {', '.join(options.modes)}" if options.variants else ""
+    chosen = options.describe() if options.variants else ""
     return found, (f"memory binds: exact Pareto tables and label-setting master (fronts of up to "
                    f"{found.table_points} points, up to {found.max_labels} labels per layout; "
                    f"Lagrangian bound {found.lagrangian_bound}){chosen}")
 
 
 @dataclass(frozen=True, slots=True)
-class RecomputeOptions:
-    """Under recompute 'auto': the problem costed with every layer in each other mode, and the
-    units of consecutive segments that share a layer (one mode per unit)."""
+class LayerOptions:
+    """Under recompute and/or zero 'auto': the (recompute mode, ZeRO stage) pairs a layer may take,
+    the problem costed with every layer in each pair but the first (the problem's own: no
+    recompute, stage 0), and the units of consecutive segments that share a layer (one pair each)."""
 
-    modes: tuple[str, ...] = ("none",)
+    modes: tuple[tuple[str, int], ...] = (("none", 0),)
     variants: tuple[Problem, ...] = ()
     units: tuple[int, ...] = ()
 
+    def describe(self) -> str:
+        recompute = sorted({r for r, _ in self.modes}, key=RECOMPUTE.index)
+        zero = sorted({z for _, z in self.modes})
+        return "; chosen per layer: " + ", ".join(
+            ([f"recompute among {'/'.join(recompute)}"] if len(recompute) > 1 else []) +
+            ([f"ZeRO stage among {'/'.join(map(str, zero))}"] if len(zero) > 1 else []))
 
-def recompute_options(problem: Problem, segments: Sequence[Segment]) -> RecomputeOptions:
-    """The variants for recompute 'auto' (none otherwise); selective only where there is an
-    attention core to drop."""
-    if problem.settings.recompute != AUTO:
-        return RecomputeOptions()
-    graph = problem.graph
+
+def layer_options(problem: Problem, segments: Sequence[Segment]) -> LayerOptions:
+    """The variants for recompute / zero 'auto' (none otherwise); selective recompute only where
+    there is an attention core to drop."""
+    settings, graph = problem.settings, problem.graph
+    recompute = ("none",) + (("selective",) if attention_core(graph) else ()) + ("full",) \
+        if settings.recompute == AUTO else ("none",)
+    zero = ZERO_STAGES if settings.zero == AUTO else (0,)
+    if len(recompute) * len(zero) == 1:
+        return LayerOptions()
     layers = sorted({op.layer for op in graph.operators if op.layer is not None})
-    modes = ("none",) + (("selective",) if attention_core(graph) else ()) + ("full",)
-    variants = tuple(build_problem(graph, problem.mesh, problem.profile,
-                                   replace(problem.settings, layer_recompute=tuple((layer, mode) for layer in layers)),
+    modes = tuple(itertools.product(recompute, zero))
+    variants = tuple(build_problem(graph, problem.mesh, problem.profile, _pinned(settings, layers, mode),
                                    problem.unit_s) for mode in modes[1:])
     units, seen = [], set()
     for k, seg in enumerate(segments):
         own = {graph.operators[op].layer for op in seg.ops} - {None}
         units.append(units[-1] if k and own & seen else k)
         seen = own | seen if k and own & seen else own
-    return RecomputeOptions(modes, variants, tuple(units))
+    return LayerOptions(modes, variants, tuple(units))
 
 
-def _least_memory(problem: Problem, options: RecomputeOptions) -> int:
+def _pinned(settings, layers: Sequence[int], mode: tuple[str, int]):
+    """The settings with every layer in ``mode`` (only the decided settings get per-layer values)."""
+    recompute, zero = mode
+    return replace(settings,
+                   layer_recompute=tuple((layer, recompute) for layer in layers) if settings.recompute == AUTO else (),
+                   layer_zero=tuple((layer, zero) for layer in layers) if settings.zero == AUTO else ())
+
+
+def _least_memory(problem: Problem, options: LayerOptions) -> int:
     """A lower bound on any plan's memory: per operator, its least memory under any mode."""
     return sum(min(int(p.ops[i].memory.min()) for p in (problem, *options.variants)) for i in range(len(problem.ops)))
 
 
 def _layer_modes(problem: Problem, segments: Sequence[Segment], chosen: Sequence[int],
-                 options: RecomputeOptions) -> tuple[tuple[int, str], ...]:
+                 options: LayerOptions) -> tuple[tuple[tuple[int, str], ...], tuple[tuple[int, int], ...]]:
+    """The chosen (layer, recompute mode) and (layer, ZeRO stage) pairs, each only when decided."""
     if not options.variants:
-        return ()
+        return (), ()
     modes = {problem.graph.operators[op].layer: options.modes[mode] for seg, mode in zip(segments, chosen)
              for op in seg.ops if problem.graph.operators[op].layer is not None}
-    return tuple(sorted(modes.items()))
+    settings = problem.settings
+    recompute = tuple((layer, r) for layer, (r, _) in sorted(modes.items())) if settings.recompute == AUTO else ()
+    zero = tuple((layer, z) for layer, (_, z) in sorted(modes.items())) if settings.zero == AUTO else ()
+    return recompute, zero
 
 
 def _lagrangian(problem: Problem, segments: Sequence[Segment], memory_limit: float, deadline: float, seed: int,

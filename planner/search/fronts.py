@@ -21,6 +21,7 @@ memory (ascending) with strictly falling cost, padded with +inf.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -239,3 +240,38 @@ def _match(operands: list, cost: float, mem: float, slices: list | None = None) 
         return None
     picks = hits[0]
     return [(n, i, float(c[p]), float(m[p])) for (n, i), (c, m), p in zip(operands, slices, picks)]
+
+
+def mode_chain(by_mode: Sequence[Sequence[Node]], units: Sequence[int], keys: Sequence[str]) -> list[Node]:
+    """One chain choosing a mode per unit: segment k's points are those of every mode's table side
+    by side (mode v's block at ``block_offsets``), and a boundary inside a unit carries the mode
+    (state ``layout * modes + mode``), so the unit's next segment takes the same one; a boundary
+    between units is a layout alone (any mode may follow). Equal segments (``keys``) in the same
+    place of their units share one table."""
+    count, out, made = len(by_mode), [], {}
+    for k in range(len(by_mode[0])):
+        fresh, carries = unit_edges(units, k)
+        if (keys[k], fresh, carries) in made:
+            out.append(made[keys[k], fresh, carries])
+            continue
+        offsets = block_offsets(by_mode, k)
+        na, nb = by_mode[0][k].shape
+        cost = np.full((na if fresh else na * count, nb * count if carries else nb, offsets[-1]), np.inf)
+        mem = np.full_like(cost, np.inf)
+        for v, tables in enumerate(by_mode):
+            t, block = tables[k], slice(offsets[v], offsets[v + 1])
+            rows = slice(None) if fresh else slice(v, None, count)  # inside a unit: the mode it came with
+            cols = slice(v, None, count) if carries else slice(None)
+            cost[rows, cols, block], mem[rows, cols, block] = t.cost, t.mem
+        made[keys[k], fresh, carries] = Node(cost, mem, ("modes", k))
+        out.append(made[keys[k], fresh, carries])
+    return out
+
+
+def unit_edges(units: Sequence[int], k: int) -> tuple[bool, bool]:
+    """Whether segment k starts its unit, and whether the unit goes on after it."""
+    return k == 0 or units[k] != units[k - 1], k + 1 < len(units) and units[k + 1] == units[k]
+
+
+def block_offsets(by_mode: Sequence[Sequence[Node]], k: int) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum([tables[k].cost.shape[-1] for tables in by_mode])])

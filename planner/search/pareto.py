@@ -35,11 +35,11 @@ import numpy as np
 
 from planner.cost.problem import Problem
 from planner.search.decompose import Segment, segment_network
-from planner.search.fronts import (FrontTooLarge, Node, add, chain_end, collapse, column, explain, leaf, outer, pick,
-                                   series, transpose, union)
+from planner.search.fronts import (FrontTooLarge, Node, add, block_offsets, chain_end, collapse, column, explain, leaf,
+                                   mode_chain, outer, pick, series, transpose, union, unit_edges)
 
 FRONT_CAP = 512  # points per front in a segment table
-LABEL_CAP = 4096  # labels per boundary layout in the master
+LABEL_CAP = 16384  # labels per boundary layout in the master
 BEAMS = (1, 8)  # labels per boundary layout in the heuristic passes that set the upper bound
 
 
@@ -145,7 +145,7 @@ def pareto_search(problem: Problem, segments: Sequence[Segment], memory_limit: f
                   units: Sequence[int] = ()) -> ParetoResult:
     """The exact optimum under ``memory_limit`` over a chain of segments (see the module text).
 
-    ``variants``: the same graph costed under other settings (recompute modes); each unit of
+    ``variants``: the same graph costed under other settings (recompute modes, ZeRO stages); each unit of
     consecutive segments (``units``: a unit id per segment) then runs under one of ``problem`` and
     the variants, chosen per unit inside the same label-setting (``ParetoResult.modes``).
     Raises ``FrontTooLarge`` past the caps and ``TimeoutError`` past ``deadline``."""
@@ -158,7 +158,7 @@ def pareto_search(problem: Problem, segments: Sequence[Segment], memory_limit: f
                 table[seg.key] = segment_front_table(option, seg, cap)
                 _check(deadline)
     by_mode = [[table[s.key] for s in segments] for table in tables]
-    chain = by_mode[0] if not variants else mode_chain(by_mode, units)
+    chain = by_mode[0] if not variants else mode_chain(by_mode, units, [s.key for s in segments])
     limit = float(memory_limit)
     lam, upper, bound = _lagrangian(chain, limit, deadline)
     for beam in BEAMS:  # each heuristic pass prunes with the best plan of the one before
@@ -166,7 +166,7 @@ def pareto_search(problem: Problem, segments: Sequence[Segment], memory_limit: f
     back, final, best = _master(chain, limit, lam, upper, label_cap, deadline)
     if final is None:
         raise FrontTooLarge("no label fits the memory limit")  # the caller's path reports infeasibility
-    choice, modes = _recover(segments, by_mode, len(problem.ops), back, final, len(options))
+    choice, modes = _recover(segments, by_mode, len(problem.ops), back, final, units)
     tables_of = [options[mode].ops[op] for seg, mode in zip(segments, modes) for op in seg.ops]
     chosen = [choice[op] for seg in segments for op in seg.ops]
     edges = problem.objective(choice) - sum(int(t.cost[c]) for t, c in zip(problem.ops, choice))
@@ -177,30 +177,6 @@ def pareto_search(problem: Problem, segments: Sequence[Segment], memory_limit: f
     widest = max(t.cost.shape[-1] for table in tables for t in table.values())
     return ParetoResult(objective, memory, tuple(choice), widest, max(b[0].shape[1] for b in back),
                         int(math.ceil(bound - 1e-6)), time.perf_counter() - start, tuple(modes))
-
-
-def mode_chain(by_mode: Sequence[Sequence[Node]], units: Sequence[int]) -> list[Node]:
-    """One chain whose boundary states are (layout, mode) pairs, ``layout * modes + mode``: segment
-    k runs under mode v (its table ``by_mode[v][k]``), the same mode as segment k - 1 unless a new
-    unit starts at k. The first entry is a layout alone; a last table of zeros ends every pair."""
-    count, out = len(by_mode), []
-    for k in range(len(by_mode[0])):
-        first = k == 0
-        fresh = first or units[k] != units[k - 1]
-        na, nb = by_mode[0][k].shape
-        width = max(tables[k].cost.shape[-1] for tables in by_mode)
-        cost = np.full((na if first else na * count, nb * count, width), np.inf)
-        mem = np.full_like(cost, np.inf)
-        for v, tables in enumerate(by_mode):
-            t = tables[k]
-            for u in ([0] if first else range(count)):
-                if fresh or u == v:
-                    rows = slice(None) if first else slice(u, None, count)
-                    cost[rows, v::count, :t.cost.shape[-1]] = t.cost
-                    mem[rows, v::count, :t.mem.shape[-1]] = t.mem
-        out.append(Node(cost, mem, ("modes", k)))
-    end = np.zeros((out[-1].shape[1], 1, 1))
-    return out + [Node(end, end.copy(), ("modes", len(out)))]
 
 
 def _check(deadline: float | None) -> None:
@@ -218,9 +194,11 @@ def _scalar(table: Node, lam: float) -> tuple[np.ndarray, np.ndarray]:
 
 def _suffix(chain: Sequence[Node], lam: float | None) -> list[np.ndarray]:
     """Per boundary k and state: least cost (+ lam * memory; lam None: least memory) to finish."""
-    out = [np.zeros(chain[-1].shape[1])]
+    out, seen = [np.zeros(chain[-1].shape[1])], {}
     for table in reversed(chain):
-        weights = table.mem[..., 0] if lam is None else _scalar(table, lam)[0]
+        if id(table) not in seen:  # the repeated layers share their tables
+            seen[id(table)] = table.mem.min(axis=-1) if lam is None else _scalar(table, lam)[0]
+        weights = seen[id(table)]
         out.append((weights + out[-1][None, :]).min(axis=1))
     return out[::-1]
 
@@ -231,7 +209,9 @@ def _lagrangian(chain: Sequence[Node], limit: float, deadline: float | None) -> 
 
     def at(lam: float) -> bool:
         nonlocal best_cost, best_bound, best_lam
-        weights = [_scalar(t, lam) for t in chain]
+        distinct = {id(t): t for t in chain}  # the repeated layers share their tables
+        scalar = {key: _scalar(t, lam) for key, t in distinct.items()}
+        weights = [scalar[id(t)] for t in chain]
         vector, args = np.zeros(1), []
         for value, _ in weights:
             total = vector[:, None] + value
@@ -315,7 +295,8 @@ def _candidates(cost, mem, live, table: Node, reach: np.ndarray, limit: float, p
         weight = cost[a, finite] + price * mem[a, finite]
         order = np.argsort(weight, kind="stable")
         point = table.cost[a] + (price * table.mem[a] if price else 0.0) + reach[:, None]  # [exit state, point]
-        room = np.where(np.isfinite(point), upper + margin + price * limit - point, -np.inf)
+        room, ok = np.full(point.shape, -np.inf), np.isfinite(point)
+        room[ok] = upper + margin + price * limit - point[ok]
         counts = np.searchsorted(weight[order], room.ravel(), side="right")
         flat = np.repeat(np.arange(counts.size), counts)
         label = finite[order[np.arange(len(flat)) - np.repeat(np.cumsum(counts) - counts, counts)]]
@@ -365,26 +346,29 @@ def _as_table(rows, nb: int, c, m, cols) -> tuple[np.ndarray, np.ndarray, np.nda
 
 
 def _recover(segments: Sequence[Segment], by_mode: Sequence[Sequence[Node]], num_ops: int, back: list,
-             final: tuple[int, int], count: int) -> tuple[list[int], list[int]]:
+             final: tuple[int, int], units: Sequence[int]) -> tuple[list[int], list[int]]:
     """Each segment's (entry, exit, point) and mode from the back-pointers, then each operator's
-    strategy (``count`` modes: states are ``layout * count + mode`` when there are several)."""
+    strategy (several modes: see ``mode_chain`` for the states and the point blocks)."""
+    count = len(by_mode)
     choice, modes = [-1] * num_ops, [0] * len(segments)
     state, label = final
-    if count > 1:  # step back over the closing table of zeros
-        a, p, _, valid = (arr[state, label] for arr in back[-1])
-        state, label = int(a), int(p)
     explained: dict[tuple, dict[int, int]] = {}
     for k in range(len(segments) - 1, -1, -1):
         a, p, q, valid = (arr[state, label] for arr in back[k])
         if not valid:
             raise RuntimeError("Pareto master: a back-pointer leads nowhere")
-        mode, exit_ = divmod(state, count)[::-1]
-        entry = int(a) // count if k else int(a)  # the first entry is a layout alone
+        entry, exit_, point, mode = int(a), state, int(q), 0
+        if count > 1:
+            fresh, carries = unit_edges(units, k)
+            offsets = block_offsets(by_mode, k)
+            mode = int(np.searchsorted(offsets, point, side="right")) - 1
+            entry, exit_, point = entry if fresh else entry // count, exit_ // count if carries else exit_, \
+                point - int(offsets[mode])
         seg, modes[k] = segments[k], mode
-        key = (mode, seg.key, entry, exit_, int(q))
+        key = (mode, seg.key, entry, exit_, point)
         if key not in explained:
             states: dict[int, int] = {}
-            explain(by_mode[mode][k], (entry, exit_), int(q), states)
+            explain(by_mode[mode][k], (entry, exit_), point, states)
             explained[key] = states
         for n, op in enumerate(seg.ops):
             choice[op] = explained[key][n]

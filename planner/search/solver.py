@@ -64,6 +64,7 @@ class SolveResult:
     num_booleans: int
     explanation: str = ""
     layer_recompute: tuple[tuple[int, str], ...] = ()  # under recompute 'auto': the mode chosen per layer
+    layer_zero: tuple[tuple[int, int], ...] = ()  # under zero 'auto': the ZeRO stage chosen per layer
 
 
 def build_model(problem: Problem, memory_limit: float | None = None,
