@@ -58,8 +58,8 @@ def _add_common(p: argparse.ArgumentParser, model_required: bool = True) -> None
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="default bf16")
     p.add_argument("--optimizer", choices=["adam", "sgd"], help="default adam")
     p.add_argument("--zero", choices=["0", "1", "2", "3", "auto"],
-                   help="ZeRO stage on data-parallel axes; auto = the exact method chooses a stage per layer when "
-                        "memory binds (default 0)")
+                   help="ZeRO stage on data-parallel axes; auto = the exact method chooses a stage per layer "
+                        "(default 0)")
     p.add_argument("--recompute", choices=["none", "selective", "full", "auto"],
                    help="activation recompute: selective = the attention core (scores, softmax, its dropout) is "
                         "re-run instead of kept; full = only layer inputs are kept; auto = the exact method "

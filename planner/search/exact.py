@@ -11,10 +11,10 @@
                     bound; if ceil(L) >= c(x_f) the plan is OPTIMAL with that certificate. Otherwise
                     CP-SAT solves the whole program with x_f as hint and c >= ceil(L) as a cut, and
                     its status (OPTIMAL or FEASIBLE at the time limit) is reported.
-    recompute / zero auto: when memory binds, the graph is costed with every layer in each
-                    (recompute mode, ZeRO stage) pair and the Pareto master chooses a pair per layer
-                    with the strategies (``layer_options``); the result's ``layer_recompute`` and
-                    ``layer_zero`` hold the choice.
+    recompute / zero auto: when memory binds (zero: always, a stage can also save time), the graph
+                    is costed with every layer in each (recompute mode, ZeRO stage) pair and the
+                    Pareto master chooses a pair per layer with the strategies (``layer_options``);
+                    the result's ``layer_recompute`` and ``layer_zero`` hold the choice.
 """
 
 from __future__ import annotations
