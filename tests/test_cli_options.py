@@ -194,7 +194,8 @@ CASES = [
                       _json(t)["pipeline"]["method"], _json(t)["pipeline"]["stages"], "search_time_s" in _csv(t),
                       c["time_limit_s"], c["seed"], c["jobs"])
      == ("tiny", 0.9e9, {"dtype": "fp32", "optimizer": "sgd", "zero": 1, "recompute": "full", "overlap": "grad", "bucket_mb": 4.0,
-                "fp32_grads": True, "sequence_parallel": True, "layer_recompute": "", "layer_zero": ""}, "brute", 2, False,
+                "fp32_grads": True, "sequence_parallel": True, "layer_recompute": "", "layer_zero": ""},
+         "brute", 2, False,
          6.0, 2, 2)),
     ("pipeline --schedule interleaved", ["pipeline", "--model", GPT, "--mesh", "2x2", "--pp", "2", "--schedule",
                                          "interleaved:2", "--json", "out.json"], 0,

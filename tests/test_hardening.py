@@ -77,9 +77,11 @@ def test_time_limit_bounds_the_whole_run(tmp_path):
 
 
 def test_interrupt_with_worker_processes_is_one_line(tmp_path):
-    """--jobs 2 on a memory-bound search (many price steps in the worker pool): no worker traceback."""
+    """--jobs 2 on a memory-bound search that runs long (3-axis mesh, 20 GiB: Pareto tables, then
+    price steps in the worker pool): no worker traceback."""
     cmd = [sys.executable, "-m", "planner", "plan", "--model", "gpt:layers=96,hidden=12288,heads=96,seq=2048,vocab=51200",
-           "--mesh", "4x8x8", "--batch", "8", "--memory", "20GiB", "--jobs", "2", "--time-limit", "120", "--json", str(tmp_path / "p.json")]
+           "--mesh", "4x8x8", "--batch", "8", "--memory", "20GiB", "--jobs", "2", "--time-limit", "120",
+           "--json", str(tmp_path / "p.json")]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait_for(proc, 6.0)
     assert proc.poll() is None

@@ -18,10 +18,11 @@ optimum is dropped, so the cheapest label at the last boundary is the optimum of
 operator's strategy. Fronts or labels past their caps raise ``FrontTooLarge`` (the caller falls
 back to the Lagrangian + CP-SAT path).
 
-Recompute chosen per layer (``mode_chain``): with the tables of each mode (the graph costed with
-every layer in that mode), a boundary state is a (layout, mode) pair and a segment's table links
-only equal modes, except where a new unit (layer) begins; the same label-setting then picks each
-layer's mode with its strategies, exactly, since memory and cost stay additive over segments.
+Recompute and ZeRO chosen per layer (``fronts.mode_chain``): with the tables of each mode (the graph
+costed with every layer in that mode), a segment's points are every mode's side by side, and a
+boundary inside a unit (a layer) carries the mode so that the unit's segments agree; the same
+label-setting then picks each layer's mode with its strategies, exactly, since memory and cost
+stay additive over segments.
 """
 
 from __future__ import annotations
@@ -145,9 +146,10 @@ def pareto_search(problem: Problem, segments: Sequence[Segment], memory_limit: f
                   units: Sequence[int] = ()) -> ParetoResult:
     """The exact optimum under ``memory_limit`` over a chain of segments (see the module text).
 
-    ``variants``: the same graph costed under other settings (recompute modes, ZeRO stages); each unit of
-    consecutive segments (``units``: a unit id per segment) then runs under one of ``problem`` and
-    the variants, chosen per unit inside the same label-setting (``ParetoResult.modes``).
+    ``variants``: the same graph costed under other settings (recompute modes, ZeRO stages); each
+    unit of consecutive segments (``units``: a unit id per segment) then runs under one of
+    ``problem`` and the variants, chosen per unit inside the same label-setting
+    (``ParetoResult.modes``).
     Raises ``FrontTooLarge`` past the caps and ``TimeoutError`` past ``deadline``."""
     start = time.perf_counter()
     options = [problem, *variants]
