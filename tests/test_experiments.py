@@ -36,6 +36,24 @@ def test_fidelity_summary_rows_are_computed(tmp_path):
     assert -1.0 <= float(summary["fig13_b128_spearman"]) <= 1.0
 
 
+def test_memory_bound_decide_adds_rows_where_memory_binds_and_refuses_unknown_choices(tmp_path):
+    """--decide: GPT-3 6.7B on 8 devices binds at 80 GB, so the ZeRO row is added,
+    and its per-layer stages beat the default plan; mlp does not bind, so it gets no ZeRO row."""
+    script = importlib.import_module("experiments.memory_bound")
+    out = tmp_path / "mb.csv"
+    gpt = "gpt3-6.7b"
+    assert script.main(["--models", f"mlp,{gpt}", "--meshes", "8", "--decide", "none,zero", "--whole-limit", "0",
+                        "--no-plot", "--out", str(out)]) == 0
+    frame = pd.read_csv(out)
+    assert sorted(frame[frame.model == "mlp"].decide) == ["none"]
+    rows = frame[frame.model == gpt].set_index("decide")
+    assert sorted(rows.index) == ["none", "zero"] and rows.loc["zero", "layer_zero"]
+    assert rows.loc["zero", "objective"] < rows.loc["none", "objective"]
+    with pytest.raises(SystemExit) as refused:
+        script.main(["--decide", "none,everything", "--out", str(tmp_path / "x.csv")])
+    assert refused.value.code == 2
+
+
 def _rows(path: Path) -> int:
     return len(pd.read_csv(path)) if path.exists() else 0
 

@@ -56,6 +56,13 @@ def redistribution_steps(shape: tuple[int, ...], src: Layout, dst: Layout,
     return _steps(_divisibility(shape, mesh_shape), tuple(src), tuple(dst), tuple(mesh_shape))
 
 
+def _numel(shape: Sequence[int]) -> float:
+    numel = 1.0  # a float product, in dim order: the byte counts every caller derives from it agree
+    for dim in shape:
+        numel *= dim
+    return numel
+
+
 def _divisibility(shape: Sequence[int], mesh_shape: Sequence[int]) -> tuple[int, ...]:
     """The shape as the steps read it: only divisibility by products of axis sizes matters, which
     the gcd of each dim with the device count keeps (so tensors of many shapes share a cache entry)."""
@@ -156,9 +163,7 @@ def redistribute(shape: tuple[int, ...], elem_bytes: int, src: Layout, dst: Layo
     """Collectives that turn layout ``src`` into ``dst``. Each is charged on the local buffer it
     starts from, except the all-gather, charged on the gathered buffer it ends with (ring formulas
     in ``planner.cost.collectives``)."""
-    numel = 1.0
-    for s in shape:
-        numel *= s
+    numel = _numel(shape)
     return tuple(Collective(phase, kind, ax, scaled(numel * elem_bytes / factor, chain))
                  for kind, ax, factor, chain in _recipe(_divisibility(shape, mesh_shape), tuple(src), tuple(dst),
                                                         tuple(mesh_shape)))
@@ -197,9 +202,7 @@ def edge_seconds(shape: tuple[int, ...], elem_bytes: int, producer_layout: Layou
     """``seconds(edge_cost(...))`` without building the records, for the cost tables (one call per
     layout pair of every edge): the same collectives, summed per kind in the order ``breakdown``
     sums them, so the two agree to the last bit (tested)."""
-    numel = 1.0
-    for s in shape:
-        numel *= s
+    numel = _numel(shape)
     legs = [(tuple(producer_layout), forward_layout(consumer_layout))]
     if needs_grad:
         legs.append((gradient_layout(consumer_layout), gradient_target(producer_layout)))
