@@ -1,4 +1,4 @@
-"""Across the zoo and 8 to 64 devices: step time of exact, drec, dp and megatron plans, and scaling.
+"""Across the zoo and 8 to 64 devices: step time of exact, sapp, drec-cost, dp and megatron plans, and scaling.
 
 Strong scaling: each model keeps one global batch (language models 64 sequences, vision models
 256 images) while the devices grow from 8 (one node) to 64 (nodes of 8, a100-80g). Scaling
@@ -19,7 +19,7 @@ import planner
 from experiments.common import add_output_options, png_path, pyplot, results_table, run, write_png
 
 MODELS = "gpt3-1.3b,bert-large,resnet50,vgg16,wide-resnet50-2,moe-gpt"
-METHODS = ("exact", "drec", "dp", "megatron")
+METHODS = ("exact", "sapp", "drec-cost", "dp", "megatron")
 VISION = ("resnet", "vgg", "wide-resnet")
 
 

@@ -29,6 +29,7 @@ from planner.outputs import write_csv
 from planner.pipeline.schedule import LayerChain
 from planner.pipeline.search import METHODS as PIPELINE_METHODS
 from planner.plans import Plan
+from planner.search.sapp import sapp_levels
 from planner.zoo import load_model, model_names
 
 __all__ = ["METHODS", "PIPELINE_METHODS", "REGISTRY", "Cluster", "Graph", "GraphBuilder", "GraphError", "LayerChain",
@@ -36,4 +37,4 @@ __all__ = ["METHODS", "PIPELINE_METHODS", "REGISTRY", "Cluster", "Graph", "Graph
            "ProfileError", "SettingsError", "Tensor", "TrainingSettings", "compare", "evaluate", "evaluate_3d",
            "export_shardings", "get_profile", "layer_chain", "load_graph", "load_model", "load_plan", "make_cluster",
            "make_problem", "model_names", "parse_mesh", "plan", "plan_for_verification", "plan_pipeline",
-           "plan_problem", "save_graph", "verify_loaded", "write_csv"]
+           "plan_problem", "sapp_levels", "save_graph", "verify_loaded", "write_csv"]

@@ -15,7 +15,8 @@ from pathlib import Path
 from planner.cost.settings import AUTO, TrainingSettings
 from planner.errors import InfeasibleError, PlannerError, SettingsError
 from planner.ir.graph import Graph
-from planner.search.baselines import data_parallel, drec, greedy, megatron
+from planner.search.baselines import data_parallel, drec_cost, greedy, megatron
+from planner.search.sapp import sapp
 from planner.cluster.mesh import Mesh, parse_mesh
 from planner.cluster.profiles import DEFAULT_HARDWARE_CSV, MachineProfile, get_profile
 from planner.plans import Plan, make_plan, read_plan_file, strategies_from_choice, strategies_from_mapping
@@ -27,7 +28,8 @@ from planner.pipeline.search import METHODS as PIPELINE_METHODS
 from planner.pipeline.threed import Plan3D
 from planner.zoo import load_model
 
-HEURISTICS = {"drec": drec, "dp": data_parallel, "zero": data_parallel, "megatron": megatron, "greedy": greedy}
+HEURISTICS = {"sapp": sapp, "drec-cost": drec_cost, "dp": data_parallel, "zero": data_parallel, "megatron": megatron,
+              "greedy": greedy}
 METHODS = ("exact", "whole") + tuple(HEURISTICS)
 REPORT_SECONDS_PER_OP = 1e-5
 

@@ -78,13 +78,13 @@ def test_same_command_twice_gives_identical_json(tmp_path):
 
 def test_compare_writes_one_row_per_method(tmp_path):
     out_csv = tmp_path / "cmp.csv"
-    proc = run("compare", "--model", "mlp", "--mesh", "8", "--methods", "exact,drec,dp,megatron,greedy,zero",
+    proc = run("compare", "--model", "mlp", "--mesh", "8", "--methods", "exact,sapp,drec-cost,dp,megatron,greedy,zero",
                "--csv", str(out_csv))
     assert proc.returncode == 0, proc.stderr
     rows = pd.read_csv(out_csv)
-    assert list(rows["method"]) == ["exact", "drec", "dp", "megatron", "greedy", "zero"]
+    assert list(rows["method"]) == ["exact", "sapp", "drec-cost", "dp", "megatron", "greedy", "zero"]
     same_settings = rows[rows["method"] != "zero"]  # zero runs ZeRO-3: other settings, possibly cheaper
-    assert (same_settings["gap_percent"] >= 0).all() and len(same_settings) == 5
+    assert (same_settings["gap_percent"] >= 0).all() and len(same_settings) == 6
 
 
 def test_time_limited_whole_program_returns_feasible_plan(tmp_path):

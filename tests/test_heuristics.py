@@ -5,7 +5,7 @@ import pytest
 
 from planner import make_cluster, make_problem
 from planner.api import compare
-from planner.search.baselines import data_parallel, drec, greedy, megatron
+from planner.search.baselines import data_parallel, drec_cost, greedy, megatron
 from planner.zoo.transformers import mlp, transformer_block
 
 
@@ -34,9 +34,9 @@ def test_megatron_uses_fastest_axis_for_tensor_parallel():
     assert chosen["mlp.fc1"] == ("b", "f") and chosen["mlp.fc2"] == ("b", "f")
 
 
-def test_drec_finds_megatron_when_tokens_are_few(cluster):
+def test_drec_cost_finds_megatron_when_tokens_are_few(cluster):
     problem = make_problem(mlp(batch=8, hidden=8192), cluster)
-    chosen = {t.op.name: s[0] for t, s in zip(problem.ops, drec(problem))}
+    chosen = {t.op.name: s[0] for t, s in zip(problem.ops, drec_cost(problem))}
     assert chosen["fc1"] == "f" and chosen["fc2"] == "f"
 
 
@@ -72,7 +72,7 @@ def test_zero_shards_optimizer_state(cluster):
 def test_exact_is_never_worse_than_a_heuristic(model, mesh):
     # zero is left out: it runs other settings (ZeRO-3), whose optimizer step and prefetched gathers
     # can be cheaper than the exact plan's settings (ZeRO-0); exactness is per settings.
-    rows = compare(model, mesh, "a100-80g", methods=("exact", "drec", "dp", "megatron", "greedy"))
+    rows = compare(model, mesh, "a100-80g", methods=("exact", "sapp", "drec-cost", "dp", "megatron", "greedy"))
     exact = next(r for r in rows if r["method"] == "exact")
     assert exact["status"] == "OPTIMAL"
     for r in rows:

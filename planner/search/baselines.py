@@ -69,7 +69,7 @@ def megatron(problem: Problem, tensor_axis: int = -1) -> tuple[Strategy, ...]:
     return tuple(out)
 
 
-# ---------------------------------------------------------------- SMSG / D-Rec recursive bisection
+# ---------------------------------------------------------------- D-Rec's recursion on our cost model
 
 
 def _virtual_mesh(mesh: Mesh) -> tuple[Mesh, list[int]]:
@@ -81,15 +81,15 @@ def _virtual_mesh(mesh: Mesh) -> tuple[Mesh, list[int]]:
             size //= 2
             k += 1
         if size != 1:
-            raise SettingsError(f"--mesh: drec needs power-of-two axis sizes, {axis.name} has {axis.size}")
+            raise SettingsError(f"--mesh: drec-cost needs power-of-two axis sizes, {axis.name} has {axis.size}")
         for level in range(k):
             axes.append(MeshAxis(f"{axis.name}_{level}", 2, axis.bandwidth, axis.latency))
             owner.append(ax)
     return Mesh(tuple(axes)), owner
 
 
-def drec(problem: Problem, order: str = "weight") -> tuple[Strategy, ...]:
-    """SMSG's double-recursive search (linear in operators x levels).
+def drec_cost(problem: Problem, order: str = "weight") -> tuple[Strategy, ...]:
+    """D-Rec's level loop on the planner's own cost model (``--method drec-cost``; SAPP is ``sapp``).
 
     Level by level (each mesh axis of size 2^k is k halvings), every searched operator, visited in
     decreasing FLOPs (``order="weight"``) or topological order, picks the one dim to halve that
