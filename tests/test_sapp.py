@@ -182,3 +182,22 @@ def test_attention_batch_matmuls_searched_cut_the_batch():
     levels = dict(zip((op.name for op in graph.operators), sapp_levels(graph, 8, search_batch_matmul=True)))
     assert levels["l0.bmm_qk"] == levels["l0.bmm_av"] == ("b", "b", "b")
     assert levels["l0.mm_qkv"] == ("r", "r", "r")
+
+
+NATURAL_MESH = {8: "8", 16: "4x4", 32: "4x8", 64: "8x8"}
+
+
+@pytest.mark.parametrize("name", REFERENCES)
+def test_method_sapp_on_usual_meshes_splits_matmuls_as_mindspore(name):
+    """``--method sapp`` through ``plan`` on the usual meshes (8, 4x4, 4x8, 8x8): each axis takes the dim most
+    of its levels chose; on these graphs that keeps MindSpore's number of pieces per MatMul input dim."""
+    reference = ref.load(name)
+    graph = ref.graph_for(reference)
+    result = plan(graph, NATURAL_MESH[reference["devices"]], method="sapp")
+    cluster = make_cluster(NATURAL_MESH[reference["devices"]], "a100-80g")
+    sizes = dict(zip(cluster.mesh.names, cluster.mesh.shape))
+    strategy = {o.name: dict(o.strategy) for o in result.operators}
+    for entry in reference["operators"]:
+        if entry["type"] == "MatMul":
+            name_ = ref.op_name(entry)
+            assert ref.splits(graph, name_, strategy[name_], sizes) == entry["in_strategy"], name_
