@@ -186,13 +186,52 @@ def _split(op, args, sizes, offsets, xp):
     return outs
 
 
+def _slice(op, args, sizes, offsets, xp):
+    """Piece ``attrs["index"]`` of the dim that only the input has (``b(sk)h->bkh``)."""
+    whole = letters(op.inputs[0])
+    piece = next(d for d in whole if d not in letters(op.outputs[0]))
+    part = xp.take(split_dims(args[0], op.inputs[0], sizes, xp), op.attr("index", 0), axis=whole.index(piece))
+    out = op.outputs[0]
+    return [merge_dims(align(part, whole.replace(piece, ""), letters(out), sizes, xp), out, sizes, xp)]
+
+
 def _concat(op, args, sizes, offsets, xp):
     out = op.outputs[0]
     whole = letters(out)
+    own = [next((d for d in letters(o) if d not in whole), None) for o in op.inputs]
+    if all(own):  # inputs of different lengths along one dim (``bnh,kh->bsh``): concatenate, broadcasting
+        joined = next(d for d in whole if all(d not in letters(o) for o in op.inputs))
+        parts = []
+        for arg, operand, dim in zip(args, op.inputs, own):
+            target = whole.replace(joined, dim)
+            x = align(split_dims(arg, operand, sizes, xp), letters(operand), target, sizes, xp)
+            parts.append(xp.broadcast_to(x, tuple(sizes[d] for d in target)))
+        return [merge_dims(xp.concatenate(parts, axis=whole.index(joined)), out, sizes, xp)]
     piece = next(d for d in whole if d not in letters(op.inputs[0]))
     rest = whole.replace(piece, "")
     parts = [align(split_dims(a, o, sizes, xp), letters(o), rest, sizes, xp) for a, o in zip(args, op.inputs)]
     return [merge_dims(xp.stack(parts, axis=whole.index(piece)), out, sizes, xp)]
+
+
+def _attention(op, args, sizes, offsets, xp):
+    """softmax(q k^T * scale [+ bias] [causal]) v; q's last dim is the head dim, k's own dim the key
+    position (the query position sits at the same place in q). ``attrs``: causal (0/1)."""
+    lq, lk, lv, lo = (letters(o) for o in (*op.inputs[:3], op.outputs[0]))
+    head, key = lq[-1], next(d for d in lk if d not in lq)
+    query = lq[lk.index(key)]
+    scores = lq.replace(head, "") + key
+    q, k, v = (split_dims(a, o, sizes, xp) for a, o in zip(args[:3], op.inputs[:3]))
+    z = xp.einsum(f"{lq},{lk}->{scores}", q, k) / math.sqrt(op.sizes[head])
+    if len(args) > 3:
+        z = z + align(split_dims(args[3], op.inputs[3], sizes, xp), letters(op.inputs[3]), scores, sizes, xp)
+    if op.attr("causal", 0):
+        q_pos = xp.arange(sizes[query]) + offsets.get(query, 0)
+        k_pos = xp.arange(sizes[key]) + offsets.get(key, 0)
+        allowed = xp.reshape(k_pos, (1, -1)) <= xp.reshape(q_pos, (-1, 1))
+        z = xp.where(align(allowed, query + key, scores, sizes, xp), z, -1e30)
+    z = xp.exp(z - xp.max(z, axis=-1, keepdims=True))
+    p = z / xp.sum(z, axis=-1, keepdims=True)
+    return [merge_dims(xp.einsum(f"{scores},{lv}->{lo}", p, v), op.outputs[0], sizes, xp)]
 
 
 def _moe_gate(op, args, sizes, offsets, xp):
@@ -212,11 +251,12 @@ KERNELS: Mapping[str, Callable] = {
     "conv2d": _conv2d, "maxpool": _maxpool, "embedding": _embedding,
     "gelu": _elementwise(lambda xp, x: _gelu(xp, x)), "relu": _elementwise(lambda xp, x: xp.maximum(x, 0)),
     "dropout": _elementwise(lambda xp, x: x), "unary": _elementwise(lambda xp, x: xp.tanh(x)),
+    "silu": _elementwise(lambda xp, x: x / (1 + xp.exp(-x))), "attention": _attention,
     "add": _elementwise(lambda xp, *xs: sum(xs[1:], xs[0])), "bias_add": _elementwise(lambda xp, *xs: sum(xs[1:], xs[0])),
     "mul": _elementwise(lambda xp, x, y: x * y),
     **{k: _normalize for k in ("softmax", "layernorm", "rmsnorm", "batchnorm")},
     "cross_entropy": _cross_entropy, "reduce": _reduce, "avgpool": _reduce,
-    "reshape": _view, "transpose": _view, "split": _split, "concat": _concat, "moe_gate": _moe_gate,
+    "reshape": _view, "transpose": _view, "split": _split, "slice": _slice, "concat": _concat, "moe_gate": _moe_gate,
 }
 
 

@@ -19,6 +19,8 @@ boundary pair.
 
 from __future__ import annotations
 
+import time
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -120,8 +122,13 @@ class Network:
         self.neighbours[v].discard(x)
         return self.factors.pop((x, v)) if x < v else self.factors.pop((v, x)).T
 
-    def reduce(self, entry: int | None, exit: int | None, fixed: frozenset[int] = frozenset()) -> "Reduction | Conditioned":
-        """Eliminate every variable but the boundary ones; min degree first, lowest index on ties."""
+    def reduce(self, entry: int | None, exit: int | None, fixed: frozenset[int] = frozenset(),
+               deadline: float | None = None) -> "Reduction | Conditioned":
+        """Eliminate every variable but the boundary ones; min degree first, lowest index on ties.
+
+        Conditioning nests (each branch reduces the rest of the network), so a segment with many
+        kernels in sequence can grow exponentially: past ``deadline`` (perf_counter) it raises
+        ``TimeoutError``."""
         keep = {k for k in (entry, exit) if k is not None} | set(fixed)
         alive = set(range(len(self.unary))) - keep - self.eliminated
         steps: list[Step] = []
@@ -129,7 +136,8 @@ class Network:
             var = min(alive, key=lambda k: (len(self.neighbours[k]), k))
             around = tuple(sorted(self.neighbours[var]))
             if len(around) > 2:
-                return self._condition(max(alive, key=lambda k: (len(self.neighbours[k]), -k)), entry, exit, steps, fixed)
+                return self._condition(max(alive, key=lambda k: (len(self.neighbours[k]), -k)), entry, exit, steps, fixed,
+                                       deadline)
             steps.append(self._eliminate(var, around))
             alive.discard(var)
             self.eliminated.add(var)
@@ -145,14 +153,17 @@ class Network:
         return other
 
     def _condition(self, var: int, entry: int | None, exit: int | None, steps: list[Step],
-                   fixed: frozenset[int]) -> "Conditioned":
+                   fixed: frozenset[int], deadline: float | None) -> "Conditioned":
         branches = []
         for state in range(len(self.unary[var])):
+            if deadline is not None and time.perf_counter() > deadline:
+                raise TimeoutError("conditioning on the segment's non-series-parallel kernels ran past its share "
+                                   "of the time limit")
             branch = self._clone()
             branch.const += float(branch.unary[var][state])
             for other in sorted(branch.neighbours[var]):
                 branch.unary[other] += branch._take(other, var)[:, state]
-            branches.append(branch.reduce(entry, exit, fixed | {var}))
+            branches.append(branch.reduce(entry, exit, fixed | {var}, deadline))
         tables = np.stack([b.table for b in branches])
         choice = tables.argmin(axis=0)
         table = np.take_along_axis(tables, choice[None], axis=0)[0]

@@ -41,6 +41,7 @@ from planner.search.solver import SolveResult, build_seconds, explain_infeasible
 Progress = Callable[[int, int, str], None]
 LAGRANGE_ITERATIONS = 40
 PARETO_SHARE = 0.5  # of the time limit: the Pareto master's; the Lagrangian path keeps the rest
+REDUCE_SHARE = 0.5  # of the time limit: reducing the segments; past it, the whole-graph program gets the rest
 MAX_WHOLE_PROGRAM = 2_000_000
 
 
@@ -50,9 +51,9 @@ class DecomposedSolution:
     choice: tuple[int, ...]
 
 
-def _reduce(problem: Problem, seg: Segment, unary: Sequence[np.ndarray]):
+def _reduce(problem: Problem, seg: Segment, unary: Sequence[np.ndarray], deadline: float | None = None):
     net, entry, exit_ = segment_network(problem, seg, unary)
-    return net.reduce(entry, exit_)
+    return net.reduce(entry, exit_, deadline=deadline)
 
 
 _WORKER: dict = {}  # per worker process: the problem, sent once by the pool initializer
@@ -64,8 +65,8 @@ def _init_worker(problem: Problem) -> None:
 
 
 def _reduce_in_worker(args):
-    seg, unary = args
-    return _reduce(_WORKER["problem"], seg, unary)
+    seg, unary, deadline = args
+    return _reduce(_WORKER["problem"], seg, unary, deadline)
 
 
 class Workers:
@@ -94,16 +95,18 @@ class Workers:
 
 
 def solve_unary(problem: Problem, segments: Sequence[Segment], unary: Sequence[np.ndarray],
-                workers: Workers | None = None, progress: Progress | None = None) -> DecomposedSolution:
-    """Exact minimum of sum(unary) + edge costs: distinct segments reduced once, tables multiplied."""
+                workers: Workers | None = None, progress: Progress | None = None,
+                deadline: float | None = None) -> DecomposedSolution:
+    """Exact minimum of sum(unary) + edge costs: distinct segments reduced once, tables multiplied
+    (``TimeoutError`` when a segment's reduction runs past ``deadline``)."""
     distinct: dict[str, Segment] = {}
     for seg in segments:
         distinct.setdefault(seg.key, seg)
     items = list(distinct.items())
     if workers is not None and workers.pool is not None and len(items) > 1:
-        results = workers.pool.imap(_reduce_in_worker, [(seg, unary) for _, seg in items])
+        results = workers.pool.imap(_reduce_in_worker, [(seg, unary, deadline) for _, seg in items])
     else:
-        results = (_reduce(problem, seg, unary) for _, seg in items)
+        results = (_reduce(problem, seg, unary, deadline) for _, seg in items)
     reductions = {}
     for n, ((key, _), reduced) in enumerate(zip(items, results)):
         reductions[key] = reduced
@@ -151,7 +154,15 @@ def solve_exact(problem: Problem, memory_limit: float | None = None, time_limit_
             notes += (f"--jobs {jobs}: {workers.size} worker(s) used (at most one per CPU and per distinct segment)",)
         costs = [t.cost.astype(np.float64) for t in problem.ops]
         began = time.perf_counter()
-        free = solve_unary(problem, segments, costs, workers, progress)
+        try:
+            free = solve_unary(problem, segments, costs, workers, progress, start + REDUCE_SHARE * time_limit_s)
+        except TimeoutError as exc:
+            left = max(0.0, deadline - time.perf_counter())
+            if program_size(problem) > MAX_WHOLE_PROGRAM:
+                return SolveResult("UNKNOWN", None, None, None, time.perf_counter() - start, 0,
+                                   f"{exc}; the whole-graph program is too large to build instead"), notes
+            return solve(problem, memory_limit, left, seed), notes + (f"{exc}: solved as one whole-graph program "
+                                                                      f"in the {left:.1f} s left",)
         step_s = time.perf_counter() - began
         objective = problem.objective(free.choice)
         if objective != int(round(free.value)):

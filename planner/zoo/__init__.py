@@ -13,6 +13,8 @@ from dataclasses import replace
 from planner.errors import ModelError
 from planner.ir.graph import Graph
 from planner.zoo.transformers import LM_BATCH, GPTConfig, bert, gpt, mlp, transformer_block
+from planner.zoo.encoders import t5, vit
+from planner.zoo.llama import LlamaConfig, llama
 from planner.zoo.vision import VISION_BATCH, resnet, vgg16
 
 GPT_PRESETS: dict[str, GPTConfig] = {
@@ -27,6 +29,13 @@ GPT_PRESETS: dict[str, GPTConfig] = {
     "gpt3-175b": GPTConfig(96, 12288, 96, 2048, 51200),
     "moe-gpt": GPTConfig(12, 768, 12, 1024, experts=8),
 }
+LLAMA_PRESETS: dict[str, LlamaConfig] = {  # published configurations (Meta's LLaMA 3, Mistral's Mixtral)
+    "llama3-8b": LlamaConfig(32, 4096, 32, 8, 14336),
+    "llama3-70b": LlamaConfig(80, 8192, 64, 8, 28672),
+    "llama3-405b": LlamaConfig(126, 16384, 128, 8, 53248),
+    "mixtral-8x7b": LlamaConfig(32, 4096, 32, 8, 14336, seq=4096, vocab=32000, experts=8, top_k=2),
+}
+LLAMA_PARAMETRIC = {"llama": LLAMA_PRESETS["llama3-8b"], "moe": LLAMA_PRESETS["mixtral-8x7b"]}
 BERT_PRESETS = {"bert-base": (12, 768, 12), "bert-large": (24, 1024, 16)}
 VISION = {
     "resnet50": lambda b: resnet((3, 4, 6, 3), b, name="resnet50"),
@@ -36,11 +45,13 @@ VISION = {
     "vgg16": lambda b: vgg16(b),
 }
 OTHER = ("mlp", "transformer-block")
+ENCODERS = {"vit-h14": lambda batch, seq: vit(batch=batch or VISION_BATCH),
+            "t5-3b": lambda batch, seq: t5(batch=batch or LM_BATCH, seq=seq or 512)}
 PARAMETRIC = {"gpt": GPTConfig(12, 768, 12, 1024), "moe-gpt": GPT_PRESETS["moe-gpt"]}
 
 
 def model_names() -> list[str]:
-    return list(OTHER) + list(GPT_PRESETS) + list(BERT_PRESETS) + list(VISION)
+    return list(OTHER) + list(GPT_PRESETS) + list(LLAMA_PRESETS) + list(BERT_PRESETS) + list(VISION) + list(ENCODERS)
 
 
 def _parse_params(spec: str, base: GPTConfig) -> GPTConfig:
@@ -55,6 +66,26 @@ def _parse_params(spec: str, base: GPTConfig) -> GPTConfig:
             fields[key] = float(value) if key == "capacity_factor" else int(value)
         except ValueError:
             raise ModelError(f"--model: parameter {key!r} needs a number, got {value!r}") from None
+    return replace(base, **fields)
+
+
+def _parse_llama(spec: str, base: LlamaConfig) -> LlamaConfig:
+    fields: dict[str, object] = {}
+    for item in filter(None, spec.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or key not in LlamaConfig.__slots__:
+            raise ModelError(f"--model: cannot parse parameter {item!r} (known: {', '.join(LlamaConfig.__slots__)})")
+        if key == "attention":
+            fields[key] = value
+        elif key == "capacity_factor":
+            try:
+                fields[key] = float(value)
+            except ValueError:
+                raise ModelError(f"--model: parameter {key!r} needs a number, got {value!r}") from None
+        elif re.fullmatch(r"[0-9]+", value):
+            fields[key] = int(value)
+        else:
+            raise ModelError(f"--model: parameter {key!r} needs an integer, got {value!r}")
     return replace(base, **fields)
 
 
@@ -86,6 +117,12 @@ def load_model(name: str, batch: int | None = None, seq: int | None = None) -> G
         cfg = _parse_params(params, PARAMETRIC[family])
         cfg = replace(cfg, seq=seq) if seq else cfg
         return gpt(cfg, batch or LM_BATCH, name=name)
+    if sep and family in LLAMA_PARAMETRIC:
+        cfg = _parse_llama(params, LLAMA_PARAMETRIC[family])
+        return llama(replace(cfg, seq=seq) if seq else cfg, batch or LM_BATCH, name=name)
+    if name in LLAMA_PRESETS:
+        cfg = replace(LLAMA_PRESETS[name], seq=seq) if seq else LLAMA_PRESETS[name]
+        return llama(cfg, batch or LM_BATCH, name=name)
     if name in GPT_PRESETS:
         cfg = replace(GPT_PRESETS[name], seq=seq) if seq else GPT_PRESETS[name]
         return gpt(cfg, batch or LM_BATCH, name=name)
@@ -93,6 +130,8 @@ def load_model(name: str, batch: int | None = None, seq: int | None = None) -> G
         return bert(*BERT_PRESETS[name], batch=batch or LM_BATCH, seq=seq or 512, name=name)
     if name in VISION:
         return VISION[name](batch or VISION_BATCH)
+    if name in ENCODERS:
+        return ENCODERS[name](batch, seq)
     if sep and family in ("mlp", "transformer-block"):
         options = _int_options(params, {"mlp": ("hidden", "ffn"), "transformer-block": ("hidden", "heads")}[family])
         if family == "mlp":
@@ -103,6 +142,6 @@ def load_model(name: str, batch: int | None = None, seq: int | None = None) -> G
         return mlp(batch or 4096)
     if name == "transformer-block":
         return transformer_block(batch or LM_BATCH, seq or 1024)
-    close = difflib.get_close_matches(name, model_names() + ["gpt:", "moe-gpt:"], n=1)
+    close = difflib.get_close_matches(name, model_names() + ["gpt:", "moe-gpt:", "llama:", "moe:"], n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     raise ModelError(f"--model: unknown model {name!r}{hint} (see `planner models`)")
