@@ -104,17 +104,18 @@ def test_llama3_8b_on_64_h100_is_optimal_and_fits():
     assert result.status == "OPTIMAL" and result.fits_memory
 
 
-@pytest.mark.parametrize("spec", ["llama:layers=2,hidden=128,heads=4,kv_heads=2,ffn=256,seq=64,vocab=512",
-                                  "moe:layers=2,hidden=128,heads=4,kv_heads=2,ffn=256,seq=64,vocab=512,experts=4"])
-def test_small_llama_and_moe_plans_verify(spec):
+@pytest.mark.parametrize("spec,mesh,method", [
+    ("llama:layers=2,hidden=128,heads=4,kv_heads=2,ffn=256,seq=64,vocab=512", "2x4", "exact"),
+    ("moe:layers=2,hidden=128,heads=4,kv_heads=2,ffn=256,seq=64,vocab=512,experts=4", "2x4", "dp")])
+def test_small_llama_and_moe_plans_verify(spec, mesh, method):
     """The numpy executor runs the sharded plan (fused causal attention, rotary tables, SwiGLU, routing)
     to the single-device values, and XLA's compiled collectives match the cost model within 5%."""
     pytest.importorskip("jax")
     from planner.api import plan_problem
     from planner.engines.verify import VERIFY_SETTINGS, verify_plan
-    cluster = make_cluster("2x4", "a100-80g", float("inf"))
+    cluster = make_cluster(mesh, "a100-80g", float("inf"))
     graph = load_model(spec, batch=8)
-    result = plan_problem(make_problem(graph, cluster, VERIFY_SETTINGS), None, "exact")
+    result = plan_problem(make_problem(graph, cluster, VERIFY_SETTINGS), None, method)
     strategies = {a.name: tuple(d for _, d in a.strategy) for a in result.operators}
     assert any(any(s) for s in strategies.values())
     report = verify_plan(graph, strategies, cluster.mesh)
