@@ -14,7 +14,7 @@ from experiments.common import run
 import time
 
 SCRIPTS = ("fidelity", "portability", "smsg_models", "verify", "exact_vs_heuristic", "pipeline", "scaling",
-           "memory_bound", "sapp_scaling")
+           "memory_bound", "sapp_scaling", "llama")
 
 
 def main(argv: list[str] | None = None) -> int:

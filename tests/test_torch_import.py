@@ -56,7 +56,7 @@ def test_unknown_op_is_named_or_opaque():
 
 
 def test_bad_spec_exits_2(capsys):
-    assert main(["import-torch", "hf:bert", "--json", "/tmp/x.json"]) == 2
+    assert main(["import-torch", "hf:bart", "--json", "/tmp/x.json"]) == 2
     assert "unknown preset" in capsys.readouterr().err
 
 

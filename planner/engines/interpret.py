@@ -162,8 +162,9 @@ def _cross_entropy(op, args, sizes, offsets, xp):
 def _reduce(op, args, sizes, offsets, xp):
     out = op.outputs[0]
     y = xp.einsum(f"{letters(op.inputs[0])}->{letters(out)}", split_dims(args[0], op.inputs[0], sizes, xp))
-    if op.kind == "avgpool":
-        y = y / math.prod(sizes[d] for d in letters(op.inputs[0]) if d not in letters(out))
+    if op.kind in ("avgpool", "mean"):
+        # the global count: a split reduced dim leaves partial sums, which add up to the full mean
+        y = y / math.prod(op.sizes[d] for d in letters(op.inputs[0]) if d not in letters(out))
     return [merge_dims(y, out, sizes, xp)]
 
 
@@ -255,7 +256,7 @@ KERNELS: Mapping[str, Callable] = {
     "add": _elementwise(lambda xp, *xs: sum(xs[1:], xs[0])), "bias_add": _elementwise(lambda xp, *xs: sum(xs[1:], xs[0])),
     "mul": _elementwise(lambda xp, x, y: x * y),
     **{k: _normalize for k in ("softmax", "layernorm", "rmsnorm", "batchnorm")},
-    "cross_entropy": _cross_entropy, "reduce": _reduce, "avgpool": _reduce,
+    "cross_entropy": _cross_entropy, "reduce": _reduce, "avgpool": _reduce, "mean": _reduce,
     "reshape": _view, "transpose": _view, "split": _split, "slice": _slice, "concat": _concat, "moe_gate": _moe_gate,
 }
 

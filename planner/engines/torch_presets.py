@@ -2,7 +2,9 @@
 
 ``hf:gpt2[:layers=12,hidden=768,heads=12,seq=1024,vocab=50257,batch=1]`` and
 ``hf:resnet50[:batch=8,image=224,classes=1000]`` build the models from ``transformers`` configs (no
-weights are downloaded); ``file.py:function`` calls a function returning ``(module, example_inputs)``.
+weights are downloaded); so do the small defaults of ``hf:llama``, ``hf:mixtral``, ``hf:vit``, ``hf:t5``
+and ``hf:bert`` (options below, in ``SMALL``); ``file.py:function`` calls a function returning
+``(module, example_inputs)``.
 """
 
 from __future__ import annotations
@@ -43,7 +45,10 @@ def build_spec(spec: str):
             cfg = ResNetConfig(num_labels=o.get("classes", 1000))
             image = o.get("image", 224)
             return ResNetForImageClassification(cfg), (torch.zeros(o.get("batch", 8), 3, image, image),), "resnet50-torch"
-        raise TorchImportError(f"{where}: unknown preset {model!r} (known: hf:gpt2, hf:resnet50)")
+        if model in SMALL:
+            return _small(model, {**SMALL[model], **o}, torch)
+        raise TorchImportError(f"{where}: unknown preset {model!r} (known: hf:gpt2, hf:resnet50, "
+                               f"{', '.join('hf:' + k for k in SMALL)})")
     path, _, function = spec.rpartition(":")
     if not path.endswith(".py") or not function:
         raise TorchImportError(f"import-torch: SPEC must be hf:gpt2, hf:resnet50 or file.py:function, got {spec!r}")
@@ -60,3 +65,60 @@ def build_spec(spec: str):
         raise TorchImportError(f"import-torch: {path} has no function {function!r}")
     built = getattr(module, function)()
     return built[0], tuple(built[1]), function
+
+
+# Small defaults (override any with key=value): layers, hidden, heads, ..., batch, seq.
+SMALL = {
+    "llama": {"layers": 2, "hidden": 128, "heads": 4, "kv_heads": 2, "ffn": 256, "vocab": 512, "seq": 64, "batch": 2},
+    "mixtral": {"layers": 2, "hidden": 128, "heads": 4, "kv_heads": 2, "ffn": 256, "vocab": 512, "seq": 64, "batch": 2,
+                "experts": 4, "top_k": 2},
+    "vit": {"layers": 2, "hidden": 128, "heads": 4, "mlp": 256, "image": 32, "patch": 8, "classes": 10, "batch": 2},
+    "t5": {"layers": 2, "hidden": 128, "heads": 4, "head_dim": 32, "ffn": 256, "vocab": 512, "seq": 32, "batch": 2},
+    "bert": {"layers": 2, "hidden": 128, "heads": 4, "vocab": 1024, "seq": 64, "batch": 2},
+}
+
+
+def _small(model: str, o: dict[str, int], torch):
+    import transformers as hf
+    ids = torch.zeros(o["batch"], o.get("seq", 1), dtype=torch.long)
+    if model in ("llama", "mixtral"):
+        common = dict(num_hidden_layers=o["layers"], hidden_size=o["hidden"], num_attention_heads=o["heads"],
+                      num_key_value_heads=o["kv_heads"], intermediate_size=o["ffn"], vocab_size=o["vocab"],
+                      max_position_embeddings=o["seq"], use_cache=False, attn_implementation="sdpa")
+        if model == "llama":
+            return hf.LlamaForCausalLM(hf.LlamaConfig(**common)), (ids,), "llama-torch"
+        cfg = hf.MixtralConfig(**common, num_local_experts=o["experts"], num_experts_per_tok=o["top_k"])
+        return hf.MixtralForCausalLM(cfg), (ids,), "mixtral-torch"
+    if model == "vit":
+        cfg = hf.ViTConfig(num_hidden_layers=o["layers"], hidden_size=o["hidden"], num_attention_heads=o["heads"],
+                           intermediate_size=o["mlp"], image_size=o["image"], patch_size=o["patch"],
+                           num_labels=o["classes"], attn_implementation="sdpa")
+        images = torch.zeros(o["batch"], 3, o["image"], o["image"])
+        return hf.ViTForImageClassification(cfg), (images,), "vit-torch"
+    if model == "t5":
+        cfg = hf.T5Config(num_layers=o["layers"], num_decoder_layers=o["layers"], d_model=o["hidden"],
+                          num_heads=o["heads"], d_kv=o["head_dim"], d_ff=o["ffn"], vocab_size=o["vocab"],
+                          use_cache=False, decoder_start_token_id=0)
+        return _EncoderDecoder(hf.T5ForConditionalGeneration(cfg)), (ids, ids), "t5-torch"
+    cfg = hf.BertConfig(num_hidden_layers=o["layers"], hidden_size=o["hidden"], num_attention_heads=o["heads"],
+                        intermediate_size=4 * o["hidden"], vocab_size=o["vocab"], max_position_embeddings=o["seq"])
+    return hf.BertForMaskedLM(cfg), (ids,), "bert-torch"
+
+
+def _encoder_decoder():
+    import torch
+
+    class EncoderDecoder(torch.nn.Module):
+        """Positional (input_ids, decoder_input_ids) for torch.export; returns the LM logits."""
+
+        def __init__(self, model) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, decoder_input_ids):
+            return self.model(input_ids=input_ids, decoder_input_ids=decoder_input_ids).logits
+    return EncoderDecoder
+
+
+def _EncoderDecoder(model):
+    return _encoder_decoder()(model)

@@ -24,10 +24,11 @@ from __future__ import annotations
 import operator as pyop
 
 from planner.engines.torch_import.handlers import handle
+from planner.engines.torch_import.sequence import reduction
 from planner.engines.torch_import.state import LETTERS, ImportState, TorchImportError
 from planner.ir.graph import Graph
 
-__all__ = ["TorchImportError", "import_module", "import_program"]
+__all__ = ["TorchImportError", "import_module", "import_program", "reduction"]  # reduction: its module registers handlers
 
 
 def _op_name(target) -> str:

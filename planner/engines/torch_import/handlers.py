@@ -11,11 +11,12 @@ from planner.engines.torch_import.state import LETTERS, ImportState
 Handler = Callable[[ImportState, object, str], None]
 HANDLERS: dict[str, Handler] = {}
 
-UNARY = {"relu": "relu", "gelu": "gelu", "dropout": "dropout", "tanh": "unary", "sigmoid": "unary", "silu": "unary",
+UNARY = {"relu": "relu", "gelu": "gelu", "dropout": "dropout", "tanh": "unary", "sigmoid": "unary", "silu": "silu",
          "exp": "unary", "neg": "unary", "rsqrt": "unary", "sqrt": "unary", "pow": "unary", "erf": "unary",
+         "cos": "unary", "sin": "unary", "reciprocal": "unary",
          "hardtanh": "unary", "relu_": "relu", "log": "unary", "abs": "unary", "square": "unary"}
-BINARY = {"add": "add", "add_": "add", "sub": "add", "mul": "mul", "div": "mul", "where": "add", "maximum": "add",
-          "minimum": "add"}
+BINARY = {"add": "add", "add_": "add", "sub": "add", "mul": "mul", "mul_": "mul", "div": "mul", "div_": "mul",
+          "where": "add", "maximum": "add", "minimum": "add"}
 ALIASES = ("to", "alias", "clone", "contiguous", "detach", "lift_fresh_copy", "_to_copy", "type_as")
 VIEWS = ("view", "reshape", "_unsafe_view", "flatten", "unsqueeze", "squeeze", "unflatten")
 
@@ -226,13 +227,6 @@ def _alias(imp: ImportState, node, op: str) -> None:
     imp.value[node.name] = imp.tensor(node.args[0])
 
 
-@register("slice")
-def _slice(imp: ImportState, node, op: str) -> None:
-    source = imp.tensor(node.args[0])
-    if tuple(node.meta["val"].shape) == imp.gb.shape(source):  # a full slice is an alias
-        imp.value[node.name] = source
-    else:
-        imp.unknown(node, _inputs(imp, node))
 
 
 @register("linear")
@@ -296,13 +290,9 @@ def _max_pool(imp: ImportState, node, op: str) -> None:
     _maxpool(imp, node, imp.tensor(args[0]), args[1], args[2] if len(args) > 2 else None, args[3] if len(args) > 3 else 0)
 
 
-@register("adaptive_avg_pool2d", "mean")
-def _mean(imp: ImportState, node, op: str) -> None:
-    source = imp.tensor(node.args[0])
-    if len(imp.gb.shape(source)) == 4:
-        _avgpool(imp, node, source)
-    else:
-        imp.unknown(node, _inputs(imp, node))
+@register("adaptive_avg_pool2d")
+def _adaptive_avg_pool(imp: ImportState, node, op: str) -> None:
+    _avgpool(imp, node, imp.tensor(node.args[0]))
 
 
 @register(*VIEWS)
