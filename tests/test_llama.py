@@ -138,3 +138,11 @@ def test_encoder_decoder_past_the_reduction_share_falls_back_within_the_time_lim
     result = plan(graph, "8", "h100-80g", time_limit_s=4)
     assert time.perf_counter() - start < 4 + 3
     assert result.status in ("OPTIMAL", "FEASIBLE") and any("whole-graph program" in n for n in result.notes)
+
+
+def test_fused_attention_gemm_shape_by_hand():
+    """Its q k^T product: (s x g queries) by t keys over the head dim d, per batch and kv head; a shape
+    with N = 1 would price the kernel at 1/128 of the tensor cores."""
+    from planner.cost.compute import gemm_shape
+    op = load_model("llama:layers=1,hidden=256,heads=8,kv_heads=2,ffn=512,seq=64,vocab=512").operator("l0.attn.sdpa")
+    assert gemm_shape(op, dict(op.sizes)) == (64 * 4, 64, 32, 8 * 2)

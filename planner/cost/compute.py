@@ -58,11 +58,17 @@ def local_sizes(op: Operator, strategy: Strategy, mesh: Mesh) -> dict[str, int]:
 
 
 def gemm_shape(op: Operator, sizes: dict[str, int]) -> tuple[int, int, int, int]:
-    """(M, N, K, G) of a contraction's local GEMMs (see the module docstring)."""
+    """(M, N, K, G) of a contraction's local GEMMs (see the module docstring). Fused attention: its
+    q k^T product (queries x keys over the head dim, per batch and head); the second product has the
+    same work."""
+    prod = lambda dims: math.prod(sizes[d] for d in dims)
+    if op.kind == "attention":
+        query, key = list(op.inputs[0].op_dims()), set(op.inputs[1].op_dims())
+        head = query[-1]
+        return (prod(set(query) - key), prod(key - set(query)), sizes[head], prod((set(query) & key) - {head}))
     first = set(op.inputs[0].op_dims())
     second = set(op.inputs[1].op_dims()) if len(op.inputs) > 1 else set()
     out = set(op.outputs[0].op_dims())
-    prod = lambda dims: math.prod(sizes[d] for d in dims)
     return (prod(out - second), prod(out & second - first), prod(second - out), prod(out & first & second))
 
 
