@@ -142,7 +142,26 @@ def sapp_scaling(path: Path) -> str:
     return "\n".join(lines)
 
 
-TABLES = (("SCALING_TABLE", scaling, "scaling.csv"), ("SAPP_SCALING_TABLE", sapp_scaling, "sapp_scaling.csv"), ("HEURISTIC_TABLE", heuristics, "exact_vs_heuristic.csv"),
+def llama(path: Path) -> str:
+    d = pd.read_csv(path)
+    intra = d[d["part"] == "intra"]
+    lines = ["| llama3-8b mesh | method | status | step s | gap % | GiB per device | fits | search s |",
+             "|---|---|---|---|---|---|---|---|"]
+    for _, r in intra.iterrows():
+        gap = "-" if pd.isna(r["gap_percent"]) else f"{r['gap_percent']:.1f}"
+        lines.append(f"| {r['mesh']} | {r['method']} | {r['status']} | {r['iteration_time_s']:.3f} | {gap} | "
+                     f"{r['max_memory_gib']:.1f} | {r['fits_memory']} | {r['search_time_s']:.2f} |")
+    lines += ["", "| model | H100s | pp | tp | dp | micro-batches | recompute | seq. parallel | ZeRO | s / iteration | "
+              "GiB | search s |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for _, r in d[d["part"] == "3d"].iterrows():
+        lines.append(f"| {r['model']} | {int(r['devices'])} | {int(r['pipeline_degree'])} | {int(r['tensor_parallel_degree'])} | "
+                     f"{int(r['data_parallel_degree'])} | {int(r['num_microbatches'])} | {r['recompute']} | "
+                     f"{r['sequence_parallel']} | {int(r['zero'])} | {r['iteration_time_s']:.2f} | "
+                     f"{r['max_memory_gib']:.1f} | {r['search_time_s']:.1f} |")
+    return "\n".join(lines)
+
+
+TABLES = (("SCALING_TABLE", scaling, "scaling.csv"), ("LLAMA_TABLE", llama, "llama.csv"), ("SAPP_SCALING_TABLE", sapp_scaling, "sapp_scaling.csv"), ("HEURISTIC_TABLE", heuristics, "exact_vs_heuristic.csv"),
           ("PIPELINE_TABLE", pipeline, "pipeline.csv"), ("FIDELITY_TABLE", fidelity, "fidelity.csv"),
           ("PORTABILITY_TABLE", portability, "portability.csv"), ("SMSG_TABLE", smsg_models, "smsg_models.csv"), ("VERIFY_TABLE", verify, "verify.csv"))
 

@@ -50,7 +50,7 @@ def test_rmsnorm_rotary_and_gqa_map_onto_registered_kinds():
 
 
 @pytest.mark.parametrize("spec,mesh,method", [("hf:llama", "2x2", "exact"), ("hf:llama", "4", "greedy"),
-                                              ("hf:vit", "2x2", "exact"), ("hf:t5", "2x2", "exact"),
+                                              ("hf:vit:batch=8", "2x2", "exact"), ("hf:t5:batch=8", "2x2", "exact"),
                                               ("hf:bert", "2", "dp")])
 def test_imported_plans_verify(spec, mesh, method):
     """The numpy executor reproduces the single-device values from the sharded plan, and XLA's

@@ -157,12 +157,7 @@ def solve_exact(problem: Problem, memory_limit: float | None = None, time_limit_
         try:
             free = solve_unary(problem, segments, costs, workers, progress, start + REDUCE_SHARE * time_limit_s)
         except TimeoutError as exc:
-            left = max(0.0, deadline - time.perf_counter())
-            if program_size(problem) > MAX_WHOLE_PROGRAM:
-                return SolveResult("UNKNOWN", None, None, None, time.perf_counter() - start, 0,
-                                   f"{exc}; the whole-graph program is too large to build instead"), notes
-            return solve(problem, memory_limit, left, seed), notes + (f"{exc}: solved as one whole-graph program "
-                                                                      f"in the {left:.1f} s left",)
+            return _whole_instead(problem, memory_limit, deadline, seed, start, notes, str(exc))
         step_s = time.perf_counter() - began
         objective = problem.objective(free.choice)
         if objective != int(round(free.value)):
@@ -187,6 +182,17 @@ def solve_exact(problem: Problem, memory_limit: float | None = None, time_limit_
         if options.variants:
             why += "; choices per layer need the Pareto master: every layer runs without recompute at ZeRO stage 0"
         return _lagrangian(problem, segments, memory_limit, deadline, seed, workers, start, notes + (why,), step_s)
+
+
+def _whole_instead(problem: Problem, memory_limit: float | None, deadline: float, seed: int, start: float,
+                   notes: tuple[str, ...], why: str) -> tuple[SolveResult, tuple[str, ...]]:
+    """The segments took their share of the time limit: the whole-graph program gets the rest."""
+    left = max(0.0, deadline - time.perf_counter())
+    if program_size(problem) > MAX_WHOLE_PROGRAM:
+        return SolveResult("UNKNOWN", None, None, None, time.perf_counter() - start, 0,
+                           f"{why}; the whole-graph program is too large to build instead"), notes
+    return solve(problem, memory_limit, left, seed), notes + (f"{why}: solved as one whole-graph program in the "
+                                                              f"{left:.1f} s left",)
 
 
 def _pareto(problem: Problem, segments: Sequence[Segment], memory_limit: float, deadline: float,

@@ -111,7 +111,7 @@ def t5(layers: int = 24, hidden: int = 1024, heads: int = 32, head_dim: int = 12
     """A T5 encoder-decoder (defaults: T5-3B) with ``seq`` input and target tokens."""
     dims = (hidden, heads, head_dim)
     gb = GraphBuilder(name)
-    shared = gb.param("shared", (vocab, hidden))
+    shared = gb.param("shared_embedding", (vocab, hidden))  # encoder, decoder and LM head
     inputs = gb.data("input_ids", (batch, seq), integer=True)
     targets = gb.data("decoder_input_ids", (batch, seq), integer=True)
     labels = gb.data("labels", (batch, seq), integer=True)
