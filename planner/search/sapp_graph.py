@@ -49,6 +49,8 @@ def _role(op: Operator) -> str | None:
         return "pool"
     if op.kind in BATCH_PARALLEL_KINDS:
         return "batch"
+    if op.kind == "attention":  # FlashAttentionScore: always eliminated in SAPP
+        return None
     if kind.category == "contraction" and len(op.inputs) >= 2 and len(op.outputs) == 1:
         a, b, c = (set(o.op_dims()) for o in (op.inputs[0], op.inputs[1], op.outputs[0]))
         if (a - b) and (b - a):
