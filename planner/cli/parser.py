@@ -183,8 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--cuts", type=_cuts, help="stage cuts: first layer of stages 1..p-1 (default: even split)")
     i = sub.add_parser("import-torch", help="import an nn.Module through torch.export into a graph JSON")
     _add_logging(i, top=False)
-    i.add_argument("spec", help="hf:gpt2[:layers=12,seq=1024,batch=1], hf:resnet50[:batch=8], hf:llama, hf:vit, "
-                                "hf:t5, hf:bert (small defaults; key=value overrides) or file.py:function "
+    i.add_argument("spec", help="hf:gpt2[:layers=12,seq=1024,batch=1], hf:resnet50[:batch=8], hf:llama, hf:mixtral, "
+                                "hf:vit, hf:t5, hf:bert (small defaults; key=value overrides) or file.py:function "
                                 "(returning (module, example_inputs))")
     i.add_argument("--json", required=True, help="graph JSON to write (then: planner plan --model it)")
     i.add_argument("--allow-unknown", action="store_true", help="map unsupported ops to replicated opaque operators")

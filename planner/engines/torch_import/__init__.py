@@ -24,11 +24,12 @@ from __future__ import annotations
 import operator as pyop
 
 from planner.engines.torch_import.handlers import handle
+from planner.engines.torch_import.moe import _topk as topk_region
 from planner.engines.torch_import.sequence import reduction
 from planner.engines.torch_import.state import LETTERS, ImportState, TorchImportError
 from planner.ir.graph import Graph
 
-__all__ = ["TorchImportError", "import_module", "import_program", "reduction"]  # reduction: its module registers handlers
+__all__ = ["TorchImportError", "import_module", "import_program", "reduction", "topk_region"]  # their modules register handlers
 
 
 def _op_name(target) -> str:
@@ -92,6 +93,8 @@ def _placeholder(imp: ImportState, node, spec, used: bool) -> None:
 
 
 def _call(imp: ImportState, node) -> None:
+    if node.name in imp.skip:
+        return
     target = node.target
     if target is pyop.getitem:
         source, index = node.args

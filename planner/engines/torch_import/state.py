@@ -24,6 +24,7 @@ class ImportState:
         self.kind: dict[str, str] = {}  # IR tensor -> "param" | "data" | "activation"
         self.batch = 0  # dim 0 of the first user input: a leading dim of that size is the batch dim
         self.batch_dim = self.gb.batch_dim
+        self.skip: set[str] = set()  # fx nodes a pattern handler has already written (MoE routing)
 
     # ------------------------------------------------------------------ helpers
 
