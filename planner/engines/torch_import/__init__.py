@@ -26,7 +26,7 @@ import operator as pyop
 from planner.engines.torch_import.handlers import handle
 from planner.engines.torch_import.moe import _topk as topk_region
 from planner.engines.torch_import.sequence import reduction
-from planner.engines.torch_import.state import LETTERS, ImportState, TorchImportError
+from planner.engines.torch_import.state import ImportState, TorchImportError
 from planner.ir.graph import Graph
 
 __all__ = ["TorchImportError", "import_module", "import_program", "reduction", "topk_region"]  # their modules register handlers
@@ -70,7 +70,8 @@ def import_program(program, name: str, allow_unknown: bool = False) -> Graph:
     if first is None:
         raise TorchImportError("import: the module returns no floating tensor computed from its parameters")
     out = imp.value[first.name]
-    letters = "".join(LETTERS[: len(imp.gb.shape(out))])
+    shape = imp.gb.shape(out)
+    letters = "".join(imp.letters(len(shape), shape[0] if shape else None))  # 'b' first: data parallel splits it
     imp.gb.op("reduce", "loss", f"{letters}->", [out], out="loss")
     return imp.gb.build()
 
