@@ -6,7 +6,8 @@ dependent shapes that no einsum states). The handler for ``topk`` takes that who
 ``topk`` to the sum over the k picks that returns one row per token, and writes instead what it
 computes in GShard's terms: a capacity gate over the probabilities, the dispatch to the experts, the
 experts' SwiGLU (gate/up projection, split, SiLU, product, down projection) on the grouped weights, and
-the combine. The capacity is k x tokens / experts (no token dropped on average), as the zoo's MoE.
+the combine. The flattened token rows are read as batch x sequence (the batch of the first input), so
+data parallelism splits them; the capacity is k x seq / experts per sequence, as the zoo's MoE.
 """
 
 from __future__ import annotations
@@ -54,21 +55,23 @@ def _topk(imp: ImportState, node, op: str) -> None:
     hidden = imp.gb.shape(x2d)[1]
     _, double, _ = imp.gb.shape(weights[0])  # [e, 2 f, h]
     k = node.args[1]
-    capacity = max(1, math.ceil(k * tokens / experts))
+    batch = imp.batch if imp.batch and tokens % imp.batch == 0 else 1  # the flattened rows are batch x seq
+    capacity = max(1, math.ceil(k * (tokens // batch) / experts))
     gb, p = imp.gb, node.name
-    sizes = {"x": 1, "t": tokens, "e": experts, "h": hidden, "c": capacity, "g": double, "f": double // 2, "p": 2}
-    logits = gb.op("reshape", f"{p}.probs3d", "(xt)e->xte", [probs], sizes=sizes)
-    gate = gb.op("moe_gate", f"{p}.gate", "xte->xtec", [logits], sizes=sizes)
-    x3 = gb.op("reshape", f"{p}.tokens3d", "(xt)h->xth", [x2d], sizes=sizes)
-    routed = gb.op("moe_dispatch", f"{p}.dispatch", "xth,xtec->exch", [x3, gate])
-    both = gb.op("einsum", f"{p}.gate_up", "exch,egh->excg", [routed, weights[0]], sizes=sizes)
+    sizes = {"b": batch, "s": tokens // batch, "e": experts, "h": hidden, "c": capacity, "g": double,
+             "f": double // 2, "p": 2}
+    logits = gb.op("reshape", f"{p}.probs3d", "(bs)e->bse", [probs], sizes=sizes)
+    gate = gb.op("moe_gate", f"{p}.gate", "bse->bsec", [logits], sizes=sizes)
+    x3 = gb.op("reshape", f"{p}.tokens3d", "(bs)h->bsh", [x2d], sizes=sizes)
+    routed = gb.op("moe_dispatch", f"{p}.dispatch", "bsh,bsec->ebch", [x3, gate])
+    both = gb.op("einsum", f"{p}.gate_up", "ebch,egh->ebcg", [routed, weights[0]], sizes=sizes)
     halves = [f"{p}.gate_half", f"{p}.up_half"]
-    gb.op("split", f"{p}.chunk", "exc(pf)->excf,excf", [both], sizes=sizes, out=halves, unsplittable="p")
-    act = gb.op("mul", f"{p}.swiglu", "excf,excf->excf", [gb.op("silu", f"{p}.silu", "excf->excf", [halves[0]]),
+    gb.op("split", f"{p}.chunk", "ebc(pf)->ebcf,ebcf", [both], sizes=sizes, out=halves, unsplittable="p")
+    act = gb.op("mul", f"{p}.swiglu", "ebcf,ebcf->ebcf", [gb.op("silu", f"{p}.silu", "ebcf->ebcf", [halves[0]]),
                                                           halves[1]])
-    down = gb.op("einsum", f"{p}.down", "excf,ehf->exch", [act, weights[1]], sizes=sizes)
-    combined = gb.op("moe_combine", f"{p}.combine", "exch,xtec->xth", [down, gate])
-    out = gb.op("reshape", f"{p}.tokens2d", "xth->(xt)h", [combined], sizes=sizes)
+    down = gb.op("einsum", f"{p}.down", "ebcf,ehf->ebch", [act, weights[1]], sizes=sizes)
+    combined = gb.op("moe_combine", f"{p}.combine", "ebch,bsec->bsh", [down, gate])
+    out = gb.op("reshape", f"{p}.tokens2d", "bsh->(bs)h", [combined], sizes=sizes)
     for name in (logits, gate, x3, routed, both, *halves, act, down, combined, out):
         imp.kind[name] = "activation"
     imp.skip |= region - {end.name}
