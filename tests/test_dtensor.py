@@ -64,6 +64,10 @@ def test_exported_placements_run_on_four_gloo_processes(tmp_path, method):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-port", port,
            str(HERE / "dtensor_worker.py"), str(spec), str(out), str(HERE)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=HERE.parent)
+    if proc.returncode != 0 and "Signal 6 (SIGABRT)" in proc.stderr:
+        # gloo on 4 processes over 2 cores has aborted under load in a collective ("terminate called
+        # without an active exception"): one retry; a numerical failure would not abort, and fails below
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=HERE.parent)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["max_rel_error"] < 1e-5, result
