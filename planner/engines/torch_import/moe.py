@@ -27,11 +27,21 @@ def _region(topk) -> tuple[set[str], object | None]:
             if user.name in seen:
                 continue
             seen.add(user.name)
-            if "sum" in str(user.target) and len(getattr(user.meta.get("val"), "shape", ())) == 2:
+            if _combines(user, topk):
                 end = user
                 continue
             frontier.append(user)
     return seen, end
+
+
+def _combines(node, topk) -> bool:
+    """The sum over the k picks of [tokens, k, hidden] rows: back to one row per token."""
+    if "sum" not in str(node.target) or not node.args or not hasattr(node.args[0], "meta"):
+        return False
+    source = getattr(node.args[0].meta.get("val"), "shape", ())
+    tokens = topk.meta["val"][0].shape[0]
+    return len(source) == 3 and tuple(source[:2]) == (tokens, topk.args[1]) and \
+        tuple(node.meta["val"].shape) == (tokens, source[2])
 
 
 def _grouped(region: set[str], topk) -> list:
