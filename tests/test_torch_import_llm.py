@@ -80,3 +80,19 @@ def test_imported_mixtral_experts_reach_the_loss():
     expert = next(t.name for t in graph.tensors if t.role == "param" and "experts.down_proj" in t.name)
     changed = dict(feeds, **{expert: feeds[expert] * 2})
     assert run_graph(graph, feeds, np)[loss] != run_graph(graph, changed, np)[loss]
+
+
+def test_vit_and_bert_forward_flops_by_hand():
+    """hf:vit: 2 images of 32x32 in 8x8 patches -> 16 + 1 tokens of 128; per layer q, k, v, o (128x128) and
+    the MLP (128x256, 256x128) over 34 tokens, attention 4 x 2 x 4 heads x 17 x 17 x 32; the patch
+    convolution 2 x 2 x 16 x 192 x 128 and the head (128x10) on the class tokens. hf:bert: 2 x 64 tokens,
+    FFN 512, the MLM transform (128x128) and decoder (128x1024)."""
+    _, vit = _imported("hf:vit")
+    linears = 2 * 34 * 2 * (4 * 128 * 128 + 2 * 128 * 256) + 2 * 2 * 128 * 10
+    assert sum(op.flops for op in vit.operators if op.kind == "linear") == linears
+    assert sum(op.flops for op in vit.operators if op.kind == "attention") == 2 * 4 * 2 * 4 * 17 * 17 * 32
+    assert sum(op.flops for op in vit.operators if op.kind == "conv2d") == 2 * 2 * 16 * 3 * 8 * 8 * 128
+    _, bert = _imported("hf:bert")
+    linears = 2 * 128 * (2 * (4 * 128 * 128 + 2 * 128 * 512) + 128 * 128 + 128 * 1024)
+    assert sum(op.flops for op in bert.operators if op.kind == "linear") == linears
+    assert sum(op.flops for op in bert.operators if op.kind == "attention") == 2 * 4 * 2 * 4 * 64 * 64 * 32
