@@ -41,9 +41,10 @@ def threed_row(model: str, batch: int, devices: int) -> dict:
         result = planner.plan_pipeline(model, devices=devices, device="h100-80g", batch=batch)
     except planner.PlannerError as exc:
         return {**row, "status": "INFEASIBLE", "notes": str(exc), "search_time_s": time.perf_counter() - start}
-    return {**row, "mesh": result.mesh, "status": result.pipeline.status, **degrees(result),
+    chosen = degrees(result)
+    return {**row, "mesh": result.mesh, "status": result.pipeline.status, **chosen,
             "num_microbatches": result.pipeline.num_microbatches,
-            "micro_batch": batch // result.pipeline.num_microbatches // max(1, degrees(result)["data_parallel_degree"]),
+            "micro_batch": batch // result.pipeline.num_microbatches // max(1, chosen["data_parallel_degree"]),
             "sequence_parallel": result.settings.sequence_parallel, "recompute": result.settings.recompute,
             "zero": result.settings.zero, "objective": result.pipeline.iteration_time_s,
             "iteration_time_s": result.pipeline.iteration_time_s,

@@ -99,26 +99,21 @@ def _small(model: str, o: dict[str, int], torch):
         cfg = hf.T5Config(num_layers=o["layers"], num_decoder_layers=o["layers"], d_model=o["hidden"],
                           num_heads=o["heads"], d_kv=o["head_dim"], d_ff=o["ffn"], vocab_size=o["vocab"],
                           use_cache=False, decoder_start_token_id=0)
-        return _EncoderDecoder(hf.T5ForConditionalGeneration(cfg)), (ids, ids), "t5-torch"
+        return _encoder_decoder(hf.T5ForConditionalGeneration(cfg)), (ids, ids), "t5-torch"
     cfg = hf.BertConfig(num_hidden_layers=o["layers"], hidden_size=o["hidden"], num_attention_heads=o["heads"],
                         intermediate_size=4 * o["hidden"], vocab_size=o["vocab"], max_position_embeddings=o["seq"])
     return hf.BertForMaskedLM(cfg), (ids,), "bert-torch"
 
 
-def _encoder_decoder():
+def _encoder_decoder(model):
+    """The model with positional (input_ids, decoder_input_ids), returning the LM logits (torch.export)."""
     import torch
 
     class EncoderDecoder(torch.nn.Module):
-        """Positional (input_ids, decoder_input_ids) for torch.export; returns the LM logits."""
-
-        def __init__(self, model) -> None:
+        def __init__(self) -> None:
             super().__init__()
             self.model = model
 
         def forward(self, input_ids, decoder_input_ids):
             return self.model(input_ids=input_ids, decoder_input_ids=decoder_input_ids).logits
-    return EncoderDecoder
-
-
-def _EncoderDecoder(model):
-    return _encoder_decoder()(model)
+    return EncoderDecoder()

@@ -22,7 +22,7 @@ from planner.cost.strategy import Strategy, divides, enumerate_strategies, gradi
 TENSOR_PARALLEL_DIMS = ("a", "f", "v", "e")
 
 
-def _rule_strategy(problem: Problem, op_index: int, wanted: tuple[str | None, ...]) -> Strategy:
+def drop_until_valid(problem: Problem, op_index: int, wanted: tuple[str | None, ...]) -> Strategy:
     """The wanted per-axis dims, dropping (to None) any axis whose wish is not valid for the op."""
     table = problem.ops[op_index]
     valid = set(enumerate_strategies(table.op, problem.mesh))
@@ -44,7 +44,7 @@ def data_parallel(problem: Problem) -> tuple[Strategy, ...]:
     out = []
     for i, table in enumerate(problem.ops):
         dims = table.op.sizes
-        out.append(_rule_strategy(problem, i, tuple(batch if batch in dims else None for _ in range(n))))
+        out.append(drop_until_valid(problem, i, tuple(batch if batch in dims else None for _ in range(n))))
     return tuple(out)
 
 
@@ -65,7 +65,7 @@ def megatron(problem: Problem, tensor_axis: int = -1) -> tuple[Strategy, ...]:
             if dim in dims and tuple(trial) in splittable:
                 wanted = trial
                 break
-        out.append(_rule_strategy(problem, i, tuple(wanted)))
+        out.append(drop_until_valid(problem, i, tuple(wanted)))
     return tuple(out)
 
 
@@ -180,7 +180,7 @@ def _collapse(problem: Problem, i: int, levels: list, owner: list[int]) -> Strat
         out.append(max(dims, key=lambda d: (counts[d], -dims.index(d))) if dims else None)
     strategy = tuple(out)
     return strategy if strategy in enumerate_strategies(problem.ops[i].op, problem.mesh) else \
-        _rule_strategy(problem, i, strategy)
+        drop_until_valid(problem, i, strategy)
 
 
 def greedy(problem: Problem) -> tuple[Strategy, ...]:

@@ -40,19 +40,16 @@ import math
 
 from planner.cluster.mesh import Mesh
 from planner.cost.problem import Problem
-from planner.cost.strategy import Strategy, enumerate_strategies
+from planner.cost.strategy import Strategy
 from planner.errors import SettingsError
 from planner.ir.graph import Graph, Operator
+from planner.search.baselines import drop_until_valid
 from planner.search.sapp_graph import CORES, EXPERT_COEF, MEM_COEF, REDIS_COEF, REPLICATE_BELOW, WEIGHT_ORDER_ABOVE, \
-    Levels, RecGraph, position4d
+    Levels, RecGraph, first_even, position4d
 from planner.search.sapp_propagate import Propagation
 
 
 # ---------------------------------------------------------------- the level loop
-
-
-def _first_even(dims, local: dict[str, int], whole: frozenset[str] = frozenset()) -> str | None:
-    return next((d for d in dims if d not in whole and local[d] >= 2 and local[d] % 2 == 0), None)
 
 
 def _numel(groups, local: dict[str, int]) -> int:
@@ -132,19 +129,19 @@ class _Search:
             i_dims, j_dims, k_dims = node.families[:3]
             families = ((node.families[3], True), (node.families[4], True)) if node.role == "bmm" else ()
             families += ((i_dims, True), (j_dims, not cut & set(k_dims)), (k_dims, not cut & set(j_dims)))
-            dims = [_first_even(family, local, node.whole) if allowed else None for family, allowed in families]
+            dims = [first_even(family, local, node.whole) if allowed else None for family, allowed in families]
             return [(d, c) for d, c in zip(dims, costs) if d is not None] + [(None, costs[-1])]
         if node.role == "conv":
-            batch = _first_even(node.inputs[0][0][:1], local, node.whole)
+            batch = first_even(node.inputs[0][0][:1], local, node.whole)
             return [(batch, self._conv_costs(n)[0])] if batch is not None else []
         # pooling: the first two dims of its 4-D input, no op cost
-        dims = [_first_even(group[:1], local, node.whole) for group in node.inputs[0][:2]]
+        dims = [first_even(group[:1], local, node.whole) for group in node.inputs[0][:2]]
         return [(d, 0.0) for d in dims if d is not None]
 
     def _decide(self, n: int) -> str | None:
         node = self.rec.nodes[n]
         if node.role in ("batch", "virtual"):  # first even dim; redistribution ignored
-            return _first_even([g[0] for g in node.inputs[0]], self.local[n], node.whole)
+            return first_even([g[0] for g in node.inputs[0]], self.local[n], node.whole)
         options = [(abs(cost + self._redis(n, dim)), dim) for dim, cost in self._options(n)]
         # the first of the cheapest, as std::min_element; nothing to halve: not split at this level
         return min(options, key=lambda option: option[0])[1] if options else None
@@ -227,12 +224,6 @@ def sapp(problem: Problem, order: str = "auto") -> tuple[Strategy, ...]:
     levels = sapp_levels(problem.graph, problem.mesh.num_devices, order)
     by_name = {op.name: lv for op, lv in zip(problem.graph.operators, levels)}
     out = []
-    for table in problem.ops:
-        strategy = to_mesh(table.op, by_name[table.op.name], problem.mesh, owners)
-        valid = set(enumerate_strategies(table.op, problem.mesh))
-        for ax in reversed(range(len(strategy))):  # drop axes, innermost first, until valid
-            if strategy in valid:
-                break
-            strategy = strategy[:ax] + (None,) + strategy[ax + 1:]
-        out.append(strategy)
+    for i, table in enumerate(problem.ops):
+        out.append(drop_until_valid(problem, i, to_mesh(table.op, by_name[table.op.name], problem.mesh, owners)))
     return tuple(out)

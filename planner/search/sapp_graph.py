@@ -83,6 +83,11 @@ def _virtual_node(name: str, shape: tuple[int, ...]) -> _Node:
     return _Node(f"_VirtualDataset[{name}]", "virtual", {f"#{i}": s for i, s in enumerate(shape)}, (dims,), dims)
 
 
+def first_even(dims, local: dict[str, int], whole=frozenset()) -> str | None:
+    """The first of ``dims`` that may be halved: not ``whole``, its local extent even."""
+    return next((d for d in dims if d not in whole and local[d] >= 2 and local[d] % 2 == 0), None)
+
+
 def groups_shape(groups, sizes: dict[str, int]) -> tuple[int, ...]:
     return tuple(math.prod(sizes[d] for d in g) for g in groups)
 
@@ -154,23 +159,20 @@ class RecGraph:
             mains |= (1 << main[0]) if main else 0
         seen, linked = mains | (1 << n), 1 << n
         for slot, (main, aux) in enumerate(traced):
-            if main is not None and main[0] != n:
-                self.sources[n].append((main[0], main[1] == shapes[slot], 0))
-                if with_consumers and not linked >> main[0] & 1:
-                    linked |= 1 << main[0]
-                    self._add_consumers(1 << main[0], n, main[1], shapes)
-            else:
-                self.sources[n].append((None, False, 0))
             adjacent = 0
             for shape, mask in aux.items():
-                mask &= ~seen
-                adjacent |= mask if shape == shapes[slot] else 0
-                if with_consumers:
-                    self._add_consumers(mask & ~linked, n, shape, shapes)
-                    linked |= mask
+                adjacent |= mask & ~seen if shape == shapes[slot] else 0
+            own = main[0] if main is not None and main[0] != n else None
+            self.sources[n].append((own, own is not None and main[1] == shapes[slot], adjacent))
+            if with_consumers:
+                if own is not None and not linked >> own & 1:
+                    linked |= 1 << own
+                    self._add_consumers(1 << own, n, main[1], shapes)
+                for shape, mask in aux.items():
+                    self._add_consumers(mask & ~seen & ~linked, n, shape, shapes)
+                    linked |= mask & ~seen
             for mask in aux.values():
                 seen |= mask
-            self.sources[n][slot] = self.sources[n][slot][:2] + (adjacent,)
 
     def _add_consumers(self, mask: int, dst: int, shape, shapes) -> None:
         same = sum(1 for s in shapes if s == shape) if shape is not None else 0

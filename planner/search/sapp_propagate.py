@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from planner.ir.graph import Operator
 from planner.ir.ops import REGISTRY
-from planner.search.sapp_graph import NO_SPLIT_NORM_KINDS, WEIGHT_ORDER_ABOVE, Levels, RecGraph
+from planner.search.sapp_graph import NO_SPLIT_NORM_KINDS, WEIGHT_ORDER_ABOVE, Levels, RecGraph, first_even
 
 
 class Propagation:
@@ -132,7 +132,7 @@ def _follow(op: Operator, groups, split: tuple[int | None, ...]) -> Levels:
     for t in split:
         dim = None
         if t is not None and t < len(groups):
-            dim = next((d for d in groups[t] if d not in whole and local[d] % 2 == 0 and local[d] >= 2), None)
+            dim = first_even(groups[t], local, whole)
         if dim is not None:
             local[dim] //= 2
         out.append(dim)

@@ -94,7 +94,7 @@ def _attention(gb: GraphBuilder, p: str, x: str, rope: str, cfg: LlamaConfig) ->
     return gb.op("linear", f"{p}.o_proj", "bsagd,agdh->bsh", [ctx, gb.param(f"{p}.o_proj.weight", (a, g, d, h))])
 
 
-def _swiglu(gb: GraphBuilder, p: str, x: str, lead: str, h: int, f: int, shapes: tuple[tuple, tuple, str]) -> str:
+def _swiglu(gb: GraphBuilder, p: str, x: str, lead: str, shapes: tuple[tuple, tuple, str]) -> str:
     """down(silu(gate(x)) * up(x)); ``lead`` the token dims, ``shapes`` the weight shapes and the
     weight's own leading dims (the expert dim for experts)."""
     up_shape, down_shape, own = shapes
@@ -107,20 +107,21 @@ def _swiglu(gb: GraphBuilder, p: str, x: str, lead: str, h: int, f: int, shapes:
                  [act, gb.param(f"{p}.down_proj.weight", down_shape)])
 
 
-def _moe(gb: GraphBuilder, p: str, x: str, cfg: LlamaConfig) -> tuple[str, str]:
-    """Top-k routed SwiGLU experts; returns (output, load-balancing loss)."""
+def _moe(gb: GraphBuilder, p: str, x: str, cfg: LlamaConfig) -> str:
+    """Top-k routed SwiGLU experts and the layer's load-balancing loss (a scalar output of its own)."""
     h, f, e = cfg.hidden, cfg.ffn, cfg.experts
     capacity = max(1, math.ceil(cfg.top_k * cfg.seq * cfg.capacity_factor / e))
     logits = gb.op("matmul", f"{p}.router", "bsh,he->bse", [x, gb.param(f"{p}.router.weight", (h, e))])
     gate = gb.op("moe_gate", f"{p}.gate", "bse->bsec", [logits], sizes={"c": capacity})
     routed = gb.op("moe_dispatch", f"{p}.dispatch", "bsh,bsec->ebch", [x, gate])
-    out = _swiglu(gb, f"{p}.experts", routed, "ebc", h, f, ((e, h, f), (e, f, h), "e"))
+    out = _swiglu(gb, f"{p}.experts", routed, "ebc", ((e, h, f), (e, f, h), "e"))
     combined = gb.op("moe_combine", f"{p}.combine", "ebch,bsec->bsh", [out, gate])
     probs = gb.op("softmax", f"{p}.router_probs", "bse->bse", [logits], norm="e")
     mean_prob = gb.op("reduce", f"{p}.mean_prob", "bse->e", [probs])
     load = gb.op("reduce", f"{p}.tokens_per_expert", "bsec->e", [gate])
     aux = gb.op("mul", f"{p}.balance", "e,e->e", [mean_prob, load])
-    return combined, gb.op("reduce", f"{p}.aux_loss", "e->", [aux])
+    gb.op("reduce", f"{p}.aux_loss", "e->", [aux])
+    return combined
 
 
 def llama(cfg: LlamaConfig, batch: int = 8, name: str = "llama") -> Graph:
@@ -137,10 +138,9 @@ def llama(cfg: LlamaConfig, batch: int = 8, name: str = "llama") -> Graph:
         x = gb.op("add", f"l{i}.attn_residual", "bsh,bsh->bsh", [x, attn])
         normed = _rmsnorm(gb, f"l{i}.mlp_norm", x, cfg.hidden)
         if cfg.experts:
-            mlp, _ = _moe(gb, f"l{i}.moe", normed, cfg)
+            mlp = _moe(gb, f"l{i}.moe", normed, cfg)
         else:
-            mlp = _swiglu(gb, f"l{i}.mlp", normed, "bs", cfg.hidden, cfg.ffn,
-                          ((cfg.hidden, cfg.ffn), (cfg.ffn, cfg.hidden), ""))
+            mlp = _swiglu(gb, f"l{i}.mlp", normed, "bs", ((cfg.hidden, cfg.ffn), (cfg.ffn, cfg.hidden), ""))
         x = gb.op("add", f"l{i}.mlp_residual", "bsh,bsh->bsh", [x, mlp])
     gb.layer = None
     gb.checkpoint(x)

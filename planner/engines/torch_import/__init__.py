@@ -24,12 +24,12 @@ from __future__ import annotations
 import operator as pyop
 
 from planner.engines.torch_import.handlers import handle
-from planner.engines.torch_import.moe import _topk as topk_region
-from planner.engines.torch_import.sequence import reduction
+from planner.engines.torch_import import moe, sequence
 from planner.engines.torch_import.state import ImportState, TorchImportError
 from planner.ir.graph import Graph
 
-__all__ = ["TorchImportError", "import_module", "import_program", "reduction", "topk_region"]  # their modules register handlers
+__all__ = ["TorchImportError", "import_module", "import_program"]
+HANDLER_MODULES = (moe, sequence)  # imported for their @register handlers (beside handlers.py)
 
 
 def _op_name(target) -> str:
