@@ -13,6 +13,7 @@ The package is layered; each layer imports only the ones above it in this list:
     planner.pipeline    schedules, pipeline searches (exact DP, brute force, CSIMD), 3D plans
     planner.engines     leaves: torch import, JAX/DTensor export, numpy executor, XLA checks, verify
     planner.api         the functions below; planner.cli is the command line on top of it
+    planner.show        pictures and tables of a plan (matplotlib, imported only when drawing)
 """
 
 from planner.api import (METHODS, Cluster, LoadedPlan, compare, evaluate, evaluate_3d, export_shardings, layer_chain,
@@ -30,11 +31,13 @@ from planner.pipeline.schedule import LayerChain
 from planner.pipeline.search import METHODS as PIPELINE_METHODS
 from planner.plans import Plan
 from planner.search.sapp import sapp_levels
+from planner.show.draw import compare_figure, figure_bytes, plan_figure
 from planner.zoo import load_model, model_names
 
-__all__ = ["METHODS", "PIPELINE_METHODS", "REGISTRY", "Cluster", "Graph", "GraphBuilder", "GraphError", "LayerChain",
-           "LoadedPlan", "MachineProfile", "Mesh", "MeshError", "ModelError", "Operator", "Plan", "PlannerError",
-           "ProfileError", "SettingsError", "Tensor", "TrainingSettings", "compare", "evaluate", "evaluate_3d",
-           "export_shardings", "get_profile", "layer_chain", "load_graph", "load_model", "load_plan", "make_cluster",
-           "make_problem", "model_names", "parse_mesh", "plan", "plan_for_verification", "plan_pipeline",
-           "plan_problem", "sapp_levels", "save_graph", "verify_loaded", "write_csv"]
+__all__ = ["Cluster", "Graph", "GraphBuilder", "GraphError", "LayerChain", "LoadedPlan", "METHODS", "MachineProfile",
+           "Mesh", "MeshError", "ModelError", "Operator", "PIPELINE_METHODS", "Plan", "PlannerError", "ProfileError",
+           "REGISTRY", "SettingsError", "Tensor", "TrainingSettings", "compare", "compare_figure", "evaluate",
+           "evaluate_3d", "export_shardings", "figure_bytes", "get_profile", "layer_chain", "load_graph",
+           "load_model", "load_plan", "make_cluster", "make_problem", "model_names", "parse_mesh", "plan",
+           "plan_figure", "plan_for_verification", "plan_pipeline", "plan_problem", "sapp_levels", "save_graph",
+           "verify_loaded", "write_csv"]

@@ -193,7 +193,8 @@ def compare(model: str | Graph, mesh: str | Mesh = "8", device: str | MachinePro
             gap = 100.0 * (p.objective - reference.objective) / max(1, reference.objective)
         rows.append({"model": problem.graph.name, "mesh": cluster.mesh.spec, "device": cluster.profile.name,
                      "method": method, "status": p.status, "objective": p.objective,
-                     "estimated_step_time_s": p.estimated_step_time_s, "gap_percent": gap,
+                     "estimated_step_time_s": p.estimated_step_time_s, "gap_percent": gap, "compute_s": p.compute_s,
+                     "comm_s": p.comm_s, "hidden_s": p.hidden_s, **{f"memory_{k}_bytes": v for k, v in p.memory_breakdown},
                      "memory_per_device_bytes": p.memory_per_device_bytes, "fits_memory": p.fits_memory,
                      "memory_limit_bytes": p.memory_limit_bytes, **{f"setting_{k}": v for k, v in p.settings},
                      "search_time_s": p.search_time_s + build_s, "notes": " | ".join(p.notes)})
@@ -312,7 +313,7 @@ class LoadedPlan:
 def evaluate_3d_file(data: dict, model: str, device: str | MachineProfile = "a100-80g", *, batch: int | None = None,
                      seq: int | None = None, settings: TrainingSettings | None = None, memory: float | None = None,
                      hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV, where: str = "--plan") -> Plan3D:
-    """Re-cost a 3D plan JSON (``planner-3d/1``) through the 3D search's chain and evaluator."""
+    """Re-cost a 3D plan JSON (``planner-3d/1`` or ``/2``) through the 3D search's chain and evaluator."""
     pipe = data["pipeline"]
     try:
         stages, count, schedule = int(pipe["stages"]), int(pipe["num_microbatches"]), str(pipe["schedule"])

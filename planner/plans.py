@@ -23,6 +23,7 @@ class OpAssignment:
     name: str
     kind: str
     strategy: tuple[tuple[str, str | None], ...]  # (mesh axis, dim it splits or None)
+    layer: int | None = None  # the operator's layer (None outside the layers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +53,7 @@ class Plan:
     choice: tuple[int, ...] = field(default=(), compare=False, repr=False)
     bound: int | None = None  # proven lower bound on the objective (exact methods)
     hidden_s: float = 0.0  # communication that runs behind compute (step time = compute + comm - hidden)
+    comm_by_kind_axis_s: tuple[tuple[str, str, float], ...] = ()  # (collective kind, mesh axis, seconds)
 
     @property
     def gap_percent(self) -> float | None:
@@ -77,12 +79,15 @@ class Plan:
             "model": self.model, "method": self.method, "status": self.status, "objective": self.objective,
             "objective_unit_s": self.unit_s, "estimated_step_time_s": self.estimated_step_time_s,
             "compute_s": self.compute_s, "comm_s": self.comm_s, "hidden_s": self.hidden_s, "comm_by_kind_s": dict(self.comm_by_kind_s),
-            "comm_by_axis_s": dict(self.comm_by_axis_s), "memory_per_device_bytes": self.memory_per_device_bytes,
+            "comm_by_axis_s": dict(self.comm_by_axis_s),
+            "comm_by_kind_axis_s": [{"kind": k, "axis": a, "seconds": t} for k, a, t in self.comm_by_kind_axis_s],
+            "memory_per_device_bytes": self.memory_per_device_bytes,
             "memory_breakdown_bytes": dict(self.memory_breakdown), "memory_limit_bytes": self.memory_limit_bytes,
             "fits_memory": self.fits_memory, "mesh": self.mesh, "device": self.device,
             "settings": dict(self.settings), "notes": list(self.notes), "explanation": self.explanation,
             "bound": self.bound, "gap_percent": self.gap_percent,
-            "operators": [{"name": a.name, "kind": a.kind, "strategy": dict(a.strategy)} for a in self.operators],
+            "operators": [{"name": a.name, "kind": a.kind, "layer": a.layer, "strategy": dict(a.strategy)}
+                          for a in self.operators],
         }
         if timings:
             data["search_time_s"] = self.search_time_s
@@ -128,12 +133,13 @@ def make_plan(problem: Problem, strategies: Sequence[Strategy], *, method: str, 
     times = breakdown(record, problem.mesh, problem.profile)
     mem = record.memory
     axes = problem.mesh.names
-    ops = tuple(OpAssignment(t.op.name, t.op.kind, tuple(zip(axes, s))) for t, s in zip(problem.ops, strategies))
+    ops = tuple(OpAssignment(t.op.name, t.op.kind, tuple(zip(axes, s)), t.op.layer) for t, s in zip(problem.ops, strategies))
     settings = problem.settings
     return Plan(
         model=problem.graph.name, method=method, status=status, objective=objective, unit_s=problem.unit_s,
         estimated_step_time_s=times.total_s, compute_s=times.compute_s, comm_s=times.comm_s,
         comm_by_kind_s=times.comm_by_kind_s, comm_by_axis_s=times.comm_by_axis_s, hidden_s=times.hidden_s,
+        comm_by_kind_axis_s=times.comm_by_kind_axis_s,
         memory_per_device_bytes=mem.total,
         memory_breakdown=(("params", mem.params), ("grads", mem.grads), ("optimizer", mem.optimizer),
                           ("activations", mem.activations)),
@@ -191,17 +197,22 @@ def read_plan_file(path: Path | str) -> dict:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise SettingsError(f"--plan: cannot read a plan from {path} ({exc})") from None
+    return check_plan_data(data, str(path))
+
+
+def check_plan_data(data: object, where: str) -> dict:
+    """A plan's dict (flat or 3D) with its required fields checked; one-line errors name the field."""
     if not isinstance(data, dict):
-        raise SettingsError(f"--plan: {path} must hold a JSON object")
+        raise SettingsError(f"--plan: {where} must hold a JSON object")
     for key, kind in (("mesh", str), ("operators", list)) + ((("pipeline", dict),) if "pipeline" in data else ()):
         if not isinstance(data.get(key), kind):
-            raise SettingsError(f"--plan: {path}: field '{key}' is missing or not a {kind.__name__}")
+            raise SettingsError(f"--plan: {where}: field '{key}' is missing or not a {kind.__name__}")
     names = []
     for i, entry in enumerate(data["operators"]):
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or "strategy" not in entry:
-            raise SettingsError(f"--plan: {path}: operators #{i} needs 'name' and 'strategy'")
+            raise SettingsError(f"--plan: {where}: operators #{i} needs 'name' and 'strategy'")
         names.append(entry["name"])
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)
-        raise SettingsError(f"--plan: {path}: field 'operators' names {dup!r} twice")
+        raise SettingsError(f"--plan: {where}: field 'operators' names {dup!r} twice")
     return data

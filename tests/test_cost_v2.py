@@ -204,7 +204,7 @@ def test_weights_gradients_optimizer_match_megatron(a100):
 def test_stage_sends_once_per_boundary_split_over_tensor_parallel_ranks(a100):
     """The residual stream leaving a layer is read twice by the next (norm and residual add) but sent
     once, and each of the t ranks that hold it replicated sends 1/t (Megatron's scatter/gather)."""
-    from planner.pipeline.threed import cost_layers
+    from planner.pipeline.layer_costs import cost_layers
     graph = gpt(GPTConfig(layers=2, hidden=256, heads=4, seq=128, vocab=1024), batch=4)
     mesh = parse_mesh("4", a100)
     strategies = {op.name: ("a",) if "a" in op.sizes else ("f",) if "f" in op.sizes else (None,)
@@ -218,7 +218,7 @@ def test_tied_embedding_copy_and_recompute_working_set_in_the_layer_chain(a100):
     (weights, gradients, Adam state: 16 bytes per parameter) whose gradient is all-reduced with
     the first stage's. Under full recompute a layer keeps its input only, and re-running it
     materialises the rest again (its working set)."""
-    from planner.pipeline.threed import cost_layers
+    from planner.pipeline.layer_costs import cost_layers
     graph = gpt(GPTConfig(layers=2, hidden=256, heads=4, seq=128, vocab=1024), batch=4)
     mesh = parse_mesh("1", a100)
     strategies = {op.name: (None,) for op in graph.operators}

@@ -15,7 +15,7 @@ from planner.cost.records import breakdown, sum_records
 from planner.cost.settings import TrainingSettings
 from planner.ir.graph import Graph
 from planner.pipeline.schedule import point_to_point_seconds
-from planner.pipeline.threed import cost_layers
+from planner.pipeline.layer_costs import cost_layers
 from planner.plans import integer_objective, make_plan
 from planner.cost.problem import build_problem
 from planner.engines.verify import predicted_collectives

@@ -15,7 +15,7 @@ from planner.errors import SettingsError
 from planner.cluster.mesh import parse_mesh
 from planner.cluster.profiles import SYMBOLIC
 from planner.ir.graph_json import save_graph
-from planner.outputs import write_csv, write_json
+from planner.outputs import write_bytes, write_csv, write_json
 from planner.plans import Plan
 from planner.cli.report import format_3d, format_plan, summary_3d
 from planner.cli.parser import (DEGREE_OPTIONS, EXIT_INFEASIBLE, EXIT_MISMATCH, EXIT_NOT_OPTIMAL,
@@ -220,6 +220,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         write_csv(args.csv, rows)
     if args.json is not None:
         write_json(args.json, {"source": _source(args), "rows": rows})
+    _write_picture(args, lambda draw: draw.compare_figure(rows))
     lines = [f"{'method':10s} {'status':10s} {'step ms':>10s} {'gap %':>8s} {'mem GiB':>8s} {'fits':>5s} {'search s':>9s}"]
     for r in rows:
         gap = "-" if r["gap_percent"] is None else f"{r['gap_percent']:.2f}"
@@ -263,5 +264,26 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"models": cmd_models, "import-torch": cmd_import_torch, "export": cmd_export, "verify": cmd_verify,
+def cmd_show(args: argparse.Namespace) -> int:
+    from planner.show import tables, view
+    shown = view.load_view(args.plan)
+    what = ("schedule", "memory", "sharding") if args.what == "all" else (args.what,)
+    _write_picture(args, lambda draw: draw.plan_figure(shown, what))
+    if args.text or (args.png is None and args.svg is None):
+        _emit(tables.tables(shown, what), args)
+    else:
+        _emit(f"{', '.join(what)} of {args.plan} -> {args.png or args.svg}", args)
+    return EXIT_OK
+
+
+def _write_picture(args: argparse.Namespace, make) -> None:
+    """Draw a figure (``make(draw module)``) into --png or --svg, when one is given."""
+    path, fmt = (args.png, "png") if args.png is not None else (args.svg, "svg")
+    if path is None:
+        return
+    from planner.show import draw
+    write_bytes(path, draw.figure_bytes(make(draw), fmt), f"--{fmt}")
+
+
+COMMANDS = {"models": cmd_models, "import-torch": cmd_import_torch, "export": cmd_export, "verify": cmd_verify, "show": cmd_show,
             "plan": cmd_plan, "evaluate": cmd_evaluate, "compare": cmd_compare, "pipeline": cmd_pipeline}

@@ -165,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--methods", default=",".join(api.METHODS), help="comma-separated methods (default: all)")
     c.add_argument("--time-limit", type=_seconds, default=60.0, help="solver time limit per method (default 60)")
     c.add_argument("--seed", type=_seed, default=0)
+    _add_picture(c, "draw the methods side by side (step time and memory)")
     pp = sub.add_parser("pipeline", help="3D plan: pipeline stages with intra-operator plans (= plan --pipeline auto)")
     _add_common(pp)
     _add_search(pp)
@@ -200,7 +201,24 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--no-numpy", action="store_true", help="skip the numpy executor")
     v.add_argument("--max-memory", type=_bytes,
                    help="refuse when the estimated memory of the checks exceeds this (default: half the free memory)")
+    _add_show(sub.add_parser("show", help="draw a plan: schedule (Gantt), memory per stage, sharding map (or --text)"))
     return parser
+
+
+def _add_show(w: argparse.ArgumentParser) -> None:
+    _add_logging(w, top=False)
+    w.add_argument("--plan", required=True, help="plan JSON written by `planner plan --json` (flat or 3D)")
+    w.add_argument("--what", choices=["schedule", "memory", "sharding", "all"], default="all",
+                   help="which picture (default all, one panel each)")
+    _add_picture(w, "draw the plan")
+    w.add_argument("--text", action="store_true", help="print the same content as tables (the default without "
+                   "--png/--svg)")
+
+
+def _add_picture(p: argparse.ArgumentParser, what: str) -> None:
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--png", help=f"{what} into this PNG file (needs the plot extra: matplotlib)")
+    group.add_argument("--svg", help=f"{what} into this SVG file (needs the plot extra: matplotlib)")
 
 
 def _add_plan_source(p: argparse.ArgumentParser) -> None:

@@ -156,7 +156,7 @@ def op_cost(op: Operator, strategy: Strategy, mesh: Mesh, settings: TrainingSett
     hidden_pass, hidden_sync = _hidden_seconds(param_comm, time.fwd_s, bwd_s, mesh, settings.overlap)
     recompute = fwd if rerun else 0.0
     return CostRecord(fwd, fwd * op.backward_factor + recompute, merge_comm(tuple(comm + param_comm)), memory,
-                      time.fwd_s, bwd_s, opt_s, hidden_pass, hidden_sync)
+                      time.fwd_s, bwd_s, opt_s, hidden_pass, hidden_sync, time.fwd_s if rerun else 0.0)
 
 
 def _saved_activation(numel: float, layout: Layout, mesh_shape: tuple[int, ...], settings: TrainingSettings,

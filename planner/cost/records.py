@@ -47,6 +47,7 @@ class CostRecord:
     opt_s: float = 0.0
     hidden_s: float = 0.0  # per pass: gathers (ZeRO-3, sequence-parallel re-gathers) behind the compute
     hidden_sync_s: float = 0.0  # per step: the gradient reduction behind the (last) backward pass
+    rerun_s: float = 0.0  # the part of bwd_s that re-runs the forward (recompute), for pictures
 
     def __add__(self, other: "CostRecord") -> "CostRecord":
         return sum_records([self, other])
@@ -69,7 +70,7 @@ def sum_records(records: "list[CostRecord] | tuple[CostRecord, ...]") -> CostRec
     return CostRecord(comm=merge_comm(tuple(comm)), memory=memory, **totals)
 
 
-_ADDITIVE = ("fwd_flops", "bwd_flops", "fwd_s", "bwd_s", "opt_s", "hidden_s", "hidden_sync_s")
+_ADDITIVE = ("fwd_flops", "bwd_flops", "fwd_s", "bwd_s", "opt_s", "hidden_s", "hidden_sync_s", "rerun_s")
 
 
 def merge_comm(comm: tuple[Collective, ...]) -> tuple[Collective, ...]:
@@ -91,6 +92,7 @@ class TimeBreakdown:
     comm_by_kind_s: tuple[tuple[str, float], ...]
     comm_by_axis_s: tuple[tuple[str, float], ...]
     hidden_s: float = 0.0
+    comm_by_kind_axis_s: tuple[tuple[str, str, float], ...] = ()  # (kind, mesh axis, seconds)
 
     @property
     def total_s(self) -> float:
@@ -106,10 +108,13 @@ def breakdown(record: CostRecord, mesh: Mesh, profile: MachineProfile) -> TimeBr
     compute = profile.compute_weight * (record.fwd_s + record.bwd_s + record.opt_s)
     by_kind: dict[str, float] = {}
     by_axis: dict[str, float] = {}
+    by_pair: dict[tuple[str, str], float] = {}
     for c in record.comm:
         axis = mesh.axes[c.axis]
         t = collective_seconds(c.kind, axis.size, axis.bandwidth, axis.latency, c.nbytes, c.count)
         by_kind[c.kind] = by_kind.get(c.kind, 0.0) + t
         by_axis[axis.name] = by_axis.get(axis.name, 0.0) + t
+        by_pair[(c.kind, axis.name)] = by_pair.get((c.kind, axis.name), 0.0) + t
     return TimeBreakdown(compute, sum(by_kind.values()), tuple(sorted(by_kind.items())), tuple(sorted(by_axis.items())),
-                         profile.compute_weight * (record.hidden_s + record.hidden_sync_s))
+                         profile.compute_weight * (record.hidden_s + record.hidden_sync_s),
+                         tuple((kind, axis, t) for (kind, axis), t in sorted(by_pair.items())))

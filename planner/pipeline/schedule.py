@@ -74,6 +74,8 @@ class LayerChain:
     names: tuple[str, ...] = ()
     working_memory: np.ndarray | None = None  # extra bytes while one layer re-runs (recompute)
     tied: tuple[tuple[int, int, float, float], ...] = ()  # (owner layer, reader layer, bytes, sync s)
+    parts: np.ndarray | None = None  # [layers, counts, 6]: time per micro-batch by term (timeline.PARTS)
+    static_parts: np.ndarray | None = None  # [layers, 3]: params, grads, optimizer bytes
 
     def __post_init__(self) -> None:
         layers = self.static_memory.shape[0]
@@ -84,6 +86,8 @@ class LayerChain:
             raise SettingsError("layer chain: needs at least one layer")
         if self.working_memory is not None and self.working_memory.shape != (layers, len(self.counts)):
             raise SettingsError(f"layer chain: field 'working_memory' must have shape ({layers}, {len(self.counts)})")
+        if self.parts is not None and self.parts.shape[:2] != (layers, len(self.counts)):
+            raise SettingsError(f"layer chain: field 'parts' must have shape ({layers}, {len(self.counts)}, 6)")
         if any(not (0 <= o < layers and 0 <= r < layers) for o, r, *_ in self.tied):
             raise SettingsError("layer chain: field 'tied' names a layer outside the chain")
 

@@ -1,0 +1,181 @@
+"""Layer chains of a fixed intra-operator plan: each layer's time per micro-batch (by term), gradient
+sync, memory and the activation bytes it sends to the next stage, re-costed at every micro-batch
+count (costs stay symbolic: nothing is measured). Operators outside layers join the first and the
+last layer; an edge belongs to its consumer's layer."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Callable
+
+import numpy as np
+
+from planner.cluster.mesh import Mesh, MeshAxis
+from planner.cluster.profiles import MachineProfile
+from planner.cost.operators import op_cost, operand_infos, output_layouts, signature_ids
+from planner.cost.records import CostRecord, breakdown, seconds, sum_records
+from planner.cost.settings import TrainingSettings
+from planner.cost.strategy import REPLICATE, Strategy, divides
+from planner.cost.terms import plan_terms
+from planner.errors import SettingsError
+from planner.ir.graph import Graph
+from planner.pipeline.schedule import LayerChain
+
+PER_MICROBATCH = ("fwd", "bwd")
+
+
+def layer_of(graph: Graph) -> list[int]:
+    layers = [op.layer for op in graph.operators]
+    known = [layer for layer in layers if layer is not None]
+    if not known:
+        raise SettingsError(f"--model: {graph.name} has no layers to pipeline")
+    first, last = min(known), max(known)
+    out, seen = [], False
+    for layer in layers:
+        seen = seen or layer is not None
+        out.append(layer - first if layer is not None else (0 if not seen else last - first))
+    return out
+
+
+def cost_layers(graph: Graph, mesh: Mesh, profile: MachineProfile, settings: TrainingSettings,
+                strategies: dict[str, Strategy]) -> dict[str, np.ndarray]:
+    """Per-layer costs of a fixed intra-operator plan: time per micro-batch, gradient sync, memory,
+    and the bytes per device of the activations leaving each layer (each tensor once per boundary,
+    split over the stage's devices by ``_send_split``). An edge belongs to its consumer's layer."""
+    infos = operand_infos(graph, settings)
+    layer = layer_of(graph)
+    n = max(layer) + 1
+    chosen = [strategies[op.name] for op in graph.operators]
+    terms = plan_terms(graph, mesh, profile, settings, chosen)
+    per_layer: list[list] = [[] for _ in range(n)]
+    for i, record in enumerate(terms.ops):
+        per_layer[layer[i]].append(record)
+    out_bytes, sent = np.zeros(n), set()
+    for src, dst, slot, record in terms.edges:
+        per_layer[layer[dst]].append(record)
+        operand = graph.operators[dst].inputs[slot]
+        if layer[src] < layer[dst] and operand.tensor not in sent:  # sent once per boundary, not per consumer
+            sent.add(operand.tensor)
+            info = infos[graph.operators[dst].name][slot]
+            k = next(k for k, o in enumerate(graph.operators[src].outputs) if o.tensor == operand.tensor)
+            layout = output_layouts(graph.operators[src], chosen[src])[k]
+            out_bytes[layer[src]] += math.prod(info.shape) * info.elem_bytes / _send_split(layout, mesh)
+    summed: dict[tuple[int, ...], CostRecord] = {}  # identical layers hold the same (cached) term objects
+    records = []
+    for layer_terms in per_layer:
+        key = tuple(map(id, layer_terms))
+        if key not in summed:
+            summed[key] = sum_records(layer_terms)
+        records.append(summed[key])
+    phases = {id(r): (_phase_seconds(r, mesh, profile, PER_MICROBATCH),
+                      _phase_seconds(r, mesh, profile, ("grad", "opt")), _time_parts(r, mesh, profile))
+              for r in summed.values()}
+    return {
+        "time": np.array([phases[id(r)][0] for r in records]),
+        "parts": np.array([phases[id(r)][2] for r in records]),
+        "static_parts": np.array([(r.memory.params, r.memory.grads, r.memory.optimizer) for r in records]),
+        "sync": np.array([phases[id(r)][1] for r in records]),
+        "activation_memory": np.array([r.memory.activations for r in records]),
+        "static_memory": np.array([r.memory.params + r.memory.grads + r.memory.optimizer for r in records]),
+        "out_bytes": out_bytes,
+        "working_memory": _working_memory(graph, mesh, profile, settings, chosen, terms.ops, layer, n),
+        "tied": _tied_parameters(graph, mesh, profile, settings, chosen, infos, terms.ops, layer),
+    }
+
+
+def _working_memory(graph: Graph, mesh: Mesh, profile: MachineProfile, settings: TrainingSettings, chosen,
+                    records, layer: list[int], n: int) -> np.ndarray:
+    """Per layer, the activations its re-run materialises again under recompute (what it would
+    keep without recompute less what it keeps): Megatron's working set of one layer."""
+    working = np.zeros(n)
+    if settings.recompute == "none":
+        return working
+    plain = replace(settings, recompute="none")
+    infos = operand_infos(graph, plain)
+    kept: dict[tuple, float] = {}  # identical layers cost once
+    for i, (op, signature) in enumerate(zip(graph.operators, signature_ids(graph, plain))):
+        key = (signature, chosen[i])
+        if key not in kept:
+            kept[key] = op_cost(op, chosen[i], mesh, plain, infos[op.name], profile).memory.activations
+        working[layer[i]] += kept[key] - records[i].memory.activations
+    return working
+
+
+def _tied_parameters(graph: Graph, mesh: Mesh, profile: MachineProfile, settings: TrainingSettings, chosen, infos,
+                     records, layer: list[int]) -> list[tuple[int, int, float, float]]:
+    """Parameters read in two layers (the tied embedding, read by the LM head): (owner layer,
+    reader layer, the reader's copy's static bytes, its gradient bytes)."""
+    tied = []
+    for i, slot, home in graph.derived(("tied_reads", settings), lambda: _tied_reads(graph, infos, layer)):
+        op = graph.operators[i]
+        own = tuple(replace(x, counts_memory=True) if j == slot else x for j, x in enumerate(infos[op.name]))
+        copy, base = op_cost(op, chosen[i], mesh, settings, own, profile).memory, records[i].memory
+        static = copy.params + copy.grads + copy.optimizer - (base.params + base.grads + base.optimizer)
+        tied.append((home, layer[i], static, copy.grads - base.grads))
+    return tied
+
+
+def _tied_reads(graph: Graph, infos, layer: list[int]) -> tuple[tuple[int, int, int], ...]:
+    """(operator, input slot, owner layer) of each parameter read outside the layer that keeps it."""
+    owner = {op.inputs[slot].tensor: layer[i] for i, op in enumerate(graph.operators)
+             for slot, info in enumerate(infos[op.name]) if info.role == "param" and info.counts_memory}
+    return tuple((i, slot, owner.get(op.inputs[slot].tensor, layer[i])) for i, op in enumerate(graph.operators)
+                 for slot, info in enumerate(infos[op.name])
+                 if info.role == "param" and not info.counts_memory
+                 and owner.get(op.inputs[slot].tensor, layer[i]) != layer[i])
+
+
+def _send_split(layout, mesh: Mesh) -> int:
+    """How many devices share one stage-to-stage send: its shards, and on every axis where the
+    tensor is replicated a scatter before the send and a gather after it (Megatron-LM's
+    scatter/gather optimisation: each tensor-parallel rank sends 1/t; the gather runs on NVLink
+    inside the receiving stage and is not charged)."""
+    return math.prod(axis.size for axis, p in zip(mesh.axes, layout) if p >= 0 or p == REPLICATE)
+
+
+def _phase_seconds(record, mesh: Mesh, profile: MachineProfile, phases: tuple[str, ...]) -> float:
+    """Seconds of a record's per-micro-batch part (``fwd``/``bwd`` phases: the passes) or of its
+    per-step part (``grad``/``opt``: gradient sync and optimizer step)."""
+    comm = tuple(c for c in record.comm if c.phase in phases)
+    if "fwd" in phases:
+        part = CostRecord(comm=comm, fwd_s=record.fwd_s, bwd_s=record.bwd_s, hidden_s=record.hidden_s)
+    else:
+        part = CostRecord(comm=comm, opt_s=record.opt_s, hidden_sync_s=record.hidden_sync_s)
+    return seconds(part, mesh, profile)
+
+
+def _time_parts(record, mesh: Mesh, profile: MachineProfile) -> tuple[float, ...]:
+    """A record's per-micro-batch seconds by term (``timeline.PARTS``); they add up to
+    ``_phase_seconds(record, ..., PER_MICROBATCH)``."""
+    weight = profile.compute_weight
+    comm = [breakdown(CostRecord(comm=tuple(c for c in record.comm if c.phase == phase)), mesh, profile).comm_s
+            for phase in PER_MICROBATCH]
+    return (weight * record.fwd_s, weight * (record.bwd_s - record.rerun_s), weight * record.rerun_s,
+            comm[0], comm[1], weight * record.hidden_s)
+
+
+def model_chain(load: Callable[[int], Graph], batch: int, counts: list[int], mesh: Mesh, profile: MachineProfile,
+                settings: TrainingSettings, strategies: dict[str, Strategy], link: MeshAxis) -> LayerChain | None:
+    """The layer chain of a fixed intra-operator plan re-costed at every micro-batch count."""
+    columns, kept = [], []
+    for count in counts:
+        graph = load(batch // count)
+        if plan_valid(graph, mesh, strategies):  # a split that no longer divides the micro-batch: skip
+            columns.append(cost_layers(graph, mesh, profile, settings, strategies))
+            kept.append(count)
+    if not columns:
+        return None
+    stack = lambda key: np.stack([col[key] for col in columns], axis=1)
+    # the two copies' gradients are all-reduced between their stages over the pipeline link
+    tied = tuple((o, r, nbytes, 2 * link.latency + grad_bytes / link.bandwidth)
+                 for o, r, nbytes, grad_bytes in columns[0]["tied"])
+    return LayerChain(tuple(batch // c for c in kept), tuple(kept), stack("time"), stack("out_bytes"),
+                      stack("activation_memory"), columns[0]["static_memory"], columns[0]["sync"],
+                      link.bandwidth, link.latency, working_memory=stack("working_memory"), tied=tied,
+                      parts=stack("parts"), static_parts=columns[0]["static_parts"])
+
+
+def plan_valid(graph: Graph, mesh: Mesh, strategies: dict[str, Strategy]) -> bool:
+    distinct = {(op.dims, strategies[op.name]) for op in graph.operators}  # the layers repeat a few operators
+    return all(divides(dict(dims), strategy, mesh) for dims, strategy in distinct)
