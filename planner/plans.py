@@ -113,7 +113,7 @@ def integer_objective(problem: Problem, strategies: Sequence[Strategy]) -> tuple
         # a strategy pruned as dominated (or given by a user) is costed afresh by the walk
         known.append(table.records[table.strategies.index(strategy)] if strategy in table.strategies else None)
     terms = plan_terms(problem.graph, problem.mesh, problem.profile, problem.settings, strategies, known)
-    records = list(terms.ops) + [record for *_, record in terms.edges]
+    records = terms.records()
     units: dict[int, int] = {}  # identical terms share one record object
     objective = 0
     for record in records:

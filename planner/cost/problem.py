@@ -24,12 +24,12 @@ from planner.cost.operators import OperandInfo, input_layouts, op_cost, op_signa
 from planner.cost.records import CostRecord, sum_records, seconds
 from planner.cost.redistribution import edge_seconds
 from planner.cost.settings import TrainingSettings
-from planner.cost.terms import plan_terms
+from planner.cost.terms import plan_terms, tied_reads
 from planner.errors import SettingsError
 from planner.ir.graph import Graph, Operator
 from planner.cluster.mesh import Mesh
 from planner.cluster.profiles import MachineProfile
-from planner.cost.strategy import Layout, Strategy, enumerate_strategies, splittable_dims
+from planner.cost.strategy import Layout, Strategy, enumerate_strategies, forward_layout, splittable_dims
 
 DEFAULT_UNIT_S = 1e-9
 
@@ -77,6 +77,13 @@ class Problem:
     settings: TrainingSettings
     unit_s: float
     _producer_index: dict = field(default_factory=dict, repr=False)
+    ties: tuple[EdgeTable, ...] = ()  # tie edges: owner op -> another reader of a parameter (``tied_reads``)
+    conditions: tuple = ()  # (owner op, layouts of its tied parameters) a conditioned copy is pinned to
+
+    @property
+    def all_edges(self) -> tuple[EdgeTable, ...]:
+        """Edges and tie edges: every pairwise term of the objective."""
+        return self.edges + self.ties
 
     def op_index(self, name: str) -> int:
         for i, table in enumerate(self.ops):
@@ -91,10 +98,14 @@ class Problem:
                 self._producer_index.setdefault(e.tensor, e.src_index)
         return self._producer_index[tensor]
 
+    def producer_layout_count(self, tensor: str) -> int:
+        """How many layouts the producer of ``tensor`` may give it (rows of its edges' tables)."""
+        return next(len(e.src_layouts) for e in self.edges if e.tensor == tensor)
+
     def objective(self, choice: Sequence[int]) -> int:
         """Integer objective of a choice of strategy index per operator."""
         total = sum(int(t.cost[c]) for t, c in zip(self.ops, choice))
-        for e in self.edges:
+        for e in self.all_edges:
             total += int(e.cost[e.src_index[choice[e.src]], e.dst_index[choice[e.dst]]])
         return total
 
@@ -106,7 +117,7 @@ class Problem:
         strategies = [t.strategies[c] for t, c in zip(self.ops, choice)]
         terms = plan_terms(self.graph, self.mesh, self.profile, self.settings, strategies,
                            [t.records[c] for t, c in zip(self.ops, choice)])
-        return sum_records(list(terms.ops) + [record for *_, record in terms.edges])
+        return sum_records(terms.records())
 
 
 MAX_UNITS = 2**50  # per term (13 days in ns, 1 PiB): int64 sums over many terms must not overflow
@@ -222,7 +233,7 @@ def _build(graph: Graph, mesh: Mesh, profile: MachineProfile, settings: Training
         tables.append(OpTable(op, cached.inputs, cached.strategies, cached.cost, cached.memory,
                               cached.out_layouts, cached.in_layouts, cached.records))
     edges = _build_edges(graph, tables, mesh, profile, unit_s)
-    return Problem(graph, tuple(tables), edges, mesh, profile, settings, unit_s)
+    return Problem(graph, tuple(tables), edges, mesh, profile, settings, unit_s, ties=_build_ties(graph, tables, mesh, unit_s))
 
 
 def _layout_index(layouts: Sequence[Layout]) -> tuple[tuple[Layout, ...], np.ndarray]:
@@ -261,3 +272,18 @@ def _build_edges(graph: Graph, tables: list[OpTable], mesh: Mesh, profile: Machi
             edges.append(EdgeTable(operand.tensor, src, src_slot, dst, slot, src_layouts, dst_layouts,
                                    matrix_cache[key], src_index, dst_index))
     return tuple(edges)
+
+
+def _build_ties(graph: Graph, tables: list[OpTable], mesh: Mesh, unit_s: float) -> tuple[EdgeTable, ...]:
+    """One edge table per tied read: owner's forward layout of the parameter -> the reader's."""
+    infos = {t.op.name: t.inputs for t in tables}
+    ties = []
+    for owner, owner_slot, reader, slot in tied_reads(graph, infos):
+        info = tables[reader].inputs[slot]
+        src_layouts, src_index = _layout_index([forward_layout(lay[owner_slot]) for lay in tables[owner].in_layouts])
+        dst_layouts, dst_index = _layout_index([forward_layout(lay[slot]) for lay in tables[reader].in_layouts])
+        cost = np.array([[_to_units(edge_seconds(info.shape, info.elem_bytes, a, b, mesh, True), unit_s)
+                          for b in dst_layouts] for a in src_layouts], dtype=np.int64)  # = seconds(tie_cost(...))
+        ties.append(EdgeTable(graph.operators[reader].inputs[slot].tensor, owner, owner_slot, reader, slot,
+                              src_layouts, dst_layouts, cost, src_index, dst_index))
+    return tuple(ties)

@@ -16,7 +16,7 @@ from planner.cost.settings import TrainingSettings
 from planner.ir.graph import Graph
 from planner.cluster.mesh import Mesh
 from planner.cluster.profiles import MachineProfile
-from planner.cost.strategy import Strategy
+from planner.cost.strategy import Layout, Strategy, forward_layout
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +29,41 @@ class PlanTerms:
 
     ops: tuple[CostRecord, ...]
     edges: tuple[tuple[int, int, int, CostRecord], ...]
+    ties: tuple[tuple[int, int, int, CostRecord], ...] = ()  # (owner op, reader op, reader's slot, record)
+
+    def records(self) -> list[CostRecord]:
+        """Every term: operators, edges and ties."""
+        return list(self.ops) + [record for *_, record in self.edges] + [record for *_, record in self.ties]
+
+
+def tied_reads(graph: Graph, infos) -> tuple[tuple[int, int, int, int], ...]:
+    """(owner op, owner's slot, reader op, reader's slot) of each parameter read by several operators.
+
+    A tied parameter (GPT's embedding table, read again by the LM head) is stored once, in the layout
+    its owner (the first reader, which keeps its state) reads it in; another reader that needs it in
+    another layout redistributes it from there in each forward pass: a tie edge, costed like an
+    activation edge from the owner's layout (its gradient, already reduced by the reader's own
+    gradient all-reduce, is then sliced to the owner's layout locally)."""
+    def build():
+        owner: dict[str, tuple[int, int]] = {}
+        out = []
+        for i, op in enumerate(graph.operators):
+            for slot, info in enumerate(infos[op.name]):
+                if info.role == "param" and info.counts_memory:
+                    owner[op.inputs[slot].tensor] = (i, slot)
+        for i, op in enumerate(graph.operators):
+            for slot, info in enumerate(infos[op.name]):
+                home = owner.get(op.inputs[slot].tensor)
+                if info.role == "param" and home is not None and home[0] != i:
+                    out.append((home[0], home[1], i, slot))
+        return tuple(out)
+    return graph.derived(("tie_edges",), build)  # the owner is the first reader, whatever the settings
+
+
+def tie_cost(shape: tuple[int, ...], elem_bytes: int, owner_layout: Layout, reader_layout: Layout,
+             mesh_shape: tuple[int, ...]) -> CostRecord:
+    """The tie edge between two readers' layouts of one parameter (see ``tied_reads``)."""
+    return edge_cost(shape, elem_bytes, forward_layout(owner_layout), forward_layout(reader_layout), mesh_shape, True)
 
 
 def plan_terms(graph: Graph, mesh: Mesh, profile: MachineProfile, settings: TrainingSettings,
@@ -65,4 +100,12 @@ def plan_terms(graph: Graph, mesh: Mesh, profile: MachineProfile, settings: Trai
             if edge not in cache:
                 cache[edge] = edge_cost(info.shape, info.elem_bytes, out, ins[slot], mesh.shape, info.edge_grad)
             edge_terms.append((src, i, slot, cache[edge]))
-    return PlanTerms(tuple(op_terms), tuple(edge_terms))
+    tie_terms = []
+    for owner, owner_slot, reader, slot in tied_reads(graph, infos):
+        info = infos[graph.operators[reader].name][slot]
+        pair = (layouts[keys[owner]][1][owner_slot], layouts[keys[reader]][1][slot])
+        tie = (info.shape, info.elem_bytes, "tie") + pair
+        if tie not in cache:
+            cache[tie] = tie_cost(info.shape, info.elem_bytes, *pair, mesh.shape)
+        tie_terms.append((owner, reader, slot, cache[tie]))
+    return PlanTerms(tuple(op_terms), tuple(edge_terms), tuple(tie_terms))

@@ -143,7 +143,7 @@ def drec_cost(problem: Problem, order: str = "weight") -> tuple[Strategy, ...]:
 
 def _edge_lists(problem: Problem) -> list[list]:
     lists: list[list] = [[] for _ in problem.ops]
-    for e in problem.edges:
+    for e in problem.edges:  # D-Rec's levels see producer -> consumer edges; ties are costed with the plan
         lists[e.src].append(e)
         lists[e.dst].append(e)
     return lists

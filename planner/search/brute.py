@@ -30,7 +30,7 @@ def brute_force(problem: Problem, memory_limit: float | None = None,
     for i, table in enumerate(problem.ops):
         total = total + along(table.cost, i)
         memory = memory + along(table.memory, i)
-    for e in problem.edges:
+    for e in problem.all_edges:
         pair = e.cost[np.ix_(e.src_index, e.dst_index)]  # [producer strategy, consumer strategy]
         shape = [1] * n
         if e.src == e.dst:

@@ -106,9 +106,9 @@ def segment_network(problem: Problem, seg: Segment, unary: Sequence[np.ndarray])
     exit_var = n + (1 if seg.entry_tensor else 0) if seg.exit_tensor else None
     sizes = [np.asarray(unary[op], dtype=np.float64) for op in seg.ops]
     if entry_var is not None:
-        sizes.append(np.zeros(int(problem.producer_layout_index(seg.entry_tensor).max()) + 1))
+        sizes.append(np.zeros(problem.producer_layout_count(seg.entry_tensor)))
     if exit_var is not None:
-        sizes.append(np.zeros(int(problem.producer_layout_index(seg.exit_tensor).max()) + 1))
+        sizes.append(np.zeros(problem.producer_layout_count(seg.exit_tensor)))
     net = Network(sizes)
     for e in problem.edges:
         if e.dst not in local:

@@ -36,6 +36,7 @@ from planner.search.pareto import ParetoResult, pareto_search
 from planner.cost.operators import attention_core
 from planner.cost.problem import Problem, build_problem
 from planner.cost.settings import AUTO, RECOMPUTE, ZERO_STAGES
+from planner.search.ties import conditioned, solve_tied
 from planner.search.solver import SolveResult, build_seconds, explain_infeasible, min_memory, program_size, solve
 
 Progress = Callable[[int, int, str], None]
@@ -96,20 +97,23 @@ class Workers:
 
 def solve_unary(problem: Problem, segments: Sequence[Segment], unary: Sequence[np.ndarray],
                 workers: Workers | None = None, progress: Progress | None = None,
-                deadline: float | None = None) -> DecomposedSolution:
+                deadline: float | None = None, reduced: dict | None = None) -> DecomposedSolution:
     """Exact minimum of sum(unary) + edge costs: distinct segments reduced once, tables multiplied
-    (``TimeoutError`` when a segment's reduction runs past ``deadline``)."""
+    (``TimeoutError`` when a segment's reduction runs past ``deadline``). ``reduced`` keeps the
+    reductions by segment key across calls whose unary costs are the problems' own op costs (the
+    key hashes them): the tied-layout conditions share every segment they do not change."""
     distinct: dict[str, Segment] = {}
     for seg in segments:
         distinct.setdefault(seg.key, seg)
-    items = list(distinct.items())
+    known = reduced if reduced is not None else {}
+    items = [(key, seg) for key, seg in distinct.items() if key not in known]
     if workers is not None and workers.pool is not None and len(items) > 1:
         results = workers.pool.imap(_reduce_in_worker, [(seg, unary, deadline) for _, seg in items])
     else:
         results = (_reduce(problem, seg, unary, deadline) for _, seg in items)
-    reductions = {}
-    for n, ((key, _), reduced) in enumerate(zip(items, results)):
-        reductions[key] = reduced
+    reductions = {key: known[key] for key in distinct if key in known}
+    for n, ((key, _), reduction) in enumerate(zip(items, results)):
+        reductions[key] = known[key] = reduction
         if progress:
             progress(n + 1, len(items), "segments")
     blocks = group_blocks(segments, [reductions[s.key].table for s in segments])
@@ -127,10 +131,20 @@ def solve_unary(problem: Problem, segments: Sequence[Segment], unary: Sequence[n
 
 def solve_exact(problem: Problem, memory_limit: float | None = None, time_limit_s: float = 60.0, seed: int = 0,
                 jobs: int = 1, progress: Progress | None = None) -> tuple[SolveResult, tuple[str, ...]]:
-    """The exact planner: decomposed when the graph has cuts, else the whole-graph program.
+    """The exact planner: decomposed when the graph has cuts, else the whole-graph program; tied
+    parameters conditioned on (``planner.search.ties``).
 
     ``time_limit_s`` bounds the whole call (price steps, model building and every CP-SAT solve);
     at the limit the best plan found is returned FEASIBLE with its proven bound."""
+    if problem.ties:
+        reduced: dict = {}  # segments untouched by the ties are reduced once for every condition
+        return solve_tied(problem, memory_limit, time_limit_s, seed, lambda untied, limit: _solve_untied(
+            untied, memory_limit, limit, seed, jobs, progress, reduced))
+    return _solve_untied(problem, memory_limit, time_limit_s, seed, jobs, progress)
+
+
+def _solve_untied(problem: Problem, memory_limit: float | None, time_limit_s: float, seed: int, jobs: int,
+                  progress: Progress | None, reduced: dict | None = None) -> tuple[SolveResult, tuple[str, ...]]:
     start = time.perf_counter()
     deadline = start + time_limit_s
     segments = split_segments(problem)
@@ -155,7 +169,8 @@ def solve_exact(problem: Problem, memory_limit: float | None = None, time_limit_
         costs = [t.cost.astype(np.float64) for t in problem.ops]
         began = time.perf_counter()
         try:
-            free = solve_unary(problem, segments, costs, workers, progress, start + REDUCE_SHARE * time_limit_s)
+            free = solve_unary(problem, segments, costs, workers, progress, start + REDUCE_SHARE * time_limit_s,
+                               reduced)
         except TimeoutError as exc:
             return _whole_instead(problem, memory_limit, deadline, seed, start, notes, str(exc))
         step_s = time.perf_counter() - began
@@ -240,6 +255,8 @@ def layer_options(problem: Problem, segments: Sequence[Segment]) -> LayerOptions
     modes = tuple(itertools.product(recompute, zero))
     variants = tuple(build_problem(graph, problem.mesh, problem.profile, _pinned(settings, layers, mode),
                                    problem.unit_s) for mode in modes[1:])
+    if problem.conditions:  # a problem conditioned on tied layouts: its variants are conditioned alike
+        variants = tuple(conditioned(v, dict(problem.conditions)) for v in variants)
     units, seen = [], set()
     for k, seg in enumerate(segments):
         own = {graph.operators[op].layer for op in seg.ops} - {None}

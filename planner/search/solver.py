@@ -104,7 +104,7 @@ def _layout_sums(row: Mapping[int, cp_model.IntVar], index: np.ndarray) -> dict[
 
 def _add_marginals(model: cp_model.CpModel, problem: Problem, x, objective: list) -> list[dict]:
     y_maps = []
-    for e_idx, edge in enumerate(problem.edges):
+    for e_idx, edge in enumerate(problem.all_edges):
         src_groups = _layout_sums(x[edge.src], edge.src_index)
         dst_groups = _layout_sums(x[edge.dst], edge.dst_index)
         y: dict[tuple[int, int], cp_model.IntVar] = {}
@@ -142,7 +142,7 @@ def greedy_choice(problem: Problem, memory_limit: float | None = None) -> tuple[
     If the result does not fit ``memory_limit``, every op falls back to its least-memory strategy.
     """
     incoming: dict[int, list] = {}
-    for edge in problem.edges:
+    for edge in problem.all_edges:
         incoming.setdefault(edge.dst, []).append(edge)
     choice: list[int] = []
     for i, table in enumerate(problem.ops):
@@ -164,7 +164,7 @@ def program_size(problem: Problem, allowed: Mapping[int, Sequence[int]] | None =
     def layouts(op: int, index: np.ndarray, distinct: int) -> int:
         return len(set(index[list(allowed[op])].tolist())) if allowed and op in allowed else distinct
     pairs = 0
-    for e in problem.edges:
+    for e in problem.all_edges:
         a, b = layouts(e.src, e.src_index, len(e.src_layouts)), layouts(e.dst, e.dst_index, len(e.dst_layouts))
         pairs += a * b if a > 1 and b > 1 else 0
     return pairs + sum(len(allowed[i]) if allowed and i in allowed else len(t.strategies)
@@ -178,7 +178,7 @@ def build_seconds(problem: Problem, allowed: Mapping[int, Sequence[int]] | None 
 
 def separable_bound(problem: Problem) -> int:
     """A proven lower bound on the objective: every operator and every edge at its own minimum."""
-    return int(sum(int(t.cost.min()) for t in problem.ops) + sum(int(e.cost.min()) for e in problem.edges))
+    return int(sum(int(t.cost.min()) for t in problem.ops) + sum(int(e.cost.min()) for e in problem.all_edges))
 
 
 def _too_short(problem: Problem, memory_limit: float | None, hint, lower_bound, start: float) -> SolveResult:
