@@ -14,7 +14,7 @@ from experiments.common import run
 import time
 
 SCRIPTS = ("fidelity", "portability", "smsg_models", "verify", "exact_vs_heuristic", "pipeline", "scaling",
-           "memory_bound", "sapp_scaling", "llama", "pictures")
+           "memory_bound", "sapp_scaling", "llama", "pictures", "train_check")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -224,6 +224,11 @@ CASES = [
     ("show --text", ["show", "--plan", "p3.json", "--what", "schedule", "--text"], 0,
      lambda t, c, o: "micro-batches" in o and "memory per device" not in o),
     ("show --png --svg refused", ["show", "--plan", "flat.json", "--png", "a.png", "--svg", "a.svg"], 2, None),
+    ("run-jax --steps --lr --seed", ["run-jax", "--plan", "flat.json", "--steps", "2", "--lr", "0.001", "--seed", "3"],
+     0, lambda t, c, o: "SGD lr 0.001" in o and o.count("\n   ") == 2 and "max relative difference" in o),
+    ("run-jax --devices mismatch", ["run-jax", "--plan", "flat.json", "--devices", "4"], 2, None),
+    ("run-jax --tolerance", ["run-jax", "--plan", "flat.json", "--steps", "1", "--tolerance", "-1"], 5, None),
+    ("run-jax 3D refused", ["run-jax", "--plan", "p3.json"], 2, None),
     ("models -q", ["models", "-q"], 0, lambda t, c, o: o == ""),
     ("models", ["models"], 0, lambda t, c, o: "gpt3-175b" in o),
 ]

@@ -29,6 +29,20 @@ def test_import_plans_exactly_with_matching_parameter_count(spec, expected_kinds
     assert result.status == "OPTIMAL" and result.estimated_step_time_s > 0
 
 
+def test_cross_entropy_loss_reads_integer_labels(tmp_path):
+    out = tmp_path / "g.json"
+    assert main(["import-torch", "hf:gpt2:layers=1,hidden=64,heads=2,seq=16,vocab=128,batch=2", "--loss",
+                 "cross_entropy", "--json", str(out), "-q"]) == 0
+    graph = load_graph(out)
+    loss = graph.operators[-1]
+    assert loss.kind == "cross_entropy" and [graph.tensor(o.tensor).shape for o in loss.inputs] == [(2, 16, 128), (2, 16)]
+    assert graph.tensor("labels").integer and graph.tensor("labels").role == "data"
+    summed = tmp_path / "s.json"
+    assert main(["import-torch", "hf:gpt2:layers=1,hidden=64,heads=2,seq=16,vocab=128,batch=2", "--json", str(summed),
+                 "-q"]) == 0
+    assert load_graph(summed).operators[-1].kind == "reduce"
+
+
 def test_cli_import_then_plan(tmp_path, capsys):
     out = tmp_path / "g.json"
     assert main(["import-torch", "hf:gpt2:layers=2,seq=64", "--json", str(out)]) == 0

@@ -235,7 +235,7 @@ def cmd_import_torch(args: argparse.Namespace) -> int:
     from planner.engines.torch_import import import_module
     from planner.engines.torch_presets import build_spec
     module, inputs, name = build_spec(args.spec)
-    graph = import_module(module, inputs, name=name, allow_unknown=args.allow_unknown)
+    graph = import_module(module, inputs, name=name, allow_unknown=args.allow_unknown, loss=args.loss)
     torch_params = sum(p.numel() for p in module.parameters())
     save_graph(graph, args.json)
     _emit(f"imported {name}: {len(graph.operators)} operators, {graph.num_params:,d} parameters "
@@ -264,6 +264,26 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_run_jax(args: argparse.Namespace) -> int:
+    from planner.engines.train_jax import train_on_jax
+    loaded = api.load_plan(args.plan, args.model, args.batch, args.seq)
+    if args.devices is not None and args.devices != loaded.mesh.num_devices:
+        raise SettingsError(f"--devices: the plan's mesh {loaded.mesh.spec} has {loaded.mesh.num_devices} devices, "
+                            f"not {args.devices}")
+    run = train_on_jax(loaded.graph, loaded.strategies, loaded.mesh.names, loaded.mesh.shape, steps=args.steps,
+                       lr=args.lr, seed=args.seed)
+    lines = [f"plan {args.plan}: {loaded.graph.name} on {run.devices} {run.platform} devices ({loaded.mesh.spec}), "
+             f"SGD lr {args.lr:g}", f"{'step':>4s} {'loss (mesh)':>16s} {'loss (1 device)':>16s} {'rel diff':>10s}"]
+    for k, (loss, ref) in enumerate(zip(run.losses, run.reference)):
+        lines.append(f"{k:4d} {loss:16.6f} {ref:16.6f} {abs(loss - ref) / max(abs(ref), 1e-30):10.2e}")
+    lines.append(f"max relative difference {run.max_rel_diff:.2e} (tolerance {args.tolerance:g})")
+    _emit("\n".join(lines), args)
+    if run.max_rel_diff > args.tolerance:
+        print("planner: run-jax: losses differ from the one-device run beyond the tolerance", file=sys.stderr)
+        return EXIT_MISMATCH
+    return EXIT_OK
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     from planner.show import tables, view
     shown = view.load_view(args.plan)
@@ -285,5 +305,5 @@ def _write_picture(args: argparse.Namespace, make) -> None:
     write_bytes(path, draw.figure_bytes(make(draw), fmt), f"--{fmt}")
 
 
-COMMANDS = {"models": cmd_models, "import-torch": cmd_import_torch, "export": cmd_export, "verify": cmd_verify, "show": cmd_show,
+COMMANDS = {"models": cmd_models, "import-torch": cmd_import_torch, "export": cmd_export, "verify": cmd_verify, "show": cmd_show, "run-jax": cmd_run_jax,
             "plan": cmd_plan, "evaluate": cmd_evaluate, "compare": cmd_compare, "pipeline": cmd_pipeline}

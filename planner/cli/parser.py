@@ -189,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 "(returning (module, example_inputs))")
     i.add_argument("--json", required=True, help="graph JSON to write (then: planner plan --model it)")
     i.add_argument("--allow-unknown", action="store_true", help="map unsupported ops to replicated opaque operators")
+    i.add_argument("--loss", choices=["sum", "cross_entropy"], default="sum",
+                   help="training loss added on the first output: its sum (default) or its cross-entropy against "
+                        "integer labels (language and classification models)")
     x = sub.add_parser("export", help="JAX PartitionSpecs, DTensor placements and a Linear plan of a plan JSON")
     _add_plan_source(x)
     x.add_argument("--tensor-axis", help="mesh axis of the Linear parallelize plan (default: the innermost)")
@@ -202,7 +205,20 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--max-memory", type=_bytes,
                    help="refuse when the estimated memory of the checks exceeds this (default: half the free memory)")
     _add_show(sub.add_parser("show", help="draw a plan: schedule (Gantt), memory per stage, sharding map (or --text)"))
+    _add_run_jax(sub.add_parser("run-jax", help="train a plan K steps on a JAX device mesh (emulated CPU devices) "
+                                                "against one device"))
     return parser
+
+
+def _add_run_jax(r: argparse.ArgumentParser) -> None:
+    _add_plan_source(r)
+    r.add_argument("--steps", type=_positive_int, default=5, help="SGD steps (default 5)")
+    r.add_argument("--lr", type=_number(float, lambda v: 0 < v < 1, "a learning rate in (0, 1)"), default=1e-4,
+                   help="SGD learning rate on the summed loss (default 1e-4)")
+    r.add_argument("--seed", type=_seed, default=0, help="seed of the initial weights and the batch (default 0)")
+    r.add_argument("--tolerance", type=float, default=1e-4,
+                   help="largest relative loss difference to the one-device run (default 1e-4; exit 5 beyond)")
+    r.add_argument("--devices", type=_positive_int, help="devices (must equal the plan's mesh size)")
 
 
 def _add_show(w: argparse.ArgumentParser) -> None:

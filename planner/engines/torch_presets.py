@@ -117,3 +117,11 @@ def _encoder_decoder(model):
         def forward(self, input_ids, decoder_input_ids):
             return self.model(input_ids=input_ids, decoder_input_ids=decoder_input_ids).logits
     return EncoderDecoder()
+
+
+def import_spec(spec: str, loss: str = "sum", allow_unknown: bool = False):
+    """The graph of a preset or ``file.py:function`` (see ``build_spec``), imported through
+    ``torch.export`` with the training ``loss`` (``sum`` or ``cross_entropy``)."""
+    from planner.engines.torch_import import import_module
+    module, inputs, name = build_spec(spec)
+    return import_module(module, inputs, name=name, allow_unknown=allow_unknown, loss=loss)

@@ -271,8 +271,8 @@ def _edge_hooks(graph, exported, sharding):
     return make_on_input, on_output
 
 
-def _training_step(graph, exported, mesh):
-    """The jitted SGD step of the graph under the exported shardings."""
+def training_step(graph, exported, mesh, lr: float = 0.01):
+    """The jitted SGD step of the graph under the exported shardings: (params, data) -> (loss, params)."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
@@ -296,7 +296,7 @@ def _training_step(graph, exported, mesh):
         def loss_fn(p):
             return run_graph(graph, {**feeds, **p}, jnp, make_on_input(data), on_output)[loss_tensor].sum()
         loss, grads = jax.value_and_grad(loss_fn)(params)
-        return loss, {k: params[k] - 0.01 * grads[k] for k in params}
+        return loss, {k: params[k] - lr * grads[k] for k in params}
 
     leaf = {name: sharding(layout, len(graph.tensor(name).shape)) for name, layout in exported.leaves}
     params = {t.name: leaf[t.name] for t in graph.tensors if t.role == "param"}
@@ -304,6 +304,20 @@ def _training_step(graph, exported, mesh):
                 graph.operator(op_name).inputs[slot].tensor).shape))
             for op_name, slot, layout in exported.inputs if graph.tensor(graph.operator(op_name).inputs[slot].tensor).role == "data"}
     return jax.jit(step, in_shardings=(params, data), out_shardings=(NamedSharding(mesh, PartitionSpec()), params))
+
+
+def plain_step(graph, lr: float = 0.01):
+    """The same SGD step on one device, without shardings (the reference of a training run)."""
+    import jax
+    import jax.numpy as jnp
+
+    from planner.engines.interpret import run_graph
+    loss_tensor = graph.operators[-1].outputs[0].tensor
+
+    def step(params, feeds):
+        loss, grads = jax.value_and_grad(lambda p: run_graph(graph, {**feeds, **p}, jnp)[loss_tensor].sum())(params)
+        return loss, {k: params[k] - lr * grads[k] for k in params}
+    return jax.jit(step)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -329,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     feeds = random_feeds(graph, 0, "float32")
     params = {t.name: feeds[t.name] for t in graph.tensors if t.role == "param"}
     data = data_copies(graph, feeds)
-    compiled = _training_step(graph, exported, mesh).lower(params, data).compile()
+    compiled = training_step(graph, exported, mesh).lower(params, data).compile()
     write_json(out_path, {"hlo": compiled.as_text()})
     return 0
 

@@ -11,8 +11,8 @@ operators and activations the exported node name.
 Conventions: a computation that reads no parameter and no activation (position ids, attention
 masks built from the input ids) is folded into a ``data`` tensor: the planner does not shard it.
 Aliases (``to``, ``alias``, ``clone``, ``contiguous``, ``dropout`` with p = 0 is kept as dropout)
-map to their input. Buffers (batch-norm running statistics) are data. A training loss is added as
-the sum of the first floating output (``reduce``). Elementwise functions are recorded by kind
+map to their input. Buffers (batch-norm running statistics) are data. A training loss is added: the
+sum of the first floating output (``reduce``), or its cross-entropy against integer labels. Elementwise functions are recorded by kind
 (relu, gelu, unary, add, mul), not by formula: an imported graph plans and costs exactly, but the
 interpreter runs its elementwise ops with the kind's default function. An ATen op outside this list
 is an error naming it, or with ``allow_unknown`` an ``opaque`` operator whose dims are all
@@ -42,19 +42,22 @@ def _float(val) -> bool:
 
 
 def import_module(module, example_inputs: tuple, *, name: str = "", allow_unknown: bool = False,
-                  kwargs: dict | None = None) -> Graph:
-    """Export ``module`` with ``example_inputs`` (``torch.export``) and translate it into a Graph."""
+                  kwargs: dict | None = None, loss: str = "sum") -> Graph:
+    """Export ``module`` with ``example_inputs`` (``torch.export``) and translate it into a Graph
+    whose training loss is ``loss`` (see ``import_program``)."""
     try:
         import torch
     except ImportError:
         raise TorchImportError("import: PyTorch is not installed (pip install -e '.[torch]')") from None
     module = module.eval()
     program = torch.export.export(module, tuple(example_inputs), kwargs=kwargs or {})
-    return import_program(program, name or type(module).__name__.lower(), allow_unknown)
+    return import_program(program, name or type(module).__name__.lower(), allow_unknown, loss)
 
 
-def import_program(program, name: str, allow_unknown: bool = False) -> Graph:
-    """Translate an ``ExportedProgram`` (see the module docstring for the conventions)."""
+def import_program(program, name: str, allow_unknown: bool = False, loss: str = "sum") -> Graph:
+    """Translate an ``ExportedProgram`` (see the module docstring for the conventions). ``loss``:
+    ``sum`` of the first floating output, or ``cross_entropy`` of it (its last dim the classes)
+    against an integer ``labels`` data tensor, as a language or classification model trains."""
     imp = ImportState(name, allow_unknown)
     specs = {s.arg.name: s for s in program.graph_signature.input_specs}
     nodes = list(program.graph.nodes)
@@ -72,7 +75,13 @@ def import_program(program, name: str, allow_unknown: bool = False) -> Graph:
     out = imp.value[first.name]
     shape = imp.gb.shape(out)
     letters = "".join(imp.letters(len(shape), shape[0] if shape else None))  # 'b' first: data parallel splits it
-    imp.gb.op("reduce", "loss", f"{letters}->", [out], out="loss")
+    if loss == "cross_entropy" and len(shape) >= 2:
+        labels = imp.gb.data("labels", shape[:-1], integer=True)
+        imp.gb.op("cross_entropy", "loss", f"{letters},{letters[:-1]}->", [out, labels], norm=letters[-1], out="loss")
+    elif loss == "sum":
+        imp.gb.op("reduce", "loss", f"{letters}->", [out], out="loss")
+    else:
+        raise TorchImportError(f"import: --loss {loss!r} needs 'sum' or 'cross_entropy' (over a last class dim)")
     return imp.gb.build()
 
 

@@ -1,0 +1,115 @@
+"""Train a plan on JAX (``planner run-jax``): K SGD steps of the graph jitted over a device mesh
+with the plan's shardings, against the same K steps on one device from the same initial weights.
+
+As for ``planner verify``, the parent never imports JAX: ``train_on_jax`` runs ``python -m
+planner.engines.train_jax JOB OUT`` with ``XLA_FLAGS=--xla_force_host_platform_device_count=N``
+(N emulated CPU devices; real accelerators are used where JAX finds as many). The step is
+``planner.engines.xla.training_step`` (the graph through the JAX interpreter in float32, a sharding
+constraint on every edge as the plan lays it out, loss + ``jax.grad`` + SGD); the reference is the
+same step unsharded. Both start from ``random_feeds(graph, seed)`` and see the same batch each step.
+The compiled step's HLO comes back too, so its collectives can be compared with the cost model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from planner.engines.xla import VerifyError, parse_collectives
+
+
+@dataclass(frozen=True, slots=True)
+class TrainRun:
+    """Per-step losses of the sharded run and of the one-device reference."""
+
+    losses: tuple[float, ...]
+    reference: tuple[float, ...]
+    devices: int
+    platform: str
+    hlo: str = ""
+
+    @property
+    def max_rel_diff(self) -> float:
+        return max((abs(a - b) / max(abs(b), 1e-30) for a, b in zip(self.losses, self.reference)), default=0.0)
+
+    def collectives(self, mesh_shape: tuple[int, ...], axis_names: tuple[str, ...]) -> list:
+        return parse_collectives(self.hlo, mesh_shape, axis_names)
+
+    def xla_comparison(self, graph, strategies: dict, mesh) -> tuple:
+        """Bytes each device sends in the compiled step against the cost model's prediction, in total
+        and per mesh axis (``planner.engines.verify.compare``)."""
+        from planner.engines.verify import compare, predicted_collectives
+        compiled = [(c.kind, c.axes, c.nbytes) for c in self.collectives(mesh.shape, mesh.names)]
+        rows, _ = compare(predicted_collectives(graph, strategies, mesh), compiled, dict(zip(mesh.names, mesh.shape)))
+        return rows
+
+
+def train_on_jax(graph, strategies: dict, axis_names: tuple[str, ...], mesh_shape: tuple[int, ...], *,
+                 steps: int = 5, lr: float = 1e-3, seed: int = 0, timeout_s: float = 1200.0) -> TrainRun:
+    """Run ``steps`` SGD steps of a plan on ``prod(mesh_shape)`` devices and on one (subprocess)."""
+    from planner.ir.graph_json import graph_to_dict
+    from planner.outputs import write_json
+    with tempfile.TemporaryDirectory() as tmp:
+        job, out = Path(tmp) / "job.json", Path(tmp) / "out.json"
+        write_json(job, {"graph": graph_to_dict(graph), "axis_names": list(axis_names), "mesh_shape": list(mesh_shape),
+                         "strategies": {k: list(v) for k, v in strategies.items()}, "steps": steps, "lr": lr,
+                         "seed": seed})
+        env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={math.prod(mesh_shape)}")
+        proc = subprocess.run([sys.executable, "-m", "planner.engines.train_jax", str(job), str(out)], env=env,
+                              capture_output=True, text=True, timeout=timeout_s)
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise VerifyError(f"run-jax: the training run failed ({last})")
+        result = json.loads(out.read_text())
+    return TrainRun(tuple(result["losses"]), tuple(result["reference"]), result["devices"], result["platform"],
+                    result["hlo"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Worker: ``python -m planner.engines.train_jax JOB.json OUT.json`` (run by ``train_on_jax``)."""
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh
+
+    from planner.cluster.mesh import Mesh as PlannerMesh, MeshAxis
+    from planner.engines.export import export_plan
+    from planner.engines.interpret import random_feeds
+    from planner.engines.xla import data_copies, plain_step, training_step
+    from planner.ir.graph_json import graph_from_dict
+    from planner.outputs import write_json
+
+    job_path, out_path = (argv if argv is not None else sys.argv[1:])[:2]
+    job = json.loads(Path(job_path).read_text())
+    graph = graph_from_dict(job["graph"])
+    names, shape = tuple(job["axis_names"]), tuple(job["mesh_shape"])
+    strategies = {k: tuple(v) for k, v in job["strategies"].items()}
+    exported = export_plan(graph, strategies, PlannerMesh(tuple(MeshAxis(n, s, 1.0, 0.0) for n, s in zip(names, shape))))
+    devices = jax.devices()
+    if len(devices) < math.prod(shape):
+        raise SystemExit(f"run-jax: {len(devices)} devices, the plan's mesh needs {math.prod(shape)}")
+    mesh = Mesh(np.array(devices[: math.prod(shape)]).reshape(shape), names)
+    feeds = random_feeds(graph, job["seed"], "float32")
+    params = {t.name: feeds[t.name] for t in graph.tensors if t.role == "param"}
+    data = data_copies(graph, feeds)
+    sharded = training_step(graph, exported, mesh, job["lr"])
+    plain = plain_step(graph, job["lr"])
+    hlo = sharded.lower(params, data).compile().as_text()
+    losses, reference, p, q = [], [], params, params
+    for _ in range(job["steps"]):
+        loss, p = sharded(p, data)
+        ref, q = plain(q, feeds)
+        losses.append(float(loss))
+        reference.append(float(ref))
+    write_json(out_path, {"losses": losses, "reference": reference, "devices": math.prod(shape),
+                          "platform": devices[0].platform, "hlo": hlo})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
