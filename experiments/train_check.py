@@ -4,11 +4,12 @@ device mesh and matches one device step by step.
 GPT-2 with 2 layers, hidden 256, 4 heads, vocabulary 512 (``import-torch`` with a cross-entropy
 loss, no weights), batch 8, sequence 64. Plans: exact, sapp (SMSG's D-Rec), megatron and dp, on
 meshes 4, 8 and 2x4 (a100-80g costs). Each runs ``--steps`` SGD steps jitted over as many emulated
-CPU devices with the plan's shardings (``planner run-jax``), and the same steps on one device from
-the same initial weights: the largest relative difference of the per-step losses (``objective``;
-float32; the issue asks 1e-4). The compiled step's collectives are compared with the cost model's
-prediction (bytes each device sends, in total and per mesh axis, as ``planner verify``).
-PyTorch-engine runs and 3D plans are not run here yet (see the README).
+CPU devices with the plan's shardings (``planner run-jax``) and on as many gloo processes under
+torchrun, every layout a DTensor placement (``planner run-torch``), and the same steps on one device
+from the same initial weights: the largest relative difference of the per-step losses
+(``objective``; float32; the issue asks 1e-4). The collectives each engine ran (XLA's compiled HLO;
+PyTorch's, counted by CommDebugMode) are compared with the cost model's prediction (bytes each
+device sends, in total and per mesh axis, as ``planner verify``). 3D plans are not run yet.
 
     python -m experiments.train_check [--smallest] [--steps 5] [--out results/train_check.csv]
 """
@@ -23,34 +24,36 @@ from experiments.common import add_output_options, png_path, pyplot, results_tab
 
 SPEC = "hf:gpt2:layers=2,hidden=256,heads=4,seq=64,vocab=512,batch=8"
 METHODS = ("exact", "sapp", "megatron", "dp")
+ENGINES = ("jax", "torch")
 MESHES = ("4", "8", "2x4")
 TOLERANCE = 1e-4
 
 
-def run_one(graph, mesh: str, method: str, steps: int, lr: float) -> dict:
+def run_one(graph, mesh: str, method: str, engine: str, steps: int, lr: float) -> dict:
     start = time.perf_counter()
     loaded = planner.plan_for_verification(graph, mesh, method)
-    result = planner.train_on_jax(loaded.graph, loaded.strategies, loaded.mesh.names, loaded.mesh.shape,
-                                  steps=steps, lr=lr)
-    rows = result.xla_comparison(loaded.graph, loaded.strategies, loaded.mesh)
+    train = planner.train_on_jax if engine == "jax" else planner.train_on_torch
+    result = train(loaded.graph, loaded.strategies, loaded.mesh.names, loaded.mesh.shape, steps=steps, lr=lr)
+    compare = result.xla_comparison if engine == "jax" else result.counted_comparison
+    rows = compare(loaded.graph, loaded.strategies, loaded.mesh)
     total, axes = rows[0], rows[1:]
     return {"model": "gpt2-torch-2l-h256", "spec": SPEC, "mesh": loaded.mesh.spec, "plan_source": method,
-            "engine": "jax", "devices": result.devices, "steps": steps, "lr": lr,
+            "engine": engine, "backend": result.platform, "devices": result.devices, "steps": steps, "lr": lr,
             "status": "OK" if result.max_rel_diff <= TOLERANCE else "MISMATCH", "objective": result.max_rel_diff,
             "max_loss_rel_diff": result.max_rel_diff, "first_loss": result.losses[0], "last_loss": result.losses[-1],
-            "xla_predicted_bytes": total.predicted, "xla_compiled_bytes": total.compiled,
-            "xla_total_rel_error": total.rel_error, "xla_max_axis_rel_error": max((c.rel_error for c in axes), default=0.0),
-            "xla_per_axis": " ".join(f"{c.axes}:{c.predicted:.0f}/{c.compiled:.0f}" for c in axes),
+            "predicted_bytes": total.predicted, "observed_bytes": total.compiled, "total_rel_error": total.rel_error,
+            "max_axis_rel_error": max((c.rel_error for c in axes), default=0.0),
+            "per_axis": " ".join(f"{c.axes}:{c.predicted:.0f}/{c.compiled:.0f}" for c in axes),
             "wall_time_s": time.perf_counter() - start}
 
 
 def plot(rows: list[dict], path: str) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    labels = [f"{r['plan_source']}\n{r['mesh']}" for r in rows]
+    labels = [f"{r['plan_source']}\n{r['mesh']}\n{r['engine']}" for r in rows]
     ax.bar(range(len(rows)), [max(r["max_loss_rel_diff"], 1e-9) for r in rows])
     ax.axhline(TOLERANCE, color="black", linestyle="--", linewidth=1, label="tolerance 1e-4")
-    ax.set(yscale="log", ylabel="max relative loss difference", title="GPT-2 (2 layers) trained on JAX meshes")
+    ax.set(yscale="log", ylabel="max relative loss difference", title="GPT-2 (2 layers) trained on JAX and PyTorch")
     ax.set_xticks(range(len(rows)), labels, fontsize=6)
     ax.legend(fontsize=7)
     write_png(path, fig)
@@ -64,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     add_output_options(parser, "results/train_check.csv")
     args = parser.parse_args(argv)
     methods, meshes, steps = (("exact",), ("4",), 2) if args.smallest else (METHODS, MESHES, args.steps)
+    engines = ("jax",) if args.smallest else ENGINES
     try:
         import jax  # noqa: F401
         graph = planner.import_torch(SPEC, loss="cross_entropy")
@@ -75,12 +79,13 @@ def main(argv: list[str] | None = None) -> int:
     def body() -> int:
         for mesh in meshes:
             for method in methods:
-                if table.done(mesh=planner.make_cluster(mesh).mesh.spec, plan_source=method, engine="jax"):
-                    continue
-                row = run_one(graph, mesh, method, steps, args.lr)
-                table.add([row])
-                print({k: row[k] for k in ("mesh", "plan_source", "status", "max_loss_rel_diff",
-                                           "xla_total_rel_error", "wall_time_s")}, flush=True)
+                for engine in engines:
+                    if table.done(mesh=planner.make_cluster(mesh).mesh.spec, plan_source=method, engine=engine):
+                        continue
+                    row = run_one(graph, mesh, method, engine, steps, args.lr)
+                    table.add([row])
+                    print({k: row[k] for k in ("mesh", "plan_source", "engine", "status", "max_loss_rel_diff",
+                                               "total_rel_error", "wall_time_s")}, flush=True)
         path = png_path(args)
         if path:
             plot(table.rows, path)

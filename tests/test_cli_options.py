@@ -229,6 +229,10 @@ CASES = [
     ("run-jax --devices mismatch", ["run-jax", "--plan", "flat.json", "--devices", "4"], 2, None),
     ("run-jax --tolerance", ["run-jax", "--plan", "flat.json", "--steps", "1", "--tolerance", "-1"], 5, None),
     ("run-jax 3D refused", ["run-jax", "--plan", "p3.json"], 2, None),
+    ("run-torch --steps --lr --seed --tolerance", ["run-torch", "--plan", "flat.json", "--steps", "2", "--lr", "0.001",
+                                                   "--seed", "3", "--tolerance", "-1"], 5,
+     lambda t, c, o: "8 gloo devices" in o and "SGD lr 0.001" in o and "CommDebugMode" in o),
+    ("run-torch --nproc mismatch", ["run-torch", "--plan", "flat.json", "--nproc", "4"], 2, None),
     ("models -q", ["models", "-q"], 0, lambda t, c, o: o == ""),
     ("models", ["models"], 0, lambda t, c, o: "gpt3-175b" in o),
 ]

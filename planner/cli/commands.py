@@ -266,20 +266,34 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_run_jax(args: argparse.Namespace) -> int:
     from planner.engines.train_jax import train_on_jax
+    return _train(args, train_on_jax, args.devices, "--devices", "run-jax", "xla_comparison", "XLA compiled")
+
+
+def cmd_run_torch(args: argparse.Namespace) -> int:
+    from planner.engines.train_torch import train_on_torch
+    return _train(args, train_on_torch, args.nproc, "--nproc", "run-torch", "counted_comparison", "CommDebugMode counted")
+
+
+def _train(args: argparse.Namespace, train, count: int | None, option: str, command: str, compare: str,
+           observed: str) -> int:
+    """K steps of a flat plan on an engine against one device; the engine's collectives against the cost model."""
     loaded = api.load_plan(args.plan, args.model, args.batch, args.seq)
-    if args.devices is not None and args.devices != loaded.mesh.num_devices:
-        raise SettingsError(f"--devices: the plan's mesh {loaded.mesh.spec} has {loaded.mesh.num_devices} devices, "
-                            f"not {args.devices}")
-    run = train_on_jax(loaded.graph, loaded.strategies, loaded.mesh.names, loaded.mesh.shape, steps=args.steps,
-                       lr=args.lr, seed=args.seed)
+    if count is not None and count != loaded.mesh.num_devices:
+        raise SettingsError(f"{option}: the plan's mesh {loaded.mesh.spec} has {loaded.mesh.num_devices} devices, "
+                            f"not {count}")
+    run = train(loaded.graph, loaded.strategies, loaded.mesh.names, loaded.mesh.shape, steps=args.steps, lr=args.lr,
+                seed=args.seed)
     lines = [f"plan {args.plan}: {loaded.graph.name} on {run.devices} {run.platform} devices ({loaded.mesh.spec}), "
              f"SGD lr {args.lr:g}", f"{'step':>4s} {'loss (mesh)':>16s} {'loss (1 device)':>16s} {'rel diff':>10s}"]
     for k, (loss, ref) in enumerate(zip(run.losses, run.reference)):
         lines.append(f"{k:4d} {loss:16.6f} {ref:16.6f} {abs(loss - ref) / max(abs(ref), 1e-30):10.2e}")
     lines.append(f"max relative difference {run.max_rel_diff:.2e} (tolerance {args.tolerance:g})")
+    lines.append(f"bytes sent per device in one step, cost model vs {observed}:")
+    lines += [f"  {c.axes:12s} {c.predicted:14,.0f} {c.compiled:14,.0f} {c.rel_error:8.2%}"
+              for c in getattr(run, compare)(loaded.graph, loaded.strategies, loaded.mesh)]
     _emit("\n".join(lines), args)
     if run.max_rel_diff > args.tolerance:
-        print("planner: run-jax: losses differ from the one-device run beyond the tolerance", file=sys.stderr)
+        print(f"planner: {command}: losses differ from the one-device run beyond the tolerance", file=sys.stderr)
         return EXIT_MISMATCH
     return EXIT_OK
 
@@ -305,5 +319,5 @@ def _write_picture(args: argparse.Namespace, make) -> None:
     write_bytes(path, draw.figure_bytes(make(draw), fmt), f"--{fmt}")
 
 
-COMMANDS = {"models": cmd_models, "import-torch": cmd_import_torch, "export": cmd_export, "verify": cmd_verify, "show": cmd_show, "run-jax": cmd_run_jax,
+COMMANDS = {"models": cmd_models, "import-torch": cmd_import_torch, "export": cmd_export, "verify": cmd_verify, "show": cmd_show, "run-jax": cmd_run_jax, "run-torch": cmd_run_torch,
             "plan": cmd_plan, "evaluate": cmd_evaluate, "compare": cmd_compare, "pipeline": cmd_pipeline}

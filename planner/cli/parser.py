@@ -205,12 +205,14 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--max-memory", type=_bytes,
                    help="refuse when the estimated memory of the checks exceeds this (default: half the free memory)")
     _add_show(sub.add_parser("show", help="draw a plan: schedule (Gantt), memory per stage, sharding map (or --text)"))
-    _add_run_jax(sub.add_parser("run-jax", help="train a plan K steps on a JAX device mesh (emulated CPU devices) "
-                                                "against one device"))
+    _add_run(sub.add_parser("run-jax", help="train a plan K steps on a JAX device mesh (emulated CPU devices) "
+                                            "against one device"), "--devices", "devices")
+    _add_run(sub.add_parser("run-torch", help="train a plan K steps on torchrun processes (gloo on CPU), every layout "
+                                              "a DTensor placement, against one process"), "--nproc", "processes")
     return parser
 
 
-def _add_run_jax(r: argparse.ArgumentParser) -> None:
+def _add_run(r: argparse.ArgumentParser, count: str, what: str) -> None:
     _add_plan_source(r)
     r.add_argument("--steps", type=_positive_int, default=5, help="SGD steps (default 5)")
     r.add_argument("--lr", type=_number(float, lambda v: 0 < v < 1, "a learning rate in (0, 1)"), default=1e-4,
@@ -218,7 +220,7 @@ def _add_run_jax(r: argparse.ArgumentParser) -> None:
     r.add_argument("--seed", type=_seed, default=0, help="seed of the initial weights and the batch (default 0)")
     r.add_argument("--tolerance", type=float, default=1e-4,
                    help="largest relative loss difference to the one-device run (default 1e-4; exit 5 beyond)")
-    r.add_argument("--devices", type=_positive_int, help="devices (must equal the plan's mesh size)")
+    r.add_argument(count, type=_positive_int, help=f"{what} (must equal the plan's mesh size)")
 
 
 def _add_show(w: argparse.ArgumentParser) -> None:

@@ -28,6 +28,11 @@ Array = Any
 BIAS = "+bias"  # key of ``offsets``: 0 on the shards of a Partial output that must not add the bias
 
 
+def cast(x: Array, dtype) -> Array:
+    """``x`` as ``dtype`` (numpy and jax arrays: astype; torch tensors: to)."""
+    return x.astype(dtype) if hasattr(x, "astype") else x.to(dtype)
+
+
 def letters(operand: Operand) -> str:
     return "".join(d for group in operand.dims for d in group)
 
@@ -106,11 +111,11 @@ def _embedding(op, args, sizes, offsets, xp):
     if xp.__name__ != "numpy":
         # A one-hot contraction (as MaxText and T5X do on TPUs): its gradient is a matmul whose
         # partial sums the SPMD partitioner reduces once with the other uses of a tied table.
-        one_hot = (xp.expand_dims(local, -1) == xp.arange(table.shape[0])).astype(table.dtype)
+        one_hot = cast(xp.expand_dims(local, -1) == xp.arange(table.shape[0]), table.dtype)
         return [xp.einsum("...v,vh->...h", one_hot, table)]
     inside = (local >= 0) & (local < table.shape[0])
     rows = xp.take(table, xp.clip(local, 0, table.shape[0] - 1), axis=0)
-    return [rows * xp.expand_dims(inside, -1).astype(rows.dtype)]
+    return [rows * cast(xp.expand_dims(inside, -1), rows.dtype)]
 
 
 def _elementwise(fn: Callable) -> Callable:
@@ -243,7 +248,7 @@ def _moe_gate(op, args, sizes, offsets, xp):
     slot = xp.arange(sizes[c]) + offsets.get(c, 0)
     route = xp.reshape(position % op.sizes[c], (-1, 1)) == xp.reshape(slot, (1, -1))
     gate = 1.0 / (1.0 + xp.exp(-logits))
-    y = xp.reshape(gate, gate.shape + (1,)) * xp.reshape(route.astype(gate.dtype), (1, sizes[s], 1, sizes[c]))
+    y = xp.reshape(gate, gate.shape + (1,)) * xp.reshape(cast(route, gate.dtype), (1, sizes[s], 1, sizes[c]))
     return [merge_dims(y, op.outputs[0], sizes, xp)]
 
 

@@ -33,6 +33,7 @@ class TrainRun:
     devices: int
     platform: str
     hlo: str = ""
+    transfers: tuple[tuple[str, tuple[str, ...], float], ...] = ()  # collectives counted by the engine (torch)
 
     @property
     def max_rel_diff(self) -> float:
@@ -44,10 +45,18 @@ class TrainRun:
     def xla_comparison(self, graph, strategies: dict, mesh) -> tuple:
         """Bytes each device sends in the compiled step against the cost model's prediction, in total
         and per mesh axis (``planner.engines.verify.compare``)."""
-        from planner.engines.verify import compare, predicted_collectives
         compiled = [(c.kind, c.axes, c.nbytes) for c in self.collectives(mesh.shape, mesh.names)]
-        rows, _ = compare(predicted_collectives(graph, strategies, mesh), compiled, dict(zip(mesh.names, mesh.shape)))
-        return rows
+        return _compare(graph, strategies, mesh, compiled)
+
+    def counted_comparison(self, graph, strategies: dict, mesh) -> tuple:
+        """The same for the collectives the engine counted in the first step (PyTorch's CommDebugMode)."""
+        return _compare(graph, strategies, mesh, list(self.transfers))
+
+
+def _compare(graph, strategies: dict, mesh, observed: list) -> tuple:
+    from planner.engines.verify import compare, predicted_collectives
+    rows, _ = compare(predicted_collectives(graph, strategies, mesh), observed, dict(zip(mesh.names, mesh.shape)))
+    return rows
 
 
 def train_on_jax(graph, strategies: dict, axis_names: tuple[str, ...], mesh_shape: tuple[int, ...], *,

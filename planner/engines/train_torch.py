@@ -1,0 +1,99 @@
+"""Train a plan on PyTorch's distributed engine (``planner run-torch``): one process per device under
+torchrun (gloo on CPU, nccl on GPUs), every layout of the plan a DTensor placement.
+
+Each rank runs the graph's operators in order through the interpreter (``torch_xp``: its kernels
+on torch tensors, under autograd) on its local blocks, with the local sizes and offsets of its mesh
+coordinate, as the numpy executor does. Every edge is a DTensor: the producer's local output enters
+with ``DTensor.from_local`` in the plan's output placements (``Shard(i)``, ``Replicate()``,
+``Partial()``), the consumer takes it with ``redistribute`` to the placements its strategy reads and
+``to_local`` with the gradient placements the plan gives that input (``Partial`` on an axis that
+splits a dim the input lacks). So every collective of the step, forward and backward, is DTensor's
+own, and ``CommDebugMode`` (extended here with each collective's bytes and mesh axis) counts them:
+the second referee beside XLA. Parameters are local blocks in their first consumer's layout; each
+read wraps them again, so a parameter's gradient reaches its block reduced to that layout (the
+data-parallel all-reduce) and the reads' gradients add up locally; SGD updates the blocks. Data are
+given to each consumer in the layout it reads (as the XLA check feeds them): no collective for data.
+
+The reference is the same steps in one process on whole tensors, from the same initial weights.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from planner.engines.train_jax import TrainRun
+from planner.engines.xla import VerifyError
+
+# CommDebugMode's funcol ops -> (cost-model kind, the bytes n as the cost model counts them)
+KINDS = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
+         "all_to_all_single": "all_to_all"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def train_on_torch(graph, strategies: dict, axis_names: tuple[str, ...], mesh_shape: tuple[int, ...], *,
+                   steps: int = 5, lr: float = 1e-4, seed: int = 0, timeout_s: float = 1800.0) -> TrainRun:
+    """Run ``steps`` SGD steps of a plan on ``prod(mesh_shape)`` torchrun processes and in one process."""
+    from planner.ir.graph_json import graph_to_dict
+    from planner.outputs import write_json
+    nproc = math.prod(mesh_shape)
+    with tempfile.TemporaryDirectory() as tmp:
+        job, out = Path(tmp) / "job.json", Path(tmp) / "out.json"
+        write_json(job, {"graph": graph_to_dict(graph), "axis_names": list(axis_names), "mesh_shape": list(mesh_shape),
+                         "strategies": {k: list(v) for k, v in strategies.items()}, "steps": steps, "lr": lr,
+                         "seed": seed})
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
+               str(_free_port()), "-m", "planner.engines.torch_worker", str(job), str(out)]
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+        if proc.returncode != 0:
+            lines = [line for line in proc.stderr.strip().splitlines() if "Error" in line] or \
+                proc.stderr.strip().splitlines() or ["no output"]
+            raise VerifyError(f"run-torch: the training run failed ({lines[-1].strip()})")
+        result = json.loads(out.read_text())
+    reference = reference_losses(graph, steps, lr, seed)
+    return TrainRun(tuple(result["losses"]), tuple(reference), nproc, result["backend"], "",
+                    tuple((k, tuple(a), n) for k, a, n in result["transfers"]))
+
+
+def _feeds(graph, seed: int):
+    import torch
+
+    from planner.engines.interpret import random_feeds
+    return {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in random_feeds(graph, seed, "float32").items()}
+
+
+def reference_losses(graph, steps: int, lr: float, seed: int) -> list[float]:
+    """The same SGD steps in this process on whole tensors."""
+    import torch
+
+    from planner.engines import torch_xp
+    from planner.engines.interpret import run_graph
+    feeds = _feeds(graph, seed)
+    params = {t.name: feeds[t.name].clone().requires_grad_(True) for t in graph.tensors if t.role == "param"}
+    loss_tensor = graph.operators[-1].outputs[0].tensor
+    losses = []
+    for _ in range(steps):
+        loss = run_graph(graph, {**feeds, **params}, torch_xp)[loss_tensor].sum()
+        loss.backward()
+        losses.append(float(loss.detach()))
+        with torch.no_grad():
+            for p in params.values():
+                p -= lr * p.grad
+                p.grad = None
+    return losses
+
+
