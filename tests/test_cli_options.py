@@ -233,6 +233,7 @@ CASES = [
                                                    "--seed", "3", "--tolerance", "-1"], 5,
      lambda t, c, o: "8 gloo devices" in o and "SGD lr 0.001" in o and "CommDebugMode" in o),
     ("run-torch --nproc mismatch", ["run-torch", "--plan", "flat.json", "--nproc", "4"], 2, None),
+    ("run-torch 3D --nproc mismatch", ["run-torch", "--plan", "p3.json", "--nproc", "3"], 2, None),
     ("models -q", ["models", "-q"], 0, lambda t, c, o: o == ""),
     ("models", ["models"], 0, lambda t, c, o: "gpt3-175b" in o),
 ]

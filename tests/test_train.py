@@ -68,3 +68,18 @@ def test_plans_train_on_gloo_processes(graph, mesh, method):
     """The acceptance grid: exact, Megatron and data-parallel plans on 4, 8 and 2x4 processes, 5 steps."""
     loaded, run = _torch(graph, mesh, method)
     assert run.max_rel_diff < 1e-4 and run.losses[-1] < run.losses[0]
+
+
+def test_two_stage_two_way_data_parallel_3d_plan_trains_on_four_processes(tmp_path, capsys):
+    """The 3D plan of the zoo GPT of the same shape (2 stages over the outer axis of 2x2, data
+    parallel inside each stage, 2 micro-batches) through the CLI: 4 gloo processes, GPipe order."""
+    from planner.cli import main
+    spec = "gpt:layers=2,hidden=256,heads=4,seq=64,vocab=512"
+    plan = tmp_path / "p3.json"
+    assert main(["plan", "--model", spec, "--mesh", "2x2", "--batch", "8", "--pipeline", "auto", "--pp", "2",
+                 "--num-microbatches", "2", "--dtype", "fp32", "--optimizer", "sgd", "--json", str(plan), "-q"]) == 0
+    assert main(["run-torch", "--plan", str(plan), "--steps", "3", "--nproc", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "2 stages of gpu=2 on 4 gloo processes" in out and "max relative difference" in out
+    losses = [float(line.split()[1]) for line in out.splitlines() if line.strip()[:1].isdigit()]
+    assert len(losses) == 3 and losses[-1] < losses[0]

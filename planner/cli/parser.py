@@ -205,11 +205,16 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--max-memory", type=_bytes,
                    help="refuse when the estimated memory of the checks exceeds this (default: half the free memory)")
     _add_show(sub.add_parser("show", help="draw a plan: schedule (Gantt), memory per stage, sharding map (or --text)"))
+    _add_runs(sub)
+    return parser
+
+
+def _add_runs(sub) -> None:
     _add_run(sub.add_parser("run-jax", help="train a plan K steps on a JAX device mesh (emulated CPU devices) "
                                             "against one device"), "--devices", "devices")
-    _add_run(sub.add_parser("run-torch", help="train a plan K steps on torchrun processes (gloo on CPU), every layout "
-                                              "a DTensor placement, against one process"), "--nproc", "processes")
-    return parser
+    _add_run(sub.add_parser("run-torch", help="train a plan (flat or 3D) K steps on torchrun processes (gloo on CPU), "
+                                              "every layout a DTensor placement, against one process"),
+             "--nproc", "processes")
 
 
 def _add_run(r: argparse.ArgumentParser, count: str, what: str) -> None:

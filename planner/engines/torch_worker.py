@@ -107,18 +107,30 @@ def _train(graph, strategies, mesh, shape, coord, job, groups):
 
 def _forward(graph, strategies, exported, mesh, shape, coord, feeds, params, leaf):
     """The loss of one forward pass, every edge a DTensor redistribution (see train_torch)."""
+    produced = {name: (value, leaf[name]) for name, value in params.items()}
+    run_ops(graph, graph.operators, strategies, exported, mesh, shape, coord, feeds, produced)
+    return replicated_loss(graph, mesh, shape, produced)
+
+
+def replicated_loss(graph, mesh, shape, produced):
+    """The loss (the last operator's output) reduced to every rank of ``mesh``, as a local scalar."""
     from torch.distributed.tensor import DTensor, Replicate
+    local, layout = produced[graph.operators[-1].outputs[0].tensor]
+    loss = DTensor.from_local(local, mesh, _placements(layout), run_check=False, shape=(), stride=())
+    return loss.redistribute(mesh, [Replicate()] * len(shape)).to_local()
+
+
+def run_ops(graph, ops, strategies, exported, mesh, shape, coord, feeds, produced) -> None:
+    """Run ``ops`` on this rank's blocks; ``produced`` maps each tensor to (local block, layout) and
+    gains the outputs. Data are read from ``feeds`` (whole tensors) in the layout each consumer reads."""
+    from torch.distributed.tensor import DTensor
 
     from planner.cost.strategy import forward_layout, gradient_layout
     from planner.engines import torch_xp
     from planner.engines.executor import _gathered_dims
     from planner.engines.interpret import run_operator
     inputs = {(op, slot): layout for op, slot, layout in exported.inputs}
-    produced = {}  # tensor -> (local block, layout)
-    for name, value in params.items():
-        produced[name] = (value, leaf[name])
-    for op in graph.operators:
-        strategy = strategies[op.name]
+    for op in ops:
         args = []
         for slot, operand in enumerate(op.inputs):
             layout = inputs[(op.name, slot)]
@@ -126,16 +138,13 @@ def _forward(graph, strategies, exported, mesh, shape, coord, feeds, params, lea
                 args.append(_block(feeds[operand.tensor], forward_layout(layout), shape, coord))
                 continue
             local, src = produced[operand.tensor]
-            value = DTensor.from_local(local, mesh, _placements(src), run_check=False,
-                                       shape=graph.tensor(operand.tensor).shape, stride=_strides(graph.tensor(operand.tensor).shape))
+            full = graph.tensor(operand.tensor).shape
+            value = DTensor.from_local(local, mesh, _placements(src), run_check=False, shape=full, stride=_strides(full))
             value = value.redistribute(mesh, _placements(forward_layout(layout)))
             args.append(value.to_local(grad_placements=_placements(gradient_layout(layout))))
-        outs = _run_local(op, strategy, args, shape, coord, run_operator, torch_xp, _gathered_dims)
+        outs = _run_local(op, strategies[op.name], args, shape, coord, run_operator, torch_xp, _gathered_dims)
         for operand, (local, layout) in zip(op.outputs, outs):
             produced[operand.tensor] = (local, layout)
-    local, layout = produced[graph.operators[-1].outputs[0].tensor]
-    loss = DTensor.from_local(local, mesh, _placements(layout), run_check=False, shape=(), stride=())
-    return loss.redistribute(mesh, [Replicate()] * len(shape)).to_local()
 
 
 def _strides(shape) -> tuple[int, ...]:

@@ -55,18 +55,41 @@ def train_on_torch(graph, strategies: dict, axis_names: tuple[str, ...], mesh_sh
         write_json(job, {"graph": graph_to_dict(graph), "axis_names": list(axis_names), "mesh_shape": list(mesh_shape),
                          "strategies": {k: list(v) for k, v in strategies.items()}, "steps": steps, "lr": lr,
                          "seed": seed})
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
-               str(_free_port()), "-m", "planner.engines.torch_worker", str(job), str(out)]
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
-        if proc.returncode != 0:
-            lines = [line for line in proc.stderr.strip().splitlines() if "Error" in line] or \
-                proc.stderr.strip().splitlines() or ["no output"]
-            raise VerifyError(f"run-torch: the training run failed ({lines[-1].strip()})")
+        _launch(nproc, "planner.engines.torch_worker", job, out, timeout_s)
         result = json.loads(out.read_text())
     reference = reference_losses(graph, steps, lr, seed)
     return TrainRun(tuple(result["losses"]), tuple(reference), nproc, result["backend"], "",
                     tuple((k, tuple(a), n) for k, a, n in result["transfers"]))
+
+
+def train_3d_on_torch(full, micro, stage_of: dict, strategies: dict, axis_names: tuple[str, ...],
+                      stage_shape: tuple[int, ...], stages: int, num_microbatches: int, *, steps: int = 5,
+                      lr: float = 1e-4, seed: int = 0, timeout_s: float = 1800.0) -> TrainRun:
+    """A 3D plan on ``stages x prod(stage_shape)`` torchrun processes (``planner.engines.torch_pipeline``):
+    ``micro`` is the graph at the micro-batch size, ``full`` at the whole batch (its initial values and
+    the one-process reference), ``stage_of`` each operator's stage."""
+    from planner.ir.graph_json import graph_to_dict
+    from planner.outputs import write_json
+    nproc = stages * math.prod(stage_shape)
+    with tempfile.TemporaryDirectory() as tmp:
+        job, out = Path(tmp) / "job.json", Path(tmp) / "out.json"
+        write_json(job, {"graph": graph_to_dict(full), "micro_graph": graph_to_dict(micro), "stage_of": stage_of,
+                         "axis_names": list(axis_names), "mesh_shape": list(stage_shape), "stages": stages,
+                         "num_microbatches": num_microbatches, "strategies": {k: list(v) for k, v in strategies.items()},
+                         "steps": steps, "lr": lr, "seed": seed})
+        _launch(nproc, "planner.engines.torch_pipeline", job, out, timeout_s)
+        result = json.loads(out.read_text())
+    return TrainRun(tuple(result["losses"]), tuple(reference_losses(full, steps, lr, seed)), nproc, result["backend"])
+
+
+def _launch(nproc: int, module: str, job: Path, out: Path, timeout_s: float) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
+           str(_free_port()), "-m", module, str(job), str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    if proc.returncode != 0:
+        lines = [line for line in proc.stderr.strip().splitlines() if "Error" in line] or \
+            proc.stderr.strip().splitlines() or ["no output"]
+        raise VerifyError(f"run-torch: the training run failed ({lines[-1].strip()})")
 
 
 def _feeds(graph, seed: int):
