@@ -377,7 +377,7 @@ def export_shardings(loaded: LoadedPlan, tensor_axis: str | None = None) -> dict
 
 
 def verify_loaded(loaded: LoadedPlan, *, run_numpy: bool = True, run_xla: bool = True, tolerance: float = 0.05,
-                  devices: int | None = None, max_memory: float | None = None):
+                  devices: int | None = None, max_memory: float | None = None, run_torch: bool = False):
     """Numpy executor and XLA checks of a loaded plan (``planner.engines.verify``). Refuses at once (one
     line with the estimate) when the checks would need more than ``max_memory`` bytes (default:
     half the machine's available memory)."""
@@ -386,7 +386,7 @@ def verify_loaded(loaded: LoadedPlan, *, run_numpy: bool = True, run_xla: bool =
         raise SettingsError(f"--devices: the plan's mesh {loaded.mesh.spec} has {loaded.mesh.num_devices} devices, not {devices}")
     check_memory(loaded.graph, loaded.strategies, loaded.mesh, run_numpy, run_xla, max_memory)
     return verify_plan(loaded.graph, loaded.strategies, loaded.mesh, run_numpy=run_numpy, run_xla=run_xla,
-                       tolerance=tolerance)
+                       tolerance=tolerance, run_torch=run_torch)
 
 
 def _refuse_auto(settings: TrainingSettings, why: str) -> None:

@@ -171,6 +171,8 @@ CASES = [
     ("export 3D refused", ["export", "--plan", "p3.json"], 2, None),
     ("verify --devices mismatch", ["verify", "--plan", "flat.json", "--devices", "4"], 2, None),
     ("verify --max-memory", ["verify", "--plan", "flat.json", "--max-memory", "1KB"], 2, None),
+    ("verify --torch", ["verify", "--plan", "flat.json", "--no-xla", "--no-numpy", "--torch"], 0,
+     lambda t, c, o: "CommDebugMode" in o and "XLA" not in o and "numpy" not in o),
     ("verify --no-xla", ["verify", "--plan", "flat.json", "--no-xla"], 0,
      lambda t, c, o: "numpy executor" in o and "XLA" not in o),
     ("compare common options", ["compare", "--model", "mlp", "--methods", "dp", "--mesh", "2x2", "--hardware", "hw.csv",

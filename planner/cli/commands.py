@@ -257,7 +257,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from planner.engines.verify import format_report
     loaded = api.load_plan(args.plan, args.model, args.batch, args.seq)
     report = api.verify_loaded(loaded, run_numpy=not args.no_numpy, run_xla=not args.no_xla, tolerance=args.tolerance,
-                               devices=args.devices, max_memory=args.max_memory)
+                               devices=args.devices, max_memory=args.max_memory, run_torch=args.torch)
     _emit(f"plan {args.plan}: {loaded.graph.name} on mesh {loaded.mesh.spec}\n{format_report(report)}", args)
     if not report.ok:
         print("planner: verify: mismatch beyond tolerance", file=sys.stderr)

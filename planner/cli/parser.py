@@ -202,6 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--tolerance", type=float, default=0.05, help="relative tolerance on bytes (default 0.05)")
     v.add_argument("--no-xla", action="store_true", help="skip the XLA compilation (no JAX needed)")
     v.add_argument("--no-numpy", action="store_true", help="skip the numpy executor")
+    v.add_argument("--torch", action="store_true", help="also train one step on gloo processes (planner run-torch) and "
+                   "compare the collectives CommDebugMode counts with the cost model")
     v.add_argument("--max-memory", type=_bytes,
                    help="refuse when the estimated memory of the checks exceeds this (default: half the free memory)")
     _add_show(sub.add_parser("show", help="draw a plan: schedule (Gantt), memory per stage, sharding map (or --text)"))

@@ -57,6 +57,7 @@ class VerifyReport:
     compiled_count: int
     tolerance: float
     numeric_tolerance: float
+    torch_comparisons: tuple[Comparison, ...] = ()  # PyTorch's collectives (CommDebugMode), 'total' first
 
     @property
     def numpy_ok(self) -> bool:
@@ -67,8 +68,12 @@ class VerifyReport:
         return all(c.rel_error <= self.tolerance for c in self.comparisons)
 
     @property
+    def torch_ok(self) -> bool:
+        return all(c.rel_error <= self.tolerance for c in self.torch_comparisons)
+
+    @property
     def ok(self) -> bool:
-        return self.numpy_ok and self.xla_ok
+        return self.numpy_ok and self.xla_ok and self.torch_ok
 
 
 Transfer = tuple[str, tuple[str, ...], float]  # (kind, mesh axes in mesh order, n bytes)
@@ -170,8 +175,9 @@ def available_memory() -> float:
 
 def verify_plan(graph: Graph, strategies: dict[str, Strategy], mesh: Mesh, *, run_numpy: bool = True,
                 run_xla: bool = True, tolerance: float = 0.05, numeric_tolerance: float = 1e-5,
-                timeout_s: float = 600.0) -> VerifyReport:
-    """Run the checks that are asked for; see the module docstring."""
+                timeout_s: float = 600.0, run_torch: bool = False) -> VerifyReport:
+    """Run the checks that are asked for; see the module docstring. ``run_torch``: one training step
+    on gloo processes (``planner.engines.train_torch``), DTensor's collectives counted by CommDebugMode."""
     numpy_error = None
     if run_numpy:
         from planner.engines.executor import check_plan
@@ -184,7 +190,12 @@ def verify_plan(graph: Graph, strategies: dict[str, Strategy], mesh: Mesh, *, ru
         comparisons, by_kind = compare(predicted_collectives(graph, strategies, mesh), transfers,
                                        dict(zip(mesh.names, mesh.shape)))
         count = len(compiled)
-    return VerifyReport(numpy_error, comparisons, by_kind, count, tolerance, numeric_tolerance)
+    counted = ()
+    if run_torch:
+        from planner.engines.train_torch import train_on_torch
+        run = train_on_torch(graph, strategies, mesh.names, mesh.shape, steps=1, timeout_s=timeout_s)
+        counted = run.counted_comparison(graph, strategies, mesh)
+    return VerifyReport(numpy_error, comparisons, by_kind, count, tolerance, numeric_tolerance, counted)
 
 
 def format_report(report: VerifyReport) -> str:
@@ -200,4 +211,9 @@ def format_report(report: VerifyReport) -> str:
             verdict = "ok" if c.rel_error <= report.tolerance else "MISMATCH"
             lines.append(f"  {c.axes:12s} {c.predicted:14,.0f} {c.compiled:14,.0f} {c.rel_error:8.2%} {verdict}")
         lines.append("  by kind (n bytes): " + ", ".join(f"{k} {p:,.0f} / {x:,.0f}" for k, p, x in report.by_kind))
+    if report.torch_comparisons:
+        lines.append("PyTorch (gloo, DTensor): collectives counted by CommDebugMode; bytes sent per device, predicted vs counted:")
+        for c in report.torch_comparisons:
+            verdict = "ok" if c.rel_error <= report.tolerance else "MISMATCH"
+            lines.append(f"  {c.axes:12s} {c.predicted:14,.0f} {c.compiled:14,.0f} {c.rel_error:8.2%} {verdict}")
     return "\n".join(lines)
