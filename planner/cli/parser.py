@@ -196,7 +196,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plan_source(x)
     x.add_argument("--tensor-axis", help="mesh axis of the Linear parallelize plan (default: the innermost)")
     x.add_argument("--json", help="write the shardings here (default: print)")
-    v = sub.add_parser("verify", help="check a plan: numpy executor vs unsharded, XLA collectives vs the cost model")
+    _add_verify(sub.add_parser("verify", help="check a plan: numpy executor vs unsharded, XLA collectives vs the cost model"))
+    _add_show(sub.add_parser("show", help="draw a plan: schedule (Gantt), memory per stage, sharding map (or --text)"))
+    _add_runs(sub)
+    return parser
+
+
+def _add_verify(v: argparse.ArgumentParser) -> None:
     _add_plan_source(v)
     v.add_argument("--devices", type=_positive_int, help="emulated devices (must equal the plan's mesh size)")
     v.add_argument("--tolerance", type=float, default=0.05, help="relative tolerance on bytes (default 0.05)")
@@ -206,9 +212,6 @@ def build_parser() -> argparse.ArgumentParser:
                    "compare the collectives CommDebugMode counts with the cost model")
     v.add_argument("--max-memory", type=_bytes,
                    help="refuse when the estimated memory of the checks exceeds this (default: half the free memory)")
-    _add_show(sub.add_parser("show", help="draw a plan: schedule (Gantt), memory per stage, sharding map (or --text)"))
-    _add_runs(sub)
-    return parser
 
 
 def _add_runs(sub) -> None:
