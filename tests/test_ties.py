@@ -52,8 +52,8 @@ def tied_chains(draw):
     gb = GraphBuilder("tied")
     width = draw(st.sampled_from((4, 8)))
     x = gb.data("x", (draw(st.sampled_from((4, 8))), width))
-    shared = gb.param("shared", (width, width))
-    x = gb.op("matmul", "owner", "bk,kn->bn", [x, shared])
+    tied = gb.param("tied", (width, width))
+    x = gb.op("matmul", "owner", "bk,kn->bn", [x, tied])
     for i in range(draw(st.integers(1, 3))):
         kind = draw(st.sampled_from(("relu", "matmul", "layernorm")))
         if kind == "matmul":
@@ -63,7 +63,7 @@ def tied_chains(draw):
         else:
             x = gb.op("relu", f"r{i}", "bk->bk", [x])
     equation = "bk,nk->bn" if draw(st.booleans()) else "bk,kn->bn"
-    gb.op("matmul", "reader", equation, [x, shared])
+    gb.op("matmul", "reader", equation, [x, tied])
     return gb.build()
 
 

@@ -13,31 +13,35 @@
                     its status (OPTIMAL or FEASIBLE at the time limit) is reported.
     recompute / zero auto: when memory binds (zero: always, a stage can also save time), the graph
                     is costed with every layer in each (recompute mode, ZeRO stage) pair and the
-                    Pareto master chooses a pair per layer with the strategies (``layer_options``);
-                    the result's ``layer_recompute`` and ``layer_zero`` hold the choice.
+                    Pareto master chooses a pair per layer with the strategies
+                    (``planner.search.layer_modes``); the result's ``layer_recompute`` and
+                    ``layer_zero`` hold the choice.
+    tied parameters: one solve per layout of the owner (``planner.search.ties``), sharing the
+                    reductions, variants and front tables of the segments the ties leave alone,
+                    each later one pruned by the best plan so far (status DOMINATED inside).
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import time
 import multiprocessing
 import os
 import signal
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 
 from planner.search.decompose import Segment, group_blocks, product_block, segment_network, split_segments
 from planner.search.fronts import FrontTooLarge
-from planner.search.pareto import ParetoResult, pareto_search
-from planner.cost.operators import attention_core
-from planner.cost.problem import Problem, build_problem
-from planner.cost.settings import AUTO, RECOMPUTE, ZERO_STAGES
-from planner.search.ties import conditioned, solve_tied
-from planner.search.solver import SolveResult, build_seconds, explain_infeasible, min_memory, program_size, solve
+from planner.search.pareto import Dominated, ParetoResult, pareto_search
+from planner.cost.problem import Problem
+from planner.cost.settings import AUTO
+from planner.search.layer_modes import LayerOptions, layer_modes, layer_options, least_memory
+from planner.search.ties import solve_tied
+from planner.search.solver import (SolveResult, build_seconds, explain_infeasible, min_memory, program_size,
+                                   separable_bound, solve)
 
 Progress = Callable[[int, int, str], None]
 LAGRANGE_ITERATIONS = 40
@@ -137,14 +141,29 @@ def solve_exact(problem: Problem, memory_limit: float | None = None, time_limit_
     ``time_limit_s`` bounds the whole call (price steps, model building and every CP-SAT solve);
     at the limit the best plan found is returned FEASIBLE with its proven bound."""
     if problem.ties:
-        reduced: dict = {}  # segments untouched by the ties are reduced once for every condition
-        return solve_tied(problem, memory_limit, time_limit_s, seed, lambda untied, limit: _solve_untied(
-            untied, memory_limit, limit, seed, jobs, progress, reduced))
+        # shared by the conditions: what a segment the ties do not touch costs is worked out once
+        memo: dict = {"reduced": {}, "variants": {}, "fronts": {}}
+        relax = None if problem.settings.zero == AUTO else (lambda untied, by: _relaxed(untied, memo["reduced"], by))
+        return solve_tied(problem, memory_limit, time_limit_s, seed, lambda untied, limit, incumbent: _solve_untied(
+            untied, memory_limit, limit, seed, jobs, progress, memo, incumbent), relax)
     return _solve_untied(problem, memory_limit, time_limit_s, seed, jobs, progress)
 
 
+def _relaxed(problem: Problem, reduced: dict, deadline: float) -> float:
+    """The unconstrained optimum: a lower bound when memory binds (recompute only adds time)."""
+    segments = split_segments(problem)
+    if len(segments) <= 1 or time.perf_counter() >= deadline:
+        return -math.inf
+    try:
+        costs = [t.cost.astype(np.float64) for t in problem.ops]
+        return solve_unary(problem, segments, costs, reduced=reduced, deadline=deadline).value
+    except TimeoutError:
+        return -math.inf
+
+
 def _solve_untied(problem: Problem, memory_limit: float | None, time_limit_s: float, seed: int, jobs: int,
-                  progress: Progress | None, reduced: dict | None = None) -> tuple[SolveResult, tuple[str, ...]]:
+                  progress: Progress | None, memo: dict | None = None,
+                  incumbent: int | None = None) -> tuple[SolveResult, tuple[str, ...]]:
     start = time.perf_counter()
     deadline = start + time_limit_s
     segments = split_segments(problem)
@@ -159,8 +178,8 @@ def _solve_untied(problem: Problem, memory_limit: float | None, time_limit_s: fl
     notes = (f"decomposed into {len(segments)} segments ({distinct} distinct)",)
     options = None  # recompute / zero 'auto': the variants are built only when memory binds
     if memory_limit is not None and min_memory(problem) > memory_limit:
-        options = layer_options(problem, segments)
-    if options is not None and _least_memory(problem, options) > memory_limit:
+        options = layer_options(problem, segments, memo)
+    if options is not None and least_memory(problem, options) > memory_limit:
         return SolveResult("INFEASIBLE", None, None, None, time.perf_counter() - start, 0,
                            explain_infeasible(problem, memory_limit)), notes
     with Workers(problem, jobs, distinct) as workers:
@@ -170,7 +189,7 @@ def _solve_untied(problem: Problem, memory_limit: float | None, time_limit_s: fl
         began = time.perf_counter()
         try:
             free = solve_unary(problem, segments, costs, workers, progress, start + REDUCE_SHARE * time_limit_s,
-                               reduced)
+                               memo and memo["reduced"])
         except TimeoutError as exc:
             return _whole_instead(problem, memory_limit, deadline, seed, start, notes, str(exc))
         step_s = time.perf_counter() - began
@@ -181,22 +200,27 @@ def _solve_untied(problem: Problem, memory_limit: float | None, time_limit_s: fl
         # recompute only adds time, so a plan that fits without it is optimal; a ZeRO stage may save time
         if fits and problem.settings.zero != AUTO:
             return SolveResult("OPTIMAL", objective, objective, free.choice, time.perf_counter() - start, 0), notes
-        options = options or layer_options(problem, segments)
+        options = options or layer_options(problem, segments, memo)
         # no limit: one no plan can reach (finite, so that prices times memory stay numbers)
         limit = memory_limit if memory_limit is not None else 1.0 + max(
             sum(int(t.memory.max()) for t in p.ops) for p in (problem, *options.variants))
-        found, why = _pareto(problem, segments, limit, start + PARETO_SHARE * (deadline - start), options)
+        found, why = _pareto(problem, segments, limit, start + PARETO_SHARE * (deadline - start), options,
+                             memo and memo["fronts"], incumbent)
+        if why.startswith("dominated"):  # no plan here beats another condition's (planner.search.ties)
+            return SolveResult("DOMINATED", None, incumbent, None, time.perf_counter() - start, 0, why), notes + (why,)
         if found is None and fits:  # the choices could not be searched: the plan without them stands
             return SolveResult("OPTIMAL" if not options.variants else "FEASIBLE", objective, None, free.choice,
                                time.perf_counter() - start, 0), notes + (why,)
         if found is not None:
             why = why if not fits else why.replace("memory binds: ", "memory free: ", 1)
-            recompute, zero = _layer_modes(problem, segments, found.modes, options)
+            recompute, zero = layer_modes(problem, segments, found.modes, options)
             return SolveResult("OPTIMAL", found.objective, found.objective, found.choice, time.perf_counter() - start,
                                0, layer_recompute=recompute, layer_zero=zero), notes + (why,)
         if options.variants:
             why += "; choices per layer need the Pareto master: every layer runs without recompute at ZeRO stage 0"
-        return _lagrangian(problem, segments, memory_limit, deadline, seed, workers, start, notes + (why,), step_s)
+        # its bound is the restricted problem's when layer choices exist: no proof against an incumbent then
+        return _lagrangian(problem, segments, memory_limit, deadline, seed, workers, start, notes + (why,), step_s,
+                           None if options.variants else incumbent)
 
 
 def _whole_instead(problem: Problem, memory_limit: float | None, deadline: float, seed: int, start: float,
@@ -211,11 +235,15 @@ def _whole_instead(problem: Problem, memory_limit: float | None, deadline: float
 
 
 def _pareto(problem: Problem, segments: Sequence[Segment], memory_limit: float, deadline: float,
-            options: "LayerOptions") -> tuple[ParetoResult | None, str]:
-    """The exact Pareto master, or None and why it stopped (fronts past their caps, the deadline)."""
+            options: "LayerOptions", fronts: dict | None = None,
+            incumbent: int | None = None) -> tuple[ParetoResult | None, str]:
+    """The exact Pareto master, or None and why it stopped (fronts past their caps, the deadline,
+    'dominated' by the ``incumbent``)."""
     try:
         found = pareto_search(problem, segments, memory_limit, deadline, variants=options.variants,
-                              units=options.units)
+                              units=options.units, tables=fronts, incumbent=incumbent)
+    except Dominated as exc:
+        return None, f"dominated: {exc}"
     except (FrontTooLarge, TimeoutError) as exc:
         return None, f"memory binds: Pareto tables stopped ({exc}); Lagrangian pricing and CP-SAT instead"
     chosen = options.describe() if options.variants else ""
@@ -224,76 +252,9 @@ def _pareto(problem: Problem, segments: Sequence[Segment], memory_limit: float, 
                    f"Lagrangian bound {found.lagrangian_bound}){chosen}")
 
 
-@dataclass(frozen=True, slots=True)
-class LayerOptions:
-    """Under recompute and/or zero 'auto': the (recompute mode, ZeRO stage) pairs a layer may take,
-    the problem costed with every layer in each pair but the first (the problem's own: no
-    recompute, stage 0), and the units of consecutive segments that share a layer (one pair each)."""
-
-    modes: tuple[tuple[str, int], ...] = (("none", 0),)
-    variants: tuple[Problem, ...] = ()
-    units: tuple[int, ...] = ()
-
-    def describe(self) -> str:
-        recompute = sorted({r for r, _ in self.modes}, key=RECOMPUTE.index)
-        zero = sorted({z for _, z in self.modes})
-        return "; chosen per layer: " + ", ".join(
-            ([f"recompute among {'/'.join(recompute)}"] if len(recompute) > 1 else []) +
-            ([f"ZeRO stage among {'/'.join(map(str, zero))}"] if len(zero) > 1 else []))
-
-
-def layer_options(problem: Problem, segments: Sequence[Segment]) -> LayerOptions:
-    """The variants for recompute / zero 'auto' (none otherwise); selective recompute only where
-    there is an attention core to drop."""
-    settings, graph = problem.settings, problem.graph
-    recompute = ("none",) + (("selective",) if attention_core(graph) else ()) + ("full",) \
-        if settings.recompute == AUTO else ("none",)
-    zero = ZERO_STAGES if settings.zero == AUTO else (0,)
-    if len(recompute) * len(zero) == 1:
-        return LayerOptions()
-    layers = sorted({op.layer for op in graph.operators if op.layer is not None})
-    modes = tuple(itertools.product(recompute, zero))
-    variants = tuple(build_problem(graph, problem.mesh, problem.profile, _pinned(settings, layers, mode),
-                                   problem.unit_s) for mode in modes[1:])
-    if problem.conditions:  # a problem conditioned on tied layouts: its variants are conditioned alike
-        variants = tuple(conditioned(v, dict(problem.conditions)) for v in variants)
-    units, seen = [], set()
-    for k, seg in enumerate(segments):
-        own = {graph.operators[op].layer for op in seg.ops} - {None}
-        units.append(units[-1] if k and own & seen else k)
-        seen = own | seen if k and own & seen else own
-    return LayerOptions(modes, variants, tuple(units))
-
-
-def _pinned(settings, layers: Sequence[int], mode: tuple[str, int]):
-    """The settings with every layer in ``mode`` (only the decided settings get per-layer values)."""
-    recompute, zero = mode
-    return replace(settings,
-                   layer_recompute=tuple((layer, recompute) for layer in layers) if settings.recompute == AUTO else (),
-                   layer_zero=tuple((layer, zero) for layer in layers) if settings.zero == AUTO else ())
-
-
-def _least_memory(problem: Problem, options: LayerOptions) -> int:
-    """A lower bound on any plan's memory: per operator, its least memory under any mode."""
-    return sum(min(int(p.ops[i].memory.min()) for p in (problem, *options.variants)) for i in range(len(problem.ops)))
-
-
-def _layer_modes(problem: Problem, segments: Sequence[Segment], chosen: Sequence[int],
-                 options: LayerOptions) -> tuple[tuple[tuple[int, str], ...], tuple[tuple[int, int], ...]]:
-    """The chosen (layer, recompute mode) and (layer, ZeRO stage) pairs, each only when decided."""
-    if not options.variants:
-        return (), ()
-    modes = {problem.graph.operators[op].layer: options.modes[mode] for seg, mode in zip(segments, chosen)
-             for op in seg.ops if problem.graph.operators[op].layer is not None}
-    settings = problem.settings
-    recompute = tuple((layer, r) for layer, (r, _) in sorted(modes.items())) if settings.recompute == AUTO else ()
-    zero = tuple((layer, z) for layer, (_, z) in sorted(modes.items())) if settings.zero == AUTO else ()
-    return recompute, zero
-
-
 def _lagrangian(problem: Problem, segments: Sequence[Segment], memory_limit: float, deadline: float, seed: int,
                 workers: Workers, start: float, notes: tuple[str, ...],
-                first_step_s: float = 0.0) -> tuple[SolveResult, tuple[str, ...]]:
+                first_step_s: float = 0.0, incumbent: int | None = None) -> tuple[SolveResult, tuple[str, ...]]:
     costs = [t.cost.astype(np.float64) for t in problem.ops]
     mems = [t.memory.astype(np.float64) for t in problem.ops]
     best: tuple[int, tuple[int, ...]] | None = None
@@ -318,9 +279,12 @@ def _lagrangian(problem: Problem, segments: Sequence[Segment], memory_limit: flo
         return False
 
     remaining = lambda: deadline - time.perf_counter()
-    _bisect_price(at, costs, mems,
-                  lambda: (best is not None and _certified(best[0], bound)) or remaining() <= step_s[0])
-    lower = _ceil_bound(bound)
+    beaten = lambda: incumbent is not None and bound > incumbent  # noqa: E731 (another condition's plan wins)
+    _bisect_price(at, costs, mems, lambda: (best is not None and _certified(best[0], bound)) or remaining() <= step_s[0]
+                  or beaten())
+    lower = _ceil_bound(bound) if math.isfinite(bound) else separable_bound(problem)  # no price step had time
+    if beaten():
+        return SolveResult("DOMINATED", None, incumbent, None, time.perf_counter() - start, 0, "dominated"), notes
     finish = lambda status, why: _finish(status, best, lower, start, notes + (why,))
     if best is not None and _certified(best[0], bound):
         return finish("OPTIMAL", f"memory binds: Lagrangian certificate (bound {lower} = objective)")

@@ -129,6 +129,10 @@ class ParetoNetwork:
         return union(var, branches, self.cap)
 
 
+class Dominated(FrontTooLarge):
+    """No plan of this problem costs less than the incumbent the caller gave: nothing to return."""
+
+
 def segment_front_table(problem: Problem, seg: Segment, cap: int = FRONT_CAP) -> Node:
     """The [entry layout, exit layout] table of (cost, memory) fronts of one segment."""
     costs = [t.cost.astype(np.float64) for t in problem.ops]
@@ -143,29 +147,41 @@ def segment_front_table(problem: Problem, seg: Segment, cap: int = FRONT_CAP) ->
 
 def pareto_search(problem: Problem, segments: Sequence[Segment], memory_limit: float, deadline: float | None = None,
                   cap: int = FRONT_CAP, label_cap: int = LABEL_CAP, variants: Sequence[Problem] = (),
-                  units: Sequence[int] = ()) -> ParetoResult:
+                  units: Sequence[int] = (), tables: dict | None = None,
+                  incumbent: float | None = None) -> ParetoResult:
     """The exact optimum under ``memory_limit`` over a chain of segments (see the module text).
 
     ``variants``: the same graph costed under other settings (recompute modes, ZeRO stages); each
     unit of consecutive segments (``units``: a unit id per segment) then runs under one of
     ``problem`` and the variants, chosen per unit inside the same label-setting
     (``ParetoResult.modes``).
-    Raises ``FrontTooLarge`` past the caps and ``TimeoutError`` past ``deadline``."""
+    ``tables``: front tables kept by (option, cap, segment key) across calls whose problems differ
+    only in some segments (the tied-layout conditions); ``incumbent``: the cost of a plan found
+    elsewhere (another condition), which prunes the labels. Raises ``FrontTooLarge`` past the caps,
+    ``Dominated`` when no plan here beats the incumbent and ``TimeoutError`` past ``deadline``."""
     start = time.perf_counter()
     options = [problem, *variants]
+    known = tables if tables is not None else {}
     tables: list[dict[str, Node]] = [{} for _ in options]
     for seg in segments:
-        for table, option in zip(tables, options):
+        for k, (table, option) in enumerate(zip(tables, options)):
             if seg.key not in table:
-                table[seg.key] = segment_front_table(option, seg, cap)
-                _check(deadline)
+                if (k, cap, seg.key) not in known:
+                    known[(k, cap, seg.key)] = segment_front_table(option, seg, cap)
+                    _check(deadline)
+                table[seg.key] = known[(k, cap, seg.key)]
     by_mode = [[table[s.key] for s in segments] for table in tables]
     chain = by_mode[0] if not variants else mode_chain(by_mode, units, [s.key for s in segments])
     limit = float(memory_limit)
     lam, upper, bound = _lagrangian(chain, limit, deadline)
+    if incumbent is not None and bound > incumbent:
+        raise Dominated(f"its Lagrangian bound {bound:.0f} exceeds the plan in hand ({incumbent:.0f})")
+    upper = min(upper, incumbent if incumbent is not None else math.inf)
     for beam in BEAMS:  # each heuristic pass prunes with the best plan of the one before
         upper = min(upper, _master(chain, limit, lam, upper, label_cap, deadline, beam=beam)[2])
     back, final, best = _master(chain, limit, lam, upper, label_cap, deadline)
+    if final is None and incumbent is not None and upper >= incumbent:
+        raise Dominated(f"no label beats the plan in hand ({incumbent:.0f})")
     if final is None:
         raise FrontTooLarge("no label fits the memory limit")  # the caller's path reports infeasibility
     choice, modes = _recover(segments, by_mode, len(problem.ops), back, final, units)

@@ -17,6 +17,7 @@ as ordinary pairwise terms) solves the problem instead.
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from dataclasses import replace
 from typing import Callable
@@ -27,6 +28,7 @@ from planner.cost.problem import EdgeTable, OpTable, Problem
 from planner.search.solver import SolveResult, separable_bound, solve
 
 MAX_CONDITIONS = 64
+RELAX_SHARE = 0.1  # of the time limit: the conditions' relaxations, which order and prune them
 
 
 def owner_groups(problem: Problem) -> dict[int, dict[tuple, list[int]]]:
@@ -75,11 +77,16 @@ def _reindex(edge: EdgeTable, kept: dict[int, list[int]]) -> EdgeTable:
 
 
 def solve_tied(problem: Problem, memory_limit: float | None, time_limit_s: float, seed: int,
-               solve_untied: Callable[[Problem, float], tuple[SolveResult, tuple[str, ...]]]
-               ) -> tuple[SolveResult, tuple[str, ...]]:
+               solve_untied: Callable[[Problem, float, int | None], tuple[SolveResult, tuple[str, ...]]],
+               relax: Callable[[Problem, float], float] | None = None) -> tuple[SolveResult, tuple[str, ...]]:
     """The exact optimum over every owner layout (see the module docstring). ``solve_untied(p,
-    time_limit_s)`` solves one conditioned problem; the best plan wins, OPTIMAL when every
-    condition was solved to optimality (or proven infeasible)."""
+    time_limit_s, incumbent)`` solves one conditioned problem (status DOMINATED when it proves that
+    nothing there beats the incumbent cost); ``relax(p, deadline)``, a lower bound on it (the
+    unconstrained optimum, when memory can only add time; -inf past the deadline: a tenth of the
+    time limit for all of them), orders the conditions and prunes those that cannot
+    beat the best plan found. Two passes: each condition first gets a short share of the time, then
+    the ones left unproven get the rest, with the best plan of all as incumbent. OPTIMAL when every
+    condition was solved to optimality, proven infeasible or proven no better than the best."""
     start = time.perf_counter()
     groups = owner_groups(problem)
     owners = sorted(groups)
@@ -87,35 +94,75 @@ def solve_tied(problem: Problem, memory_limit: float | None, time_limit_s: float
     if len(combos) > MAX_CONDITIONS:
         result = solve(problem, memory_limit, time_limit_s, seed)
         return result, (f"{len(combos)} layouts of tied parameters: solved as one whole-graph program",)
-    best, bound, proven, notes, refused = None, None, True, (), None
-    for n, combo in enumerate(combos):
-        left = time_limit_s - (time.perf_counter() - start)
-        chosen = {owner: layouts for owner, (layouts, _) in zip(owners, combo)}
-        kept = {owner: strategies for owner, (_, strategies) in zip(owners, combo)}
-        result, said = solve_untied(conditioned(problem, chosen), max(left / (len(combos) - n), 1e-3))
-        notes += tuple(note for note in said if note not in notes)
+    search = _Conditions(problem, combos, owners, relax, start + RELAX_SHARE * time_limit_s)
+    pending = sorted(range(len(combos)), key=lambda k: (search.lower[k], k))
+    for sweep in (0, 1):
+        left_over = []
+        for n, k in enumerate(pending):
+            left = time_limit_s - (time.perf_counter() - start)
+            if left <= 0:  # out of time: the rest stay unsettled
+                left_over.append(k)
+                continue
+            share = left / (2 * (len(pending) - n)) if sweep == 0 else left / (len(pending) - n)
+            if not search.attempt(k, max(share, 1e-3), solve_untied):
+                left_over.append(k)
+        pending = left_over
+    return search.result(time.perf_counter() - start, bool(pending))
+
+
+class _Conditions:
+    """The conditions' bookkeeping: best plan, bound, which are settled."""
+
+    def __init__(self, problem: Problem, combos: list, owners: list[int], relax, deadline: float) -> None:
+        self.problem, self.combos, self.owners = problem, combos, owners
+        self.chosen = [{owner: layouts for owner, (layouts, _) in zip(owners, combo)} for combo in combos]
+        self.lower = [relax(conditioned(problem, c), deadline) if relax else -math.inf for c in self.chosen]
+        self.best, self.bounds, self.notes, self.refused, self.pruned = None, {}, (), None, 0
+
+    def attempt(self, k: int, limit: float, solve_untied) -> bool:
+        """Solve condition k within ``limit`` seconds; whether it is settled (optimal, infeasible, dominated)."""
+        best = self.best
+        if best is not None and self.lower[k] >= best.objective:
+            self.pruned += 1  # its relaxation cannot beat the plan in hand: nor can it
+            return True
+        untied = conditioned(self.problem, self.chosen[k])
+        result, said = solve_untied(untied, limit, None if best is None else best.objective)
+        self.notes += tuple(note for note in said if all(note[:40] != seen[:40] for seen in self.notes))
+        if result.status == "DOMINATED":
+            self.pruned += 1
+            return True
         if result.status == "INFEASIBLE":
-            refused = result
-            continue
-        proven = proven and result.status == "OPTIMAL"
-        lower = result.bound if result.bound is not None else separable_bound(conditioned(problem, chosen))
-        bound = lower if bound is None else min(bound, lower)
+            self.refused = result
+            return True
         if result.choice is not None:
-            choice = list(result.choice)
-            for owner, strategies in kept.items():
-                choice[owner] = strategies[choice[owner]]
-            # under per-layer recompute / ZeRO the objective is the chosen variants': not re-checkable here
-            objective = result.objective if result.layer_recompute or result.layer_zero else problem.objective(choice)
-            if objective != result.objective:
-                raise RuntimeError(f"conditioned objective {result.objective} disagrees with the tied one {objective}")
-            if best is None or objective < best.objective:
-                best = replace(result, choice=tuple(choice), objective=objective)
-    elapsed = time.perf_counter() - start
-    notes = notes + (f"tied parameters: conditioned on {len(combos)} layout(s) of their owners",)
-    if best is None:
-        if proven and refused is not None:
-            return replace(refused, search_time_s=elapsed), notes
-        return SolveResult("UNKNOWN", None, None, None, elapsed, 0,
-                           "no layout of the tied parameters gave a plan within the time limit"), notes
-    status = "OPTIMAL" if proven else "FEASIBLE"
-    return replace(best, status=status, bound=best.objective if proven else bound, search_time_s=elapsed), notes
+            kept = {owner: strategies for owner, (_, strategies) in zip(self.owners, self.combos[k])}
+            candidate = _lift(self.problem, result, kept)
+            if best is None or candidate.objective < best.objective:
+                self.best = candidate
+        self.bounds[k] = result.bound if result.bound is not None else max(self.lower[k], separable_bound(untied))
+        return result.status == "OPTIMAL"
+
+    def result(self, elapsed: float, unsettled: bool) -> tuple[SolveResult, tuple[str, ...]]:
+        notes = self.notes + (f"tied parameters: conditioned on {len(self.combos)} layout(s) of their owners"
+                              + (f", {self.pruned} proven no better than the best" if self.pruned else ""),)
+        if self.best is None:
+            if not unsettled and self.refused is not None:
+                return replace(self.refused, search_time_s=elapsed), notes
+            return SolveResult("UNKNOWN", None, None, None, elapsed, 0,
+                               "no layout of the tied parameters gave a plan within the time limit"), notes
+        if not unsettled:
+            return replace(self.best, status="OPTIMAL", bound=self.best.objective, search_time_s=elapsed), notes
+        bound = min([self.best.objective] + list(self.bounds.values()))
+        return replace(self.best, status="FEASIBLE", bound=int(bound), search_time_s=elapsed), notes
+
+
+def _lift(problem: Problem, result: SolveResult, kept: dict[int, list[int]]) -> SolveResult:
+    """A conditioned problem's plan as a plan of the tied problem (owner strategies re-indexed)."""
+    choice = list(result.choice)
+    for owner, strategies in kept.items():
+        choice[owner] = strategies[choice[owner]]
+    # under per-layer recompute / ZeRO the objective is the chosen variants': not re-checkable here
+    objective = result.objective if result.layer_recompute or result.layer_zero else problem.objective(choice)
+    if objective != result.objective:
+        raise RuntimeError(f"conditioned objective {result.objective} disagrees with the tied one {objective}")
+    return replace(result, choice=tuple(choice), objective=objective)
