@@ -255,11 +255,9 @@ def _pareto(problem: Problem, segments: Sequence[Segment], memory_limit: float, 
 def _lagrangian(problem: Problem, segments: Sequence[Segment], memory_limit: float, deadline: float, seed: int,
                 workers: Workers, start: float, notes: tuple[str, ...],
                 first_step_s: float = 0.0, incumbent: int | None = None) -> tuple[SolveResult, tuple[str, ...]]:
-    costs = [t.cost.astype(np.float64) for t in problem.ops]
-    mems = [t.memory.astype(np.float64) for t in problem.ops]
+    costs, mems = [t.cost.astype(np.float64) for t in problem.ops], [t.memory.astype(np.float64) for t in problem.ops]
     best: tuple[int, tuple[int, ...]] | None = None
-    bound = -math.inf
-    seen: list[set[int]] = [set() for _ in problem.ops]
+    bound, seen = -math.inf, [set() for _ in problem.ops]
     step_s = [first_step_s]  # the longest price step so far: no step is started that cannot end by the deadline
 
     def at(lam: float) -> bool:
