@@ -52,7 +52,6 @@ def counting_mode(axis_of_group: dict):
 
 
 def main(argv: list[str] | None = None) -> int:
-    import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -61,10 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     job = json.loads(Path(job_path).read_text())
     graph = graph_from_dict(job["graph"])
     names, shape = tuple(job["axis_names"]), tuple(job["mesh_shape"])
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    backend = "gloo"  # blocks live on the CPU; GPU runs (nccl, blocks on the device) are not built yet
     dist.init_process_group(backend)
     rank = dist.get_rank()
-    mesh = init_device_mesh("cuda" if backend == "nccl" else "cpu", shape, mesh_dim_names=names)
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
     coord = tuple(int(c) for c in np.unravel_index(rank, shape))
     groups = {mesh.get_group(name).group_name: ((name,), dist.get_process_group_ranks(mesh.get_group(name)))
               for name in names}

@@ -1,5 +1,5 @@
 """Train a plan on PyTorch's distributed engine (``planner run-torch``): one process per device under
-torchrun (gloo on CPU, nccl on GPUs), every layout of the plan a DTensor placement.
+torchrun (gloo, on CPU), every layout of the plan a DTensor placement.
 
 Each rank runs the graph's operators in order through the interpreter (``torch_xp``: its kernels
 on torch tensors, under autograd) on its local blocks, with the local sizes and offsets of its mesh
