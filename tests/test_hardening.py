@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SOLVE = [sys.executable, "-m", "planner", "plan", "--model", "gpt2-small", "--mesh", "2x4", "--method", "whole",
+SOLVE = [sys.executable, "-m", "planner", "plan", "--model", "gpt2-medium", "--mesh", "2x4", "--method", "whole",
          "--time-limit", "120"]
 
 
@@ -42,7 +42,7 @@ def test_signal_during_a_solve_stops_at_once_and_writes_nothing(tmp_path, sig, c
 
 def test_interrupted_experiment_row_is_not_recorded_and_resume_reruns_it(tmp_path):
     out = tmp_path / "evh.csv"
-    cmd = [sys.executable, "-m", "experiments.exact_vs_heuristic", "--models", "gpt2-small", "--meshes", "8,2x4",
+    cmd = [sys.executable, "-m", "experiments.exact_vs_heuristic", "--models", "gpt2-medium", "--meshes", "8,2x4",
            "--no-plot", "--out", str(out)]
     proc = subprocess.Popen(cmd + ["--whole-time-limit", "120"], cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)

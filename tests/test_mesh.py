@@ -59,15 +59,19 @@ def test_parallel_segment_workers_give_the_same_plan():
 
 def test_one_worker_pool_serves_every_price_step(monkeypatch):
     """--jobs 2 under a binding memory limit on the Lagrangian fallback (the Pareto master is
-    switched off here): the price takes many steps, all on one pool per solve (one per layout of
-    the tied embedding; a new pool per step cost seconds each), and the plan is the --jobs 1 plan."""
+    switched off here): the price takes many steps, all on one pool (a new pool per step cost
+    seconds each), and the plan is the --jobs 1 plan. Tied parameters are solved in one process, so
+    bert-base is conditioned here on one layout of its tied table."""
     import multiprocessing
 
     from planner import make_cluster, make_problem
     from planner.search import exact
     from planner.search.solver import min_memory
 
-    problem = make_problem("bert-base", make_cluster("8", "a100-80g"))
+    from planner.search.ties import conditioned, owner_groups
+    tied = make_problem("bert-base", make_cluster("8", "a100-80g"))
+    (owner, groups), = owner_groups(tied).items()  # one layout of the tied table: no ties left, pools in use
+    problem = conditioned(tied, {owner: sorted(groups)[0]})
     free, _ = exact.solve_exact(problem, jobs=1)
     limit = min_memory(problem) + 0.5 * (problem.memory(free.choice) - min_memory(problem))
     steps, pools = [], []
@@ -86,7 +90,5 @@ def test_one_worker_pool_serves_every_price_step(monkeypatch):
     monkeypatch.setattr(exact, "_pareto", lambda *a, **k: (None, "Pareto master off"))
     two, _ = exact.solve_exact(problem, limit, jobs=2, time_limit_s=120)
     one, _ = exact.solve_exact(problem, limit, jobs=1, time_limit_s=120)
-    from planner.search.ties import owner_groups
-    conditions = sum(len(groups) for groups in owner_groups(problem).values())  # the tied embedding's layouts
-    assert len(steps) > 5 and 1 <= len(pools) <= conditions and set(pools) == {2}  # one pool per solve, not per step
+    assert len(steps) > 5 and pools == [2]
     assert two.objective == one.objective and two.status == one.status == "OPTIMAL"

@@ -144,8 +144,10 @@ def solve_exact(problem: Problem, memory_limit: float | None = None, time_limit_
         # shared by the conditions: what a segment the ties do not touch costs is worked out once
         memo: dict = {"reduced": {}, "variants": {}, "fronts": {}}
         relax = None if problem.settings.zero == AUTO else (lambda untied, by: _relaxed(untied, memo["reduced"], by))
-        return solve_tied(problem, memory_limit, time_limit_s, seed, lambda untied, limit, incumbent: _solve_untied(
-            untied, memory_limit, limit, seed, jobs, progress, memo, incumbent), relax)
+        # one process: a worker pool per condition would start processes where an interrupt can land
+        result, notes = solve_tied(problem, memory_limit, time_limit_s, seed, lambda untied, limit, incumbent:
+                                   _solve_untied(untied, memory_limit, limit, seed, 1, progress, memo, incumbent), relax)
+        return result, notes + ((f"--jobs {jobs}: tied parameters are solved in this process",) if jobs > 1 else ())
     return _solve_untied(problem, memory_limit, time_limit_s, seed, jobs, progress)
 
 
