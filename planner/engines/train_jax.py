@@ -82,30 +82,12 @@ def train_on_jax(graph, strategies: dict, axis_names: tuple[str, ...], mesh_shap
 
 def main(argv: list[str] | None = None) -> int:
     """Worker: ``python -m planner.engines.train_jax JOB.json OUT.json`` (run by ``train_on_jax``)."""
-    import jax
-    import numpy as np
-    from jax.sharding import Mesh
-
-    from planner.cluster.mesh import Mesh as PlannerMesh, MeshAxis
-    from planner.engines.export import export_plan
-    from planner.engines.interpret import random_feeds
-    from planner.engines.xla import data_copies, plain_step, training_step
-    from planner.ir.graph_json import graph_from_dict
+    from planner.engines.xla import load_job, plain_step, training_step
     from planner.outputs import write_json
 
     job_path, out_path = (argv if argv is not None else sys.argv[1:])[:2]
     job = json.loads(Path(job_path).read_text())
-    graph = graph_from_dict(job["graph"])
-    names, shape = tuple(job["axis_names"]), tuple(job["mesh_shape"])
-    strategies = {k: tuple(v) for k, v in job["strategies"].items()}
-    exported = export_plan(graph, strategies, PlannerMesh(tuple(MeshAxis(n, s, 1.0, 0.0) for n, s in zip(names, shape))))
-    devices = jax.devices()
-    if len(devices) < math.prod(shape):
-        raise SystemExit(f"run-jax: {len(devices)} devices, the plan's mesh needs {math.prod(shape)}")
-    mesh = Mesh(np.array(devices[: math.prod(shape)]).reshape(shape), names)
-    feeds = random_feeds(graph, job["seed"], "float32")
-    params = {t.name: feeds[t.name] for t in graph.tensors if t.role == "param"}
-    data = data_copies(graph, feeds)
+    graph, exported, mesh, feeds, params, data = load_job(job, job["seed"])
     sharded = training_step(graph, exported, mesh, job["lr"])
     plain = plain_step(graph, job["lr"])
     hlo = sharded.lower(params, data).compile().as_text()
@@ -115,8 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         ref, q = plain(q, feeds)
         losses.append(float(loss))
         reference.append(float(ref))
-    write_json(out_path, {"losses": losses, "reference": reference, "devices": math.prod(shape),
-                          "platform": devices[0].platform, "hlo": hlo})
+    write_json(out_path, {"losses": losses, "reference": reference, "devices": mesh.devices.size,
+                          "platform": mesh.devices.flat[0].platform, "hlo": hlo})
     return 0
 
 

@@ -320,29 +320,35 @@ def plain_step(graph, lr: float = 0.01):
     return jax.jit(step)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Worker: ``python -m planner.engines.xla JOB.json OUT.json`` (run by ``compiled_collectives``)."""
+def load_job(job: dict, seed: int = 0):
+    """A worker's job (graph, mesh, strategies) on this process's JAX devices: (graph, exported plan,
+    JAX mesh, feeds, params, per-consumer data); shared by the XLA check and ``run-jax``."""
     import jax
     import numpy as np
     from jax.sharding import Mesh
 
-    from planner.ir.graph_json import graph_from_dict
-    from planner.outputs import write_json
+    from planner.cluster.mesh import Mesh as PlannerMesh, MeshAxis
     from planner.engines.export import export_plan
     from planner.engines.interpret import random_feeds
-
-    job_path, out_path = (argv if argv is not None else sys.argv[1:])[:2]
-    job = json.loads(Path(job_path).read_text())
+    from planner.ir.graph_json import graph_from_dict
     graph = graph_from_dict(job["graph"])
     names, shape = tuple(job["axis_names"]), tuple(job["mesh_shape"])
     strategies = {k: tuple(v) for k, v in job["strategies"].items()}
-    from planner.cluster.mesh import Mesh as PlannerMesh, MeshAxis
-    planner_mesh = PlannerMesh(tuple(MeshAxis(n, s, 1.0, 0.0) for n, s in zip(names, shape)))
-    exported = export_plan(graph, strategies, planner_mesh)
-    mesh = Mesh(np.array(jax.devices()[: math.prod(shape)]).reshape(shape), names)
-    feeds = random_feeds(graph, 0, "float32")
+    exported = export_plan(graph, strategies, PlannerMesh(tuple(MeshAxis(n, s, 1.0, 0.0) for n, s in zip(names, shape))))
+    devices = jax.devices()
+    if len(devices) < math.prod(shape):
+        raise SystemExit(f"{len(devices)} devices, the plan's mesh needs {math.prod(shape)}")
+    mesh = Mesh(np.array(devices[: math.prod(shape)]).reshape(shape), names)
+    feeds = random_feeds(graph, seed, "float32")
     params = {t.name: feeds[t.name] for t in graph.tensors if t.role == "param"}
-    data = data_copies(graph, feeds)
+    return graph, exported, mesh, feeds, params, data_copies(graph, feeds)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Worker: ``python -m planner.engines.xla JOB.json OUT.json`` (run by ``compiled_collectives``)."""
+    from planner.outputs import write_json
+    job_path, out_path = (argv if argv is not None else sys.argv[1:])[:2]
+    graph, exported, mesh, _, params, data = load_job(json.loads(Path(job_path).read_text()))
     compiled = training_step(graph, exported, mesh).lower(params, data).compile()
     write_json(out_path, {"hlo": compiled.as_text()})
     return 0
