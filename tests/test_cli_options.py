@@ -16,6 +16,8 @@ from planner import api
 from planner.cli import main
 
 GPT = "gpt:layers=4,hidden=256,heads=4,seq=64,vocab=512"  # a small pipelinable model
+LLAMA = "hf:llama:hidden=512,ffn=1024,batch=1,seq=16"  # imported; its exact plan on 4 is Megatron in the MLP
+LLAMA_REORDERED = "hf:llama:seq=16,batch=1,ffn=1024,hidden=512"  # the same module
 
 
 def _with(**changes) -> api.TrainingSettings:
@@ -169,6 +171,19 @@ CASES = [
     ("export --tensor-axis --json", ["export", "--plan", "flat.json", "--tensor-axis", "node", "--json", "out.json"], 0,
      lambda t, c, o: _json(t)["parallelize_plan"]["mesh_axis"] == "node"),
     ("export 3D refused", ["export", "--plan", "p3.json"], 2, None),
+    ("export --target torch --out", ["export", "--plan", "tp.json", "--target", "torch", "--out", "p.py"], 0,
+     lambda t, c, o: "ColwiseParallel(" in (t / "p.py").read_text() and f"MODULE = {LLAMA!r}" in (t / "p.py").read_text()),
+    ("export --target jax --out", ["export", "--plan", "flat.json", "--target", "jax", "--out", "p.py"], 0,
+     lambda t, c, o: "PARAM_SPECS = {" in (t / "p.py").read_text() and "P(" in (t / "p.py").read_text()),
+    ("export --module", ["export", "--plan", "tp.json", "--target", "torch", "--module", LLAMA_REORDERED, "--out", "p.py"],
+     0, lambda t, c, o: f"MODULE = {LLAMA_REORDERED!r}" in (t / "p.py").read_text()),
+    ("export --module of another model", ["export", "--plan", "tp.json", "--target", "torch", "--module",
+                                          "hf:gpt2:layers=1,hidden=64,heads=2,vocab=128,seq=16", "--out", "p.py"], 2, None),
+    ("export --target torch of a zoo model", ["export", "--plan", "flat.json", "--target", "torch", "--out", "p.py"], 2,
+     None),
+    ("export --out with --target json", ["export", "--plan", "flat.json", "--out", "p.py"], 2, None),
+    ("export --target torch --json", ["export", "--plan", "tp.json", "--target", "torch", "--json", "x.json"], 2, None),
+    ("run-torch --plan missing .py", ["run-torch", "--plan", "missing.py"], 2, None),
     ("verify --devices mismatch", ["verify", "--plan", "flat.json", "--devices", "4"], 2, None),
     ("verify --max-memory", ["verify", "--plan", "flat.json", "--max-memory", "1KB"], 2, None),
     ("verify --torch", ["verify", "--plan", "flat.json", "--no-xla", "--no-numpy", "--torch"], 0,
@@ -247,6 +262,8 @@ def plans(tmp_path_factory):
     root = tmp_path_factory.mktemp("plans")
     assert main(["plan", "--model", "mlp", "--mesh", "2x4", "--batch", "64", "--json", str(root / "flat.json"), "-q"]) == 0
     assert main(["plan", "--model", GPT, "--mesh", "2x2", "--pipeline", "auto", "--json", str(root / "p3.json"), "-q"]) == 0
+    assert main(["import-torch", LLAMA, "--loss", "cross_entropy", "--json", str(root / "llama.json"), "-q"]) == 0
+    assert main(["plan", "--model", str(root / "llama.json"), "--mesh", "4", "--json", str(root / "tp.json"), "-q"]) == 0
     return root
 
 
@@ -254,7 +271,7 @@ def plans(tmp_path_factory):
 def test_option(case_id, argv, code, check, plans, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "hw.csv").write_text(TABLE)
-    for name in ("flat.json", "p3.json"):
+    for name in ("flat.json", "p3.json", "tp.json", "llama.json"):
         (tmp_path / name).write_text((plans / name).read_text())
     captured = _spy(monkeypatch, force_feasible="require-optimal" in case_id or "FEASIBLE" in case_id)
     try:

@@ -4,8 +4,6 @@ write the outputs, print the report, return the exit code."""
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
 import sys
 from typing import Sequence
@@ -15,11 +13,11 @@ from planner.cost.settings import AUTO, TrainingSettings, parse_layer_modes
 from planner.errors import SettingsError
 from planner.cluster.mesh import parse_mesh
 from planner.cluster.profiles import SYMBOLIC
-from planner.ir.graph_json import save_graph
 from planner.outputs import write_bytes, write_csv, write_json
 from planner.plans import Plan
-from planner.cli.report import format_3d, format_plan, summary_3d
-from planner.cli.parser import (DEGREE_OPTIONS, EXIT_INFEASIBLE, EXIT_MISMATCH, EXIT_NOT_OPTIMAL,
+from planner.cli.engines import cmd_export, cmd_import_torch, cmd_run_jax, cmd_run_torch, cmd_verify
+from planner.cli.report import emit as _emit, format_3d, format_plan, summary_3d
+from planner.cli.parser import (DEGREE_OPTIONS, EXIT_INFEASIBLE, EXIT_NOT_OPTIMAL,
                                 EXIT_OK, PIPELINE_OPTIONS, SETTINGS_DEFAULTS, log)
 
 
@@ -62,17 +60,6 @@ def _refuse(args: argparse.Namespace, names: Sequence[str], why: str) -> None:
     given = _given(args, names)
     if given:
         raise SettingsError(f"{given[0]}: {why}")
-
-
-def _emit(text: str, args: argparse.Namespace) -> None:
-    """Print the report unless --quiet; a closed stdout (``| head``) ends the printing quietly."""
-    if args.quiet:
-        return
-    try:
-        print(text, flush=True)
-    except BrokenPipeError:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes stdout at exit
 
 
 def _source(args: argparse.Namespace) -> dict:
@@ -229,113 +216,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
         lines.append(f"{r['method']:10s} {r['status']:10s} {r['estimated_step_time_s'] * 1e3:10.3f} {gap:>8s} "
                      f"{r['memory_per_device_bytes'] / 2**30:8.2f} {str(r['fits_memory']):>5s} {search}")
     _emit("\n".join(lines), args)
-    return EXIT_OK
-
-
-def cmd_import_torch(args: argparse.Namespace) -> int:
-    from planner.engines.torch_import import import_module
-    from planner.engines.torch_presets import build_spec
-    module, inputs, name = build_spec(args.spec)
-    graph = import_module(module, inputs, name=name, allow_unknown=args.allow_unknown, loss=args.loss)
-    torch_params = sum(p.numel() for p in module.parameters())
-    save_graph(graph, args.json)
-    _emit(f"imported {name}: {len(graph.operators)} operators, {graph.num_params:,d} parameters "
-          f"(torch module: {torch_params:,d}), {graph.flops / 1e9:.2f} GFLOPs forward -> {args.json}", args)
-    return EXIT_OK
-
-
-def cmd_export(args: argparse.Namespace) -> int:
-    data = api.export_shardings(api.load_plan(args.plan, args.model, args.batch, args.seq), args.tensor_axis)
-    if args.json is not None:
-        write_json(args.json, data)
-    else:
-        _emit(json.dumps(data, indent=1), args)
-    return EXIT_OK
-
-
-def cmd_verify(args: argparse.Namespace) -> int:
-    from planner.engines.verify import format_report
-    loaded = api.load_plan(args.plan, args.model, args.batch, args.seq)
-    report = api.verify_loaded(loaded, run_numpy=not args.no_numpy, run_xla=not args.no_xla, tolerance=args.tolerance,
-                               devices=args.devices, max_memory=args.max_memory, run_torch=args.torch)
-    _emit(f"plan {args.plan}: {loaded.graph.name} on mesh {loaded.mesh.spec}\n{format_report(report)}", args)
-    if not report.ok:
-        print("planner: verify: mismatch beyond tolerance", file=sys.stderr)
-        return EXIT_MISMATCH
-    return EXIT_OK
-
-
-def cmd_run_jax(args: argparse.Namespace) -> int:
-    from planner.engines.train_jax import train_on_jax
-    return _train(args, train_on_jax, args.devices, "--devices", "run-jax", "xla_comparison", "XLA compiled")
-
-
-def cmd_run_torch(args: argparse.Namespace) -> int:
-    from planner.engines.train_torch import train_on_torch
-    from planner.plans import read_plan_file
-    data = read_plan_file(args.plan)
-    if "pipeline" in data:
-        return _train_3d(args, data)
-    return _train(args, train_on_torch, args.nproc, "--nproc", "run-torch", "counted_comparison", "CommDebugMode counted")
-
-
-def _train_3d(args: argparse.Namespace, data: dict) -> int:
-    """A 3D plan on torchrun: stages over point-to-point sends, DTensor placements inside each stage."""
-    from planner.engines.train_torch import train_3d_on_torch
-    pipe, source = data["pipeline"], data.get("source") or {}
-    model = args.model or source.get("model")
-    if not isinstance(model, str) or model.endswith(".json"):
-        raise SettingsError(f"--plan: {args.plan}: a 3D run rebuilds the model at the micro-batch size: its 'source' "
-                            "must name a zoo model (or pass --model)")
-    if str(pipe.get("schedule", "")).startswith("interleaved"):
-        raise SettingsError("--plan: run-torch runs GPipe / 1F1B stages; interleaved chunks are not run yet")
-    count, micro_batch = int(pipe["num_microbatches"]), int(pipe["micro_batch"])
-    stage_shape = tuple(int(part.split("=")[1]) for part in pipe["stage_mesh"].split(","))
-    nproc = int(pipe["stages"]) * math.prod(stage_shape)
-    if args.nproc is not None and args.nproc != nproc:
-        raise SettingsError(f"--nproc: the 3D plan needs {nproc} processes ({pipe['stages']} stages of {pipe['stage_mesh']}), "
-                            f"not {args.nproc}")
-    seq = args.seq or source.get("seq")
-    full, micro = api.resolve_model(model, micro_batch * count, seq), api.resolve_model(model, micro_batch, seq)
-    operators = data["operators"]
-    axes = tuple(operators[0]["strategy"]) if operators else ()
-    run = train_3d_on_torch(full, micro, {o["name"]: int(o["stage"]) for o in operators},
-                            {o["name"]: tuple(o["strategy"].get(a) for a in axes) for o in operators}, axes, stage_shape,
-                            int(pipe["stages"]), count, steps=args.steps, lr=args.lr, seed=args.seed)
-    lines = [f"plan {args.plan}: {micro.name}, {pipe['stages']} stages of {pipe['stage_mesh']} on {nproc} {run.platform} "
-             f"processes, {count} micro-batches of {micro_batch} (GPipe order), SGD lr {args.lr:g}",
-             f"{'step':>4s} {'loss (mesh)':>16s} {'loss (1 device)':>16s} {'rel diff':>10s}"]
-    lines += [f"{k:4d} {a:16.6f} {b:16.6f} {abs(a - b) / max(abs(b), 1e-30):10.2e}"
-              for k, (a, b) in enumerate(zip(run.losses, run.reference))]
-    lines.append(f"max relative difference {run.max_rel_diff:.2e} (tolerance {args.tolerance:g})")
-    _emit("\n".join(lines), args)
-    if run.max_rel_diff > args.tolerance:
-        print("planner: run-torch: losses differ from the one-process run beyond the tolerance", file=sys.stderr)
-        return EXIT_MISMATCH
-    return EXIT_OK
-
-
-def _train(args: argparse.Namespace, train, count: int | None, option: str, command: str, compare: str,
-           observed: str) -> int:
-    """K steps of a flat plan on an engine against one device; the engine's collectives against the cost model."""
-    loaded = api.load_plan(args.plan, args.model, args.batch, args.seq)
-    if count is not None and count != loaded.mesh.num_devices:
-        raise SettingsError(f"{option}: the plan's mesh {loaded.mesh.spec} has {loaded.mesh.num_devices} devices, "
-                            f"not {count}")
-    run = train(loaded.graph, loaded.strategies, loaded.mesh.names, loaded.mesh.shape, steps=args.steps, lr=args.lr,
-                seed=args.seed)
-    lines = [f"plan {args.plan}: {loaded.graph.name} on {run.devices} {run.platform} devices ({loaded.mesh.spec}), "
-             f"SGD lr {args.lr:g}", f"{'step':>4s} {'loss (mesh)':>16s} {'loss (1 device)':>16s} {'rel diff':>10s}"]
-    for k, (loss, ref) in enumerate(zip(run.losses, run.reference)):
-        lines.append(f"{k:4d} {loss:16.6f} {ref:16.6f} {abs(loss - ref) / max(abs(ref), 1e-30):10.2e}")
-    lines.append(f"max relative difference {run.max_rel_diff:.2e} (tolerance {args.tolerance:g})")
-    lines.append(f"bytes sent per device in one step, cost model vs {observed}:")
-    lines += [f"  {c.axes:12s} {c.predicted:14,.0f} {c.compiled:14,.0f} {c.rel_error:8.2%}"
-              for c in getattr(run, compare)(loaded.graph, loaded.strategies, loaded.mesh)]
-    _emit("\n".join(lines), args)
-    if run.max_rel_diff > args.tolerance:
-        print(f"planner: {command}: losses differ from the one-device run beyond the tolerance", file=sys.stderr)
-        return EXIT_MISMATCH
     return EXIT_OK
 
 

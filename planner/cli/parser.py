@@ -192,14 +192,25 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--loss", choices=["sum", "cross_entropy"], default="sum",
                    help="training loss added on the first output: its sum (default) or its cross-entropy against "
                         "integer labels (language and classification models)")
-    x = sub.add_parser("export", help="JAX PartitionSpecs, DTensor placements and a Linear plan of a plan JSON")
-    _add_plan_source(x)
-    x.add_argument("--tensor-axis", help="mesh axis of the Linear parallelize plan (default: the innermost)")
-    x.add_argument("--json", help="write the shardings here (default: print)")
+    _add_export(sub.add_parser("export", help="a plan for an engine: shardings as JSON, or a Python file for "
+                                              "PyTorch (parallelize_module + DTensor placements) or JAX"))
     _add_verify(sub.add_parser("verify", help="check a plan: numpy executor vs unsharded, XLA collectives vs the cost model"))
     _add_show(sub.add_parser("show", help="draw a plan: schedule (Gantt), memory per stage, sharding map (or --text)"))
     _add_runs(sub)
     return parser
+
+
+def _add_export(x: argparse.ArgumentParser) -> None:
+    _add_plan_source(x)
+    x.add_argument("--target", choices=["json", "torch", "jax"], default="json",
+                   help="json (default): PartitionSpecs, placements and a Linear plan; torch: a Python file with a "
+                        "parallelize_module plan and DTensor placements for the nn.Module (then planner run-torch "
+                        "--plan FILE); jax: a Python file with the PartitionSpecs and a shardings(mesh) function")
+    x.add_argument("--out", help="the Python file to write (--target torch or jax)")
+    x.add_argument("--module", help="--target torch: the nn.Module's import-torch spec (default: the one "
+                                    "`planner import-torch` recorded in the plan's graph JSON)")
+    x.add_argument("--tensor-axis", help="--target json: mesh axis of the Linear parallelize plan (default: the innermost)")
+    x.add_argument("--json", help="--target json: write the shardings here (default: print)")
 
 
 def _add_verify(v: argparse.ArgumentParser) -> None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
+import os
 import re
+import sys
 from collections import Counter
 
 from planner.pipeline.threed import Plan3D
@@ -88,3 +91,14 @@ def summary_3d(result: Plan3D, model: str, timings: bool = True) -> dict:
     if timings:
         row["search_time_s"] = result.search_time_s
     return row
+
+
+def emit(text: str, args: argparse.Namespace) -> None:
+    """Print the report unless --quiet; a closed stdout (``| head``) ends the printing quietly."""
+    if args.quiet:
+        return
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes stdout at exit

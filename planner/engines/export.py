@@ -121,3 +121,53 @@ def linear_parallel_plan(graph: Graph, exported: ExportedPlan, tensor_axis: str)
         if name.endswith(".weight") and len(graph.tensor(name).shape) == 2 and layout[axis] in (0, 1):
             plan[name[: -len(".weight")]] = "colwise" if layout[axis] == 0 else "rowwise"
     return plan
+
+
+JAX_TEMPLATE = '''"""JAX plan from planner: {title}.
+
+    mesh = jax.make_mesh(MESH_SHAPE, MESH_AXIS_NAMES)
+    params = {{k: jax.device_put(v, s) for k, s in shardings(mesh, PARAM_SPECS).items()}}
+and inside the jitted step, jax.lax.with_sharding_constraint(x, NamedSharding(mesh, ACTIVATION_SPECS[name]))
+on the activations. A tensor read in another layout is redistributed by XLA (planner run-jax constrains
+every edge: planner run-jax --plan PLAN.json).
+"""
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+MESH_AXIS_NAMES = {names!r}
+MESH_SHAPE = {shape!r}
+# parameters and data: the layout of their first reader
+PARAM_SPECS = {{{params}
+}}
+DATA_SPECS = {{{data}
+}}
+# every operator output the plan does not leave partial (a partial sum has no PartitionSpec)
+ACTIVATION_SPECS = {{{activations}
+}}
+
+
+def shardings(mesh, specs):
+    """NamedShardings of a spec table on a mesh."""
+    return {{name: NamedSharding(mesh, spec) for name, spec in specs.items()}}
+'''
+
+
+def _spec_source(spec: Spec) -> str:
+    return "P(" + ", ".join(repr(e) for e in spec) + ")"
+
+
+def jax_file(graph: Graph, exported: ExportedPlan, title: str) -> str:
+    """The plan's PartitionSpecs as a Python file (``planner export --target jax``)."""
+    specs = exported.partition_specs(graph)
+    rows = {"param": [], "data": []}
+    for name, spec in sorted(specs.items()):
+        if spec is not None:
+            rows["param" if graph.tensor(name).role == "param" else "data"].append(f"\n    {name!r}: {_spec_source(spec)},")
+    activations = []
+    for op_name, slot, layout in exported.outputs:
+        tensor = graph.operator(op_name).outputs[slot].tensor
+        spec = spec_of(layout, len(graph.tensor(tensor).shape), exported.axis_names)
+        if spec is not None:
+            activations.append(f"\n    {tensor!r}: {_spec_source(spec)},")
+    return JAX_TEMPLATE.format(title=title, names=exported.axis_names, shape=exported.mesh_shape,
+                               params="".join(rows["param"]), data="".join(rows["data"]),
+                               activations="".join(activations))

@@ -82,6 +82,21 @@ def train_3d_on_torch(full, micro, stage_of: dict, strategies: dict, axis_names:
     return TrainRun(tuple(result["losses"]), tuple(reference_losses(full, steps, lr, seed)), nproc, result["backend"])
 
 
+def train_module_plan(path: str, nproc: int, *, steps: int = 5, lr: float = 1e-4, seed: int = 0,
+                      timeout_s: float = 1800.0) -> TrainRun:
+    """An exported PyTorch plan file (``planner export --target torch``) on ``nproc`` torchrun processes
+    against its module in this process (``planner.engines.torch_module_worker``)."""
+    from planner.engines.torch_module_worker import reference_losses
+    from planner.outputs import write_json
+    with tempfile.TemporaryDirectory() as tmp:
+        job, out = Path(tmp) / "job.json", Path(tmp) / "out.json"
+        write_json(job, {"plan": str(Path(path).resolve()), "steps": steps, "lr": lr, "seed": seed})
+        _launch(nproc, "planner.engines.torch_module_worker", job, out, timeout_s)
+        result = json.loads(out.read_text())
+    return TrainRun(tuple(result["losses"]), tuple(reference_losses(str(path), steps, lr, seed)), nproc,
+                    result["backend"], "", tuple((k, tuple(a), n) for k, a, n in result["transfers"]))
+
+
 def _launch(nproc: int, module: str, job: Path, out: Path, timeout_s: float) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
            str(_free_port()), "-m", module, str(job), str(out)]

@@ -70,7 +70,7 @@ def _int_list(values: Any, where: str, key: str) -> list[int]:
     return values
 
 
-GRAPH_KEYS = {"graph": {"name", "batch_dim", "tensors", "operators"},
+GRAPH_KEYS = {"graph": {"name", "batch_dim", "tensors", "operators", "torch_module"},  # torch_module: import-torch spec
               "tensor": {"name", "shape", "role", "integer", "checkpoint"},
               "operator": {"name", "kind", "equation", "inputs", "outputs", "sizes", "norm", "unsplittable", "saved",
                            "layer", "attrs"}}

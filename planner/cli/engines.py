@@ -1,0 +1,208 @@
+"""The commands that drive the engines: import-torch, export, verify, run-jax, run-torch (one
+function per command, as ``planner.cli.commands``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+
+from planner import api
+from planner.errors import SettingsError
+from planner.outputs import write_json
+from planner.cli.report import emit as _emit
+from planner.cli.parser import EXIT_MISMATCH, EXIT_OK
+
+
+def cmd_import_torch(args: argparse.Namespace) -> int:
+    from planner.engines.torch_import import import_module
+    from planner.engines.torch_presets import build_spec
+    module, inputs, name = build_spec(args.spec)
+    graph = import_module(module, inputs, name=name, allow_unknown=args.allow_unknown, loss=args.loss)
+    torch_params = sum(p.numel() for p in module.parameters())
+    from planner.ir.graph_json import graph_to_dict
+    write_json(args.json, {**graph_to_dict(graph), "torch_module": {"spec": args.spec, "loss": args.loss}})
+    _emit(f"imported {name}: {len(graph.operators)} operators, {graph.num_params:,d} parameters "
+          f"(torch module: {torch_params:,d}), {graph.flops / 1e9:.2f} GFLOPs forward -> {args.json}", args)
+    return EXIT_OK
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    if args.target != "json":
+        return _export_file(args)
+    for option, value in (("--out", args.out), ("--module", args.module)):
+        if value is not None:
+            raise SettingsError(f"{option}: only with --target torch or jax (--target json writes --json)")
+    data = api.export_shardings(api.load_plan(args.plan, args.model, args.batch, args.seq), args.tensor_axis)
+    if args.json is not None:
+        write_json(args.json, data)
+    else:
+        _emit(json.dumps(data, indent=1), args)
+    return EXIT_OK
+
+
+def _export_file(args: argparse.Namespace) -> int:
+    """A Python plan file for PyTorch (the nn.Module) or JAX."""
+    from planner.engines.export import export_plan, jax_file
+    from planner.engines.torch_module import module_plan
+    for option, value in (("--json", args.json), ("--tensor-axis", args.tensor_axis)):
+        if value is not None:
+            raise SettingsError(f"{option}: only with --target json (--target {args.target} writes --out)")
+    if args.out is None:
+        raise SettingsError(f"--out: --target {args.target} writes a Python file: name it with --out")
+    if args.target == "jax" and args.module is not None:
+        raise SettingsError("--module: only with --target torch")
+    data = api.read_plan_file(args.plan)
+    loaded = api.load_plan(args.plan, args.model, args.batch, args.seq)
+    title = (f"{loaded.graph.name} on {loaded.mesh.spec} ({data.get('method', '?')}, {data.get('status', '?')}, "
+             f"{float(data.get('estimated_step_time_s') or 0) * 1e3:.3f} ms/step), from {args.plan}")
+    if args.target == "jax":
+        text = jax_file(loaded.graph, export_plan(loaded.graph, loaded.strategies, loaded.mesh), title)
+    else:
+        spec, loss = _torch_module(args, data)
+        zero = int((data.get("settings") or {}).get("zero") or 0)
+        text = module_plan(loaded.graph, loaded.strategies, loaded.mesh, spec, loss, title, zero).render()
+    from planner.outputs import write_text
+    write_text(args.out, text, "--out")
+    _emit(f"{args.target} plan of {loaded.graph.name} on {loaded.mesh.spec} -> {args.out}", args)
+    return EXIT_OK
+
+
+def _torch_module(args: argparse.Namespace, data: dict) -> tuple[str, str]:
+    """The nn.Module spec and loss: --module, or what import-torch recorded in the plan's graph JSON."""
+    model = args.model or (data.get("source") or {}).get("model")
+    recorded = {}
+    if isinstance(model, str) and model.endswith(".json") and os.path.exists(model):
+        with open(model, encoding="utf-8") as handle:
+            recorded = json.load(handle).get("torch_module") or {}
+    if args.module is not None:
+        return args.module, recorded.get("loss", "sum")
+    if not recorded:
+        raise SettingsError(f"--module: the plan's model {model} was not imported by `planner import-torch`; "
+                            "name the nn.Module with --module SPEC")
+    return recorded["spec"], recorded["loss"]
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from planner.engines.verify import format_report
+    loaded = api.load_plan(args.plan, args.model, args.batch, args.seq)
+    report = api.verify_loaded(loaded, run_numpy=not args.no_numpy, run_xla=not args.no_xla, tolerance=args.tolerance,
+                               devices=args.devices, max_memory=args.max_memory, run_torch=args.torch)
+    _emit(f"plan {args.plan}: {loaded.graph.name} on mesh {loaded.mesh.spec}\n{format_report(report)}", args)
+    if not report.ok:
+        print("planner: verify: mismatch beyond tolerance", file=sys.stderr)
+        return EXIT_MISMATCH
+    return EXIT_OK
+
+
+def cmd_run_jax(args: argparse.Namespace) -> int:
+    from planner.engines.train_jax import train_on_jax
+    return _train(args, train_on_jax, args.devices, "--devices", "run-jax", "xla_comparison", "XLA compiled")
+
+
+def cmd_run_torch(args: argparse.Namespace) -> int:
+    from planner.engines.train_torch import train_on_torch
+    from planner.plans import read_plan_file
+    if str(args.plan).endswith(".py"):
+        return _train_module(args)
+    data = read_plan_file(args.plan)
+    if "pipeline" in data:
+        return _train_3d(args, data)
+    return _train(args, train_on_torch, args.nproc, "--nproc", "run-torch", "counted_comparison", "CommDebugMode counted")
+
+
+def _train_module(args: argparse.Namespace) -> int:
+    """An exported PyTorch plan file (export --target torch) on its nn.Module."""
+    from planner.engines.torch_module_worker import load_plan_file
+    from planner.engines.train_torch import train_module_plan
+    for option in ("model", "batch", "seq"):
+        if getattr(args, option) is not None:
+            raise SettingsError(f"--{option}: a PyTorch plan file names its module (MODULE); --{option} does not apply")
+    if not os.path.isfile(args.plan):
+        raise SettingsError(f"--plan: no file {args.plan}")
+    plan = load_plan_file(args.plan)
+    nproc = math.prod(plan.MESH_SHAPE)
+    if args.nproc is not None and args.nproc != nproc:
+        raise SettingsError(f"--nproc: the plan's mesh {plan.MESH_SHAPE} has {nproc} devices, not {args.nproc}")
+    run = train_module_plan(args.plan, nproc, steps=args.steps, lr=args.lr, seed=args.seed)
+    sizes = dict(zip(plan.MESH_DIM_NAMES, plan.MESH_SHAPE))
+    from planner.engines.verify import compare
+    rows, _ = compare([], list(run.transfers), sizes)
+    counted = {row.axes: row.compiled for row in rows}
+    lines = [f"plan {args.plan}: {plan.MODULE} on {nproc} {run.platform} processes "
+             f"({', '.join(f'{k}={v}' for k, v in sizes.items())}), parallelize_module + DTensor, SGD lr {args.lr:g}",
+             f"{'step':>4s} {'loss (mesh)':>16s} {'loss (1 device)':>16s} {'rel diff':>10s}"]
+    lines += [f"{k:4d} {a:16.6f} {b:16.6f} {abs(a - b) / max(abs(b), 1e-30):10.2e}"
+              for k, (a, b) in enumerate(zip(run.losses, run.reference))]
+    lines.append(f"max relative difference {run.max_rel_diff:.2e} (tolerance {args.tolerance:g})")
+    lines.append("bytes sent per device in one step, cost model (the plan's edges) vs CommDebugMode counted "
+                 "(DTensor's propagation between the exported placements):")
+    lines += [f"  {axis:12s} {float(plan.PREDICTED_BYTES.get(axis, 0.0)):14,.0f} {counted.get(axis, 0.0):14,.0f}"
+              for axis in plan.MESH_DIM_NAMES]
+    _emit("\n".join(lines), args)
+    if run.max_rel_diff > args.tolerance:
+        print("planner: run-torch: losses differ from the one-process run beyond the tolerance", file=sys.stderr)
+        return EXIT_MISMATCH
+    return EXIT_OK
+
+
+def _train_3d(args: argparse.Namespace, data: dict) -> int:
+    """A 3D plan on torchrun: stages over point-to-point sends, DTensor placements inside each stage."""
+    from planner.engines.train_torch import train_3d_on_torch
+    pipe, source = data["pipeline"], data.get("source") or {}
+    model = args.model or source.get("model")
+    if not isinstance(model, str) or model.endswith(".json"):
+        raise SettingsError(f"--plan: {args.plan}: a 3D run rebuilds the model at the micro-batch size: its 'source' "
+                            "must name a zoo model (or pass --model)")
+    if str(pipe.get("schedule", "")).startswith("interleaved"):
+        raise SettingsError("--plan: run-torch runs GPipe / 1F1B stages; interleaved chunks are not run yet")
+    count, micro_batch = int(pipe["num_microbatches"]), int(pipe["micro_batch"])
+    stage_shape = tuple(int(part.split("=")[1]) for part in pipe["stage_mesh"].split(","))
+    nproc = int(pipe["stages"]) * math.prod(stage_shape)
+    if args.nproc is not None and args.nproc != nproc:
+        raise SettingsError(f"--nproc: the 3D plan needs {nproc} processes ({pipe['stages']} stages of {pipe['stage_mesh']}), "
+                            f"not {args.nproc}")
+    seq = args.seq or source.get("seq")
+    full, micro = api.resolve_model(model, micro_batch * count, seq), api.resolve_model(model, micro_batch, seq)
+    operators = data["operators"]
+    axes = tuple(operators[0]["strategy"]) if operators else ()
+    run = train_3d_on_torch(full, micro, {o["name"]: int(o["stage"]) for o in operators},
+                            {o["name"]: tuple(o["strategy"].get(a) for a in axes) for o in operators}, axes, stage_shape,
+                            int(pipe["stages"]), count, steps=args.steps, lr=args.lr, seed=args.seed)
+    lines = [f"plan {args.plan}: {micro.name}, {pipe['stages']} stages of {pipe['stage_mesh']} on {nproc} {run.platform} "
+             f"processes, {count} micro-batches of {micro_batch} (GPipe order), SGD lr {args.lr:g}",
+             f"{'step':>4s} {'loss (mesh)':>16s} {'loss (1 device)':>16s} {'rel diff':>10s}"]
+    lines += [f"{k:4d} {a:16.6f} {b:16.6f} {abs(a - b) / max(abs(b), 1e-30):10.2e}"
+              for k, (a, b) in enumerate(zip(run.losses, run.reference))]
+    lines.append(f"max relative difference {run.max_rel_diff:.2e} (tolerance {args.tolerance:g})")
+    _emit("\n".join(lines), args)
+    if run.max_rel_diff > args.tolerance:
+        print("planner: run-torch: losses differ from the one-process run beyond the tolerance", file=sys.stderr)
+        return EXIT_MISMATCH
+    return EXIT_OK
+
+
+def _train(args: argparse.Namespace, train, count: int | None, option: str, command: str, compare: str,
+           observed: str) -> int:
+    """K steps of a flat plan on an engine against one device; the engine's collectives against the cost model."""
+    loaded = api.load_plan(args.plan, args.model, args.batch, args.seq)
+    if count is not None and count != loaded.mesh.num_devices:
+        raise SettingsError(f"{option}: the plan's mesh {loaded.mesh.spec} has {loaded.mesh.num_devices} devices, "
+                            f"not {count}")
+    run = train(loaded.graph, loaded.strategies, loaded.mesh.names, loaded.mesh.shape, steps=args.steps, lr=args.lr,
+                seed=args.seed)
+    lines = [f"plan {args.plan}: {loaded.graph.name} on {run.devices} {run.platform} devices ({loaded.mesh.spec}), "
+             f"SGD lr {args.lr:g}", f"{'step':>4s} {'loss (mesh)':>16s} {'loss (1 device)':>16s} {'rel diff':>10s}"]
+    for k, (loss, ref) in enumerate(zip(run.losses, run.reference)):
+        lines.append(f"{k:4d} {loss:16.6f} {ref:16.6f} {abs(loss - ref) / max(abs(ref), 1e-30):10.2e}")
+    lines.append(f"max relative difference {run.max_rel_diff:.2e} (tolerance {args.tolerance:g})")
+    lines.append(f"bytes sent per device in one step, cost model vs {observed}:")
+    lines += [f"  {c.axes:12s} {c.predicted:14,.0f} {c.compiled:14,.0f} {c.rel_error:8.2%}"
+              for c in getattr(run, compare)(loaded.graph, loaded.strategies, loaded.mesh)]
+    _emit("\n".join(lines), args)
+    if run.max_rel_diff > args.tolerance:
+        print(f"planner: {command}: losses differ from the one-device run beyond the tolerance", file=sys.stderr)
+        return EXIT_MISMATCH
+    return EXIT_OK

@@ -1,0 +1,183 @@
+"""A flat plan on the ``nn.Module`` itself (``planner export --target torch``): a Python file with a
+``parallelize_module`` plan and every parameter's DTensor placements, which ``planner run-torch``
+(``planner.engines.torch_module_worker``) trains under torchrun.
+
+What the file holds, from the plan's layouts (``planner.engines.export``):
+- ``PARALLELIZE_PLAN``: on a 1-D mesh, ``ColwiseParallel`` / ``RowwiseParallel`` for every
+  ``nn.Linear`` whose weight the plan splits on its output / input features and whose input and
+  output layouts are the style's (replicated in and last dim split out for colwise; last dim split in,
+  reduced out for rowwise), with the plan's layouts as the style's ``input_layouts`` /
+  ``output_layouts``. Styles take a 1-D mesh, so a plan on a 2-D mesh has none.
+- ``PARAM_PLACEMENTS``: every other parameter's placements, one per mesh dim (its first reader's
+  layout), applied with ``distribute_tensor``; a parameter shared by two modules (a tied embedding)
+  is distributed once, in its owner's layout.
+- ``INPUT_PLACEMENTS``: the module's inputs (and labels) split on the batch where the plan splits it.
+The module then runs in DTensor: the placements above are the plan's, the activations between them
+are what DTensor's sharding propagation derives (so its collectives can differ from the cost
+model's edges; ``planner run-torch --plan PLAN.json`` runs every edge as the plan says).
+Not exported (refused with a one-line reason): 3D plans (``torch.distributed.pipelining`` stages),
+ZeRO-3 plans (``fully_shard``), and plans whose graph was not imported from a module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.errors import SettingsError
+
+TEMPLATE = '''"""PyTorch plan from planner: {title}.
+
+Load inside a torchrun process (gloo on CPU, nccl on GPUs):
+    mesh = init_device_mesh("cpu", MESH_SHAPE, mesh_dim_names=MESH_DIM_NAMES)
+    model = parallelize(model, mesh)
+and run forward and backward under torch.distributed.tensor.experimental.implicit_replication()
+(tensors the model creates itself, such as position ids, are then replicated). Or:
+    planner run-torch --plan {{this file}} --nproc {nproc} --steps 5
+"""
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+MODULE = {module!r}  # planner import-torch spec of the nn.Module
+LOSS = {loss!r}
+MESH_DIM_NAMES = {names!r}
+MESH_SHAPE = {shape!r}
+# parallelize_module styles (1-D meshes: nn.Linear whose layouts are a style's)
+PARALLELIZE_PLAN = {{{styles}
+}}
+# every other parameter: DTensor placements, one per mesh dim
+PARAM_PLACEMENTS = {{{placements}
+}}
+# the module's inputs and labels
+INPUT_PLACEMENTS = {inputs}
+# bytes each device sends per step, per mesh axis, as the cost model charges the plan's edges
+PREDICTED_BYTES = {predicted!r}
+
+
+def parallelize(model, mesh):
+    """PARALLELIZE_PLAN through parallelize_module, then PARAM_PLACEMENTS through distribute_tensor."""
+    import torch
+    from torch.distributed.tensor import DTensor, distribute_tensor
+    from torch.distributed.tensor.parallel import parallelize_module
+    if PARALLELIZE_PLAN:
+        parallelize_module(model, mesh, PARALLELIZE_PLAN)
+    done = {{}}
+    for fqn, param in list(model.named_parameters(remove_duplicate=False)):
+        owner, _, leaf = fqn.rpartition(".")
+        if id(param) not in done:
+            placements = PARAM_PLACEMENTS.get(fqn, (Replicate(),) * mesh.ndim)
+            done[id(param)] = param if isinstance(param, DTensor) else torch.nn.Parameter(
+                distribute_tensor(param.data, mesh, placements))
+        setattr(model.get_submodule(owner), leaf, done[id(param)])
+    return model
+'''
+
+
+@dataclass(frozen=True, slots=True)
+class ModulePlan:
+    """What the exported file says: the module, the mesh, styles, placements (as source text)."""
+
+    module: str
+    loss: str
+    axis_names: tuple[str, ...]
+    mesh_shape: tuple[int, ...]
+    styles: tuple[tuple[str, str], ...]  # (module path, style constructor source)
+    placements: tuple[tuple[str, str], ...]  # (parameter path, placements tuple source)
+    inputs: str
+    predicted: tuple[tuple[str, float], ...]
+    title: str
+
+    def render(self) -> str:
+        """The plan as a Python file."""
+        styles = "".join(f"\n    {name!r}: {style}," for name, style in self.styles)
+        placements = "".join(f"\n    {name!r}: {value}," for name, value in self.placements)
+        nproc = 1
+        for size in self.mesh_shape:
+            nproc *= size
+        return TEMPLATE.format(title=self.title, module=self.module, loss=self.loss, names=self.axis_names,
+                               shape=self.mesh_shape, styles=styles, placements=placements, inputs=self.inputs,
+                               predicted=dict(self.predicted), nproc=nproc)
+
+
+def _source(layout, ndim: int) -> str:
+    """Placements source text of a layout; a split of the last dim is written Shard(-1) for styles."""
+    from planner.cost.strategy import PARTIAL, REPLICATE
+    parts = ["Replicate()" if p in (REPLICATE, PARTIAL) else f"Shard({p})" for p in layout]
+    return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+
+
+def _module_params(spec: str):
+    """The module's parameters built on the meta device: path -> (shape, owner path of the shared tensor)."""
+    import torch
+
+    from planner.engines.torch_presets import build_spec
+    with torch.device("meta"):
+        module, _, _ = build_spec(spec)
+    first, out = {}, {}
+    for fqn, param in module.named_parameters(remove_duplicate=False):
+        out[fqn] = (tuple(param.shape), first.setdefault(id(param), fqn))
+    linear = {name for name, sub in module.named_modules() if isinstance(sub, torch.nn.Linear)}
+    return out, linear
+
+
+def module_plan(graph, strategies: dict, mesh, spec: str, loss: str, title: str, zero: int = 0) -> ModulePlan:
+    """The exported plan of a flat plan whose graph was imported from ``spec``."""
+    from planner.engines.export import export_plan
+    from planner.engines.verify import compare, predicted_collectives
+    if zero >= 3:
+        raise SettingsError("--target torch: the plan runs ZeRO-3 (settings.zero 3); its fully_shard export is "
+                            "not built (planner run-torch --plan PLAN.json runs it on DTensor edges)")
+    exported = export_plan(graph, strategies, mesh)
+    leaves = dict(exported.leaves)
+    params, linear = _module_params(spec)
+    by_owner = {owner: fqn for fqn, (_, owner) in params.items() if fqn in leaves}
+    missing = sorted(t.name for t in graph.tensors if t.role == "param" and t.name not in params)
+    if missing:
+        raise SettingsError(f"--module: {spec} has no parameter {missing[0]!r} of the plan's graph "
+                            f"({len(missing)} missing): export the plan of a graph imported from this module")
+    shared = {owner for fqn, (_, owner) in params.items() if fqn != owner}
+    styles = _styles(graph, exported, linear, shared, leaves) if len(mesh.shape) == 1 else {}
+    placements = []
+    for fqn, (shape, owner) in sorted(params.items()):
+        ir_name = fqn if fqn in leaves else by_owner.get(owner)
+        if fqn.rpartition(".")[0] in styles or ir_name is None:
+            continue
+        placements.append((fqn, _source(leaves[ir_name], len(shape))))
+    inputs = _source(_input_layout(graph, leaves, len(mesh.shape)), 2)
+    rows, _ = compare(predicted_collectives(graph, strategies, mesh), [], dict(zip(mesh.names, mesh.shape)))
+    predicted = tuple((row.axes, round(row.predicted, 1)) for row in rows if row.axes != "total")
+    return ModulePlan(spec, loss, tuple(mesh.names), tuple(mesh.shape), tuple(sorted(styles.items())),
+                      tuple(placements), inputs, predicted, title)
+
+
+def _input_layout(graph, leaves: dict, naxes: int):
+    """Batch split of the module's inputs: where the plan splits the labels' (else the first data's) dim 0."""
+    from planner.cost.strategy import REPLICATE
+    data = [t.name for t in graph.tensors if t.role == "data" and t.name in leaves]
+    name = "labels" if "labels" in data else (data[0] if data else None)
+    if name is None:
+        return (REPLICATE,) * naxes
+    return tuple(0 if p == 0 else REPLICATE for p in leaves[name])
+
+
+def _styles(graph, exported, linear: set, shared: set, leaves: dict) -> dict[str, str]:
+    """Colwise / rowwise styles for the nn.Linear layers whose layouts are a style's (1-D mesh)."""
+    from planner.cost.strategy import PARTIAL, REPLICATE, forward_layout
+    inputs = {(op, slot): layout for op, slot, layout in exported.inputs}
+    outputs = {(op, slot): layout for op, slot, layout in exported.outputs}
+    styles = {}
+    for op in graph.operators:
+        names = [operand.tensor for operand in op.inputs]
+        module = next((n[: -len(".weight")] for n in names if n.endswith(".weight") and n[: -len(".weight")] in linear), None)
+        if module is None or f"{module}.weight" in shared or graph.tensor(names[0]).role == "param":
+            continue
+        weight = leaves[f"{module}.weight"][0]
+        x = forward_layout(inputs[(op.name, 0)])[0]
+        out = outputs[(op.name, 0)][0]
+        x_last, out_last = len(graph.tensor(names[0]).shape) - 1, len(graph.tensor(op.outputs[0].tensor).shape) - 1
+        if weight == 0 and x == REPLICATE and out == out_last:
+            styles[module] = ("ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), "
+                              "use_local_output=False)")
+        elif weight == 1 and x == x_last and out in (REPLICATE, PARTIAL):
+            styles[module] = ("RowwiseParallel(input_layouts=Shard(-1), output_layouts=Replicate(), "
+                              "use_local_output=False)")
+    return styles

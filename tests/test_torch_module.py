@@ -1,0 +1,108 @@
+"""``planner export --target torch|jax``: a plan as a Python file for the nn.Module (parallelize_module
+styles + DTensor placements) or for JAX (PartitionSpecs); the torch file trained by ``planner run-torch``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from planner import api  # noqa: E402
+from planner.cli import main  # noqa: E402
+from planner.engines.export import export_plan  # noqa: E402
+from planner.engines.torch_module_worker import load_plan_file  # noqa: E402
+
+# batch 1 and wide layers: the exact plan splits the MLP weights (Megatron) on 4 devices
+LLAMA = "hf:llama:hidden=512,ffn=1024,batch=1,seq=16"
+GPT2 = "hf:gpt2:layers=2,hidden=256,heads=4,seq=64,vocab=512,batch=8"
+
+
+def _exported(root: Path, spec: str, mesh: str, tag: str, target: str = "torch") -> Path:
+    graph, plan, out = root / f"{tag}-graph.json", root / f"{tag}-plan.json", root / f"{tag}-{target}.py"
+    if not graph.exists():
+        assert main(["import-torch", spec, "--loss", "cross_entropy", "--json", str(graph), "-q"]) == 0
+    if not plan.exists():
+        assert main(["plan", "--model", str(graph), "--mesh", mesh, "--json", str(plan), "-q"]) == 0
+    assert main(["export", "--plan", str(plan), "--target", target, "--out", str(out), "-q"]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("module_plans")
+
+
+def _module_params(spec: str) -> dict:
+    import torch
+
+    from planner.engines.torch_presets import build_spec
+    with torch.device("meta"):
+        module = build_spec(spec)[0]
+    return {name: id(p) for name, p in module.named_parameters(remove_duplicate=False)}
+
+
+def test_styles_where_the_plan_is_megatron(root):
+    """Colwise gate/up and rowwise down projections; every other parameter in PARAM_PLACEMENTS, in the
+    placements of the plan's export; each module parameter covered exactly once."""
+    plan = load_plan_file(str(_exported(root, LLAMA, "4", "llama")))
+    styles = {name: type(style).__name__ for name, style in plan.PARALLELIZE_PLAN.items()}
+    assert styles["model.layers.0.mlp.gate_proj"] == "ColwiseParallel"
+    assert styles["model.layers.0.mlp.down_proj"] == "RowwiseParallel"
+    params = _module_params(LLAMA)
+    styled = {name for name in params if name.rpartition(".")[0] in styles}
+    assert styled and not styled & set(plan.PARAM_PLACEMENTS)
+    assert styled | set(plan.PARAM_PLACEMENTS) == set(params)
+    loaded = api.load_plan(root / "llama-plan.json")
+    expected = export_plan(loaded.graph, loaded.strategies, loaded.mesh).dtensor_placements(loaded.graph)
+    for name, placements in plan.PARAM_PLACEMENTS.items():
+        assert tuple(repr(p) for p in placements) == tuple(expected[name]), name
+    assert plan.MODULE == LLAMA and plan.MESH_SHAPE == (4,) and plan.LOSS == "cross_entropy"
+
+
+def test_two_dim_mesh_has_no_styles_and_one_tied_placement(root):
+    plan = load_plan_file(str(_exported(root, GPT2, "2x4", "gpt2")))
+    assert plan.PARALLELIZE_PLAN == {} and plan.MESH_DIM_NAMES == ("node", "gpu")
+    assert plan.PARAM_PLACEMENTS["lm_head.weight"] == plan.PARAM_PLACEMENTS["transformer.wte.weight"]
+    assert all(len(p) == 2 for p in plan.PARAM_PLACEMENTS.values())
+    assert set(plan.PREDICTED_BYTES) == {"node", "gpu"} and sum(plan.PREDICTED_BYTES.values()) > 0
+
+
+def test_jax_file_holds_the_plan_specs(root):
+    path = _exported(root, GPT2, "2x4", "gpt2", target="jax")
+    pytest.importorskip("jax")
+    plan = load_plan_file(str(path))
+    loaded = api.load_plan(root / "gpt2-plan.json")
+    specs = export_plan(loaded.graph, loaded.strategies, loaded.mesh).partition_specs(loaded.graph)
+    params = {t.name for t in loaded.graph.tensors if t.role == "param"}
+    assert set(plan.PARAM_SPECS) == params
+    for name, spec in plan.PARAM_SPECS.items():
+        assert tuple(spec) == specs[name], name
+    assert plan.MESH_SHAPE == (2, 4) and plan.ACTIVATION_SPECS
+
+
+def test_zero3_plan_refused(root, capsys):
+    graph = root / "llama-graph.json"
+    _exported(root, LLAMA, "4", "llama")
+    assert main(["plan", "--model", str(graph), "--mesh", "4", "--zero", "3", "--json", str(root / "z3.json"), "-q"]) == 0
+    assert main(["export", "--plan", str(root / "z3.json"), "--target", "torch", "--out", str(root / "z3.py")]) == 2
+    assert "ZeRO-3" in capsys.readouterr().err and not (root / "z3.py").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec,mesh,tag", [(GPT2, "4", "gpt2-4"), (GPT2, "2x4", "gpt2"), (LLAMA, "4", "llama")])
+def test_exported_plan_trains_like_one_process(root, spec, mesh, tag):
+    """5 SGD steps of the module under the exported plan on gloo processes = one process (1e-4)."""
+    from planner.engines.train_torch import train_module_plan
+    path = _exported(root, spec, mesh, tag)
+    plan = load_plan_file(str(path))
+    nproc = 1
+    for size in plan.MESH_SHAPE:
+        nproc *= size
+    run = train_module_plan(str(path), nproc, steps=5)
+    assert len(run.losses) == 5 and run.max_rel_diff < 1e-4
+    assert run.losses[-1] < run.losses[0]
+    assert run.transfers  # DTensor ran collectives, counted per mesh axis
+    assert {axes[0] for _, axes, _ in run.transfers} <= set(plan.MESH_DIM_NAMES)
