@@ -70,16 +70,20 @@ def test_plans_train_on_gloo_processes(graph, mesh, method):
     assert run.max_rel_diff < 1e-4 and run.losses[-1] < run.losses[0]
 
 
-def test_two_stage_two_way_data_parallel_3d_plan_trains_on_four_processes(tmp_path, capsys):
+@pytest.mark.parametrize("command,count,where", [("run-torch", "--nproc", "4 gloo processes"),
+                                                 ("run-jax", "--devices", "4 cpu devices")])
+def test_two_stage_two_way_data_parallel_3d_plan_trains_on_four_processes(tmp_path, capsys, command, count, where):
     """The 3D plan of the zoo GPT of the same shape (2 stages over the outer axis of 2x2, data
-    parallel inside each stage, 2 micro-batches) through the CLI: 4 gloo processes, GPipe order."""
+    parallel inside each stage, 2 micro-batches) through the CLI: 4 gloo processes (point-to-point
+    between stages) or 4 JAX devices (two sub-meshes, device_put between them), GPipe order; the
+    losses within 1e-4 of one device (the command's exit code checks the tolerance)."""
     from planner.cli import main
     spec = "gpt:layers=2,hidden=256,heads=4,seq=64,vocab=512"
     plan = tmp_path / "p3.json"
     assert main(["plan", "--model", spec, "--mesh", "2x2", "--batch", "8", "--pipeline", "auto", "--pp", "2",
                  "--num-microbatches", "2", "--dtype", "fp32", "--optimizer", "sgd", "--json", str(plan), "-q"]) == 0
-    assert main(["run-torch", "--plan", str(plan), "--steps", "3", "--nproc", "4"]) == 0
+    assert main([command, "--plan", str(plan), "--steps", "3", count, "4"]) == 0
     out = capsys.readouterr().out
-    assert "2 stages of gpu=2 on 4 gloo processes" in out and "max relative difference" in out
+    assert f"2 stages of gpu=2 on {where}" in out and "max relative difference" in out
     losses = [float(line.split()[1]) for line in out.splitlines() if line.strip()[:1].isdigit()]
     assert len(losses) == 3 and losses[-1] < losses[0]

@@ -98,7 +98,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_run_jax(args: argparse.Namespace) -> int:
-    from planner.engines.train_jax import train_on_jax
+    from planner.engines.train_jax import train_3d_on_jax, train_on_jax
+    from planner.plans import read_plan_file
+    data = read_plan_file(args.plan)
+    if "pipeline" in data:
+        return _train_3d(args, data, train_3d_on_jax, args.devices, "--devices", "run-jax", "devices")
     return _train(args, train_on_jax, args.devices, "--devices", "run-jax", "xla_comparison", "XLA compiled")
 
 
@@ -109,7 +113,8 @@ def cmd_run_torch(args: argparse.Namespace) -> int:
         return _train_module(args)
     data = read_plan_file(args.plan)
     if "pipeline" in data:
-        return _train_3d(args, data)
+        from planner.engines.train_torch import train_3d_on_torch
+        return _train_3d(args, data, train_3d_on_torch, args.nproc, "--nproc", "run-torch", "processes")
     return _train(args, train_on_torch, args.nproc, "--nproc", "run-torch", "counted_comparison", "CommDebugMode counted")
 
 
@@ -148,38 +153,39 @@ def _train_module(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _train_3d(args: argparse.Namespace, data: dict) -> int:
-    """A 3D plan on torchrun: stages over point-to-point sends, DTensor placements inside each stage."""
-    from planner.engines.train_torch import train_3d_on_torch
+def _train_3d(args: argparse.Namespace, data: dict, train, count_given: int | None, option: str, command: str,
+              what: str) -> int:
+    """A 3D plan on an engine: stages on disjoint device groups (torch: point-to-point sends; JAX:
+    device_put between sub-meshes), the intra-operator plan inside each stage."""
     pipe, source = data["pipeline"], data.get("source") or {}
     model = args.model or source.get("model")
     if not isinstance(model, str) or model.endswith(".json"):
         raise SettingsError(f"--plan: {args.plan}: a 3D run rebuilds the model at the micro-batch size: its 'source' "
                             "must name a zoo model (or pass --model)")
     if str(pipe.get("schedule", "")).startswith("interleaved"):
-        raise SettingsError("--plan: run-torch runs GPipe / 1F1B stages; interleaved chunks are not run yet")
+        raise SettingsError(f"--plan: {command} runs GPipe / 1F1B stages; interleaved chunks are not run yet")
     count, micro_batch = int(pipe["num_microbatches"]), int(pipe["micro_batch"])
     stage_shape = tuple(int(part.split("=")[1]) for part in pipe["stage_mesh"].split(","))
     nproc = int(pipe["stages"]) * math.prod(stage_shape)
-    if args.nproc is not None and args.nproc != nproc:
-        raise SettingsError(f"--nproc: the 3D plan needs {nproc} processes ({pipe['stages']} stages of {pipe['stage_mesh']}), "
-                            f"not {args.nproc}")
+    if count_given is not None and count_given != nproc:
+        raise SettingsError(f"{option}: the 3D plan needs {nproc} {what} ({pipe['stages']} stages of "
+                            f"{pipe['stage_mesh']}), not {count_given}")
     seq = args.seq or source.get("seq")
     full, micro = api.resolve_model(model, micro_batch * count, seq), api.resolve_model(model, micro_batch, seq)
     operators = data["operators"]
     axes = tuple(operators[0]["strategy"]) if operators else ()
-    run = train_3d_on_torch(full, micro, {o["name"]: int(o["stage"]) for o in operators},
+    run = train(full, micro, {o["name"]: int(o["stage"]) for o in operators},
                             {o["name"]: tuple(o["strategy"].get(a) for a in axes) for o in operators}, axes, stage_shape,
                             int(pipe["stages"]), count, steps=args.steps, lr=args.lr, seed=args.seed)
     lines = [f"plan {args.plan}: {micro.name}, {pipe['stages']} stages of {pipe['stage_mesh']} on {nproc} {run.platform} "
-             f"processes, {count} micro-batches of {micro_batch} (GPipe order), SGD lr {args.lr:g}",
+             f"{what}, {count} micro-batches of {micro_batch} (GPipe order), SGD lr {args.lr:g}",
              f"{'step':>4s} {'loss (mesh)':>16s} {'loss (1 device)':>16s} {'rel diff':>10s}"]
     lines += [f"{k:4d} {a:16.6f} {b:16.6f} {abs(a - b) / max(abs(b), 1e-30):10.2e}"
               for k, (a, b) in enumerate(zip(run.losses, run.reference))]
     lines.append(f"max relative difference {run.max_rel_diff:.2e} (tolerance {args.tolerance:g})")
     _emit("\n".join(lines), args)
     if run.max_rel_diff > args.tolerance:
-        print("planner: run-torch: losses differ from the one-process run beyond the tolerance", file=sys.stderr)
+        print(f"planner: {command}: losses differ from the one-process run beyond the tolerance", file=sys.stderr)
         return EXIT_MISMATCH
     return EXIT_OK
 

@@ -20,14 +20,14 @@ from pathlib import Path
 import numpy as np
 
 
-def _stage_plan(job):
+def stage_plan(job):
     from planner.ir.graph_json import graph_from_dict
     full, micro = graph_from_dict(job["graph"]), graph_from_dict(job["micro_graph"])
     stage_of = {name: int(k) for name, k in job["stage_of"].items()}
     return full, micro, stage_of
 
 
-def _crossing(micro, stage_of, p: int) -> list[list[str]]:
+def crossing_tensors(micro, stage_of, p: int) -> list[list[str]]:
     """Per boundary k (stage k -> k+1): activations made at or before stage k and read after it."""
     made = {o.tensor: stage_of[op.name] for op in micro.operators for o in op.outputs}
     read_after = [set() for _ in range(p)]
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 
     job_path, out_path = (argv if argv is not None else sys.argv[1:])[:2]
     job = json.loads(Path(job_path).read_text())
-    full, micro, stage_of = _stage_plan(job)
+    full, micro, stage_of = stage_plan(job)
     names, shape, p = tuple(job["axis_names"]), tuple(job["mesh_shape"]), int(job["stages"])
     dist.init_process_group("gloo")
     size = int(np.prod(shape))
@@ -96,7 +96,7 @@ def _train(full, micro, stage_of, job, mesh, shape, coord, stage, p, size, tied,
     mine = {o.tensor for op in ops for o in op.inputs if micro.tensor(o.tensor).role == "param"}
     leaf = dict(exported.leaves)
     params = {n: _block(feeds[n], leaf[n], shape, coord).requires_grad_(True) for n in sorted(mine)}
-    crossing = _crossing(micro, stage_of, p)
+    crossing = crossing_tensors(micro, stage_of, p)
     count, b = int(job["num_microbatches"]), micro.tensors[0].shape[0]
     data = [t.name for t in micro.tensors if t.role == "data"]
     layouts = {micro.operator(op).outputs[k].tensor: lay for op, k, lay in exported.outputs}

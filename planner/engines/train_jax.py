@@ -69,15 +69,38 @@ def train_on_jax(graph, strategies: dict, axis_names: tuple[str, ...], mesh_shap
         write_json(job, {"graph": graph_to_dict(graph), "axis_names": list(axis_names), "mesh_shape": list(mesh_shape),
                          "strategies": {k: list(v) for k, v in strategies.items()}, "steps": steps, "lr": lr,
                          "seed": seed})
-        env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={math.prod(mesh_shape)}")
-        proc = subprocess.run([sys.executable, "-m", "planner.engines.train_jax", str(job), str(out)], env=env,
-                              capture_output=True, text=True, timeout=timeout_s)
-        if proc.returncode != 0:
-            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            raise VerifyError(f"run-jax: the training run failed ({last})")
+        _worker("planner.engines.train_jax", job, out, math.prod(mesh_shape), timeout_s)
         result = json.loads(out.read_text())
     return TrainRun(tuple(result["losses"]), tuple(result["reference"]), result["devices"], result["platform"],
                     result["hlo"])
+
+
+def train_3d_on_jax(full, micro, stage_of: dict, strategies: dict, axis_names: tuple[str, ...],
+                    stage_shape: tuple[int, ...], stages: int, num_microbatches: int, *, steps: int = 5,
+                    lr: float = 1e-4, seed: int = 0, timeout_s: float = 1800.0) -> TrainRun:
+    """A 3D plan on ``stages x prod(stage_shape)`` devices (``planner.engines.jax_pipeline``), arguments
+    as ``planner.engines.train_torch.train_3d_on_torch``."""
+    from planner.ir.graph_json import graph_to_dict
+    from planner.outputs import write_json
+    devices = stages * math.prod(stage_shape)
+    with tempfile.TemporaryDirectory() as tmp:
+        job, out = Path(tmp) / "job.json", Path(tmp) / "out.json"
+        write_json(job, {"graph": graph_to_dict(full), "micro_graph": graph_to_dict(micro), "stage_of": stage_of,
+                         "axis_names": list(axis_names), "mesh_shape": list(stage_shape), "stages": stages,
+                         "num_microbatches": num_microbatches, "strategies": {k: list(v) for k, v in strategies.items()},
+                         "steps": steps, "lr": lr, "seed": seed})
+        _worker("planner.engines.jax_pipeline", job, out, devices, timeout_s)
+        result = json.loads(out.read_text())
+    return TrainRun(tuple(result["losses"]), tuple(result["reference"]), result["devices"], result["platform"])
+
+
+def _worker(module: str, job: Path, out: Path, devices: int, timeout_s: float) -> None:
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    proc = subprocess.run([sys.executable, "-m", module, str(job), str(out)], env=env, capture_output=True, text=True,
+                          timeout=timeout_s)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise VerifyError(f"run-jax: the training run failed ({last})")
 
 
 def main(argv: list[str] | None = None) -> int:
