@@ -10,8 +10,12 @@ from the same initial weights: the largest relative difference of the per-step l
 (``objective``; float32; the issue asks 1e-4). The collectives each engine ran (XLA's compiled HLO;
 PyTorch's, counted by CommDebugMode) are compared with the cost model's prediction (bytes each
 device sends, in total and per mesh axis, as ``planner verify``). A 3D plan (2 stages x 2-way data
-parallelism of the zoo GPT of the same shape, 2 micro-batches) runs on 4 gloo processes (losses
-only: its stage-to-stage sends are point-to-point, not counted).
+parallelism of the zoo GPT of the same shape, 2 micro-batches) runs on 4 gloo processes and on 4 JAX
+devices (two sub-meshes; losses only: its stage-to-stage sends are point-to-point, not counted).
+Engine ``torch-module``: the exact, Megatron and DP plans exported onto the ``transformers`` module
+itself (``planner export --target torch``: parallelize_module styles and DTensor placements) and
+trained by torchrun; DTensor's sharding propagation picks the activation layouts between the
+exported placements, so its bytes are compared for information.
 
     python -m experiments.train_check [--smallest] [--steps 5] [--out results/train_check.csv]
 """
@@ -19,6 +23,7 @@ only: its stage-to-stage sends are point-to-point, not counted).
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
 
 import planner
@@ -27,6 +32,7 @@ from experiments.common import add_output_options, png_path, pyplot, results_tab
 SPEC = "hf:gpt2:layers=2,hidden=256,heads=4,seq=64,vocab=512,batch=8"
 METHODS = ("exact", "sapp", "megatron", "dp")
 ENGINES = ("jax", "torch")
+MODULE_METHODS = ("exact", "megatron", "dp")  # exported onto the nn.Module (export --target torch)
 GPT_3D = "gpt:layers=2,hidden=256,heads=4,seq=64,vocab=512"
 MESHES = ("4", "8", "2x4")
 TOLERANCE = 1e-4
@@ -50,7 +56,30 @@ def run_one(graph, mesh: str, method: str, engine: str, steps: int, lr: float) -
             "wall_time_s": time.perf_counter() - start}
 
 
-def run_3d(steps: int, lr: float) -> dict:
+def run_module(graph, mesh: str, method: str, steps: int, lr: float, folder: str) -> dict:
+    """The plan exported onto the nn.Module (parallelize_module file) and trained by torchrun: DTensor
+    propagates the activations between the exported placements, so its bytes are DTensor's choice."""
+    start = time.perf_counter()
+    loaded = planner.plan_for_verification(graph, mesh, method)
+    exported = planner.torch_module_plan(loaded.graph, loaded.strategies, loaded.mesh, SPEC, "cross_entropy",
+                                         f"{method} on {loaded.mesh.spec}")
+    path = f"{folder}/plan_{method}_{mesh}.py"
+    planner.write_text(path, exported.render())
+    result = planner.train_module_plan(path, loaded.mesh.num_devices, steps=steps, lr=lr)
+    rows = result.counted_comparison(loaded.graph, loaded.strategies, loaded.mesh)
+    total, axes = rows[0], rows[1:]
+    return {"model": "gpt2-torch-2l-h256", "spec": SPEC, "mesh": loaded.mesh.spec, "plan_source": method,
+            "engine": "torch-module", "backend": result.platform, "devices": result.devices, "steps": steps, "lr": lr,
+            "status": "OK" if result.max_rel_diff <= TOLERANCE else "MISMATCH", "objective": result.max_rel_diff,
+            "max_loss_rel_diff": result.max_rel_diff, "first_loss": result.losses[0], "last_loss": result.losses[-1],
+            "predicted_bytes": total.predicted, "observed_bytes": total.compiled, "total_rel_error": total.rel_error,
+            "max_axis_rel_error": max((c.rel_error for c in axes), default=0.0),
+            "per_axis": " ".join(f"{c.axes}:{c.predicted:.0f}/{c.compiled:.0f}" for c in axes),
+            "wall_time_s": time.perf_counter() - start,
+            "notes": f"{len(exported.styles)} parallelize_module styles, {len(exported.placements)} placements"}
+
+
+def run_3d(steps: int, lr: float, engine: str) -> dict:
     """The zoo GPT of the same shape, a 3D plan of 2 stages x 2-way data parallelism on 4 processes."""
     start = time.perf_counter()
     found = planner.plan_pipeline(GPT_3D, "2x2", batch=8, degrees=[2], counts=[2],
@@ -60,13 +89,14 @@ def run_3d(steps: int, lr: float) -> dict:
     axes = tuple(operators[0]["strategy"])
     shape = tuple(int(part.split("=")[1]) for part in pipe["stage_mesh"].split(","))
     count, micro = pipe["num_microbatches"], pipe["micro_batch"]
-    result = planner.train_3d_on_torch(planner.load_model(GPT_3D, micro * count), planner.load_model(GPT_3D, micro),
+    train = planner.train_3d_on_jax if engine == "jax" else planner.train_3d_on_torch
+    result = train(planner.load_model(GPT_3D, micro * count), planner.load_model(GPT_3D, micro),
                                        {o["name"]: o["stage"] for o in operators},
                                        {o["name"]: tuple(o["strategy"][a] for a in axes) for o in operators}, axes,
                                        shape, pipe["stages"], count, steps=steps, lr=lr)
     return {"model": "gpt-zoo-2l-h256", "spec": GPT_3D, "mesh": plan["mesh"],
             "plan_source": f"3d: {pipe['stages']} stages of {pipe['stage_mesh']}, {count} micro-batches",
-            "engine": "torch", "backend": result.platform, "devices": result.devices, "steps": steps, "lr": lr,
+            "engine": engine, "backend": result.platform, "devices": result.devices, "steps": steps, "lr": lr,
             "status": "OK" if result.max_rel_diff <= TOLERANCE else "MISMATCH", "objective": result.max_rel_diff,
             "max_loss_rel_diff": result.max_rel_diff, "first_loss": result.losses[0], "last_loss": result.losses[-1],
             "wall_time_s": time.perf_counter() - start}
@@ -111,10 +141,20 @@ def main(argv: list[str] | None = None) -> int:
                     table.add([row])
                     print({k: row[k] for k in ("mesh", "plan_source", "engine", "status", "max_loss_rel_diff",
                                                "total_rel_error", "wall_time_s")}, flush=True)
-        if not args.smallest and not table.done(mesh="node=2,gpu=2", plan_source="3d", engine="torch"):
-            row = run_3d(steps, args.lr)
-            table.add([{**row, "plan_source": "3d", "notes": row["plan_source"]}])
-            print({k: row[k] for k in ("mesh", "plan_source", "status", "max_loss_rel_diff")}, flush=True)
+        for engine in () if args.smallest else ENGINES:
+            if not table.done(mesh="node=2,gpu=2", plan_source="3d", engine=engine):
+                row = run_3d(steps, args.lr, engine)
+                table.add([{**row, "plan_source": "3d", "notes": row["plan_source"]}])
+                print({k: row[k] for k in ("mesh", "plan_source", "engine", "status", "max_loss_rel_diff")}, flush=True)
+        with tempfile.TemporaryDirectory() as folder:
+            for mesh in () if args.smallest else meshes:
+                for method in MODULE_METHODS:
+                    if table.done(mesh=planner.make_cluster(mesh).mesh.spec, plan_source=method, engine="torch-module"):
+                        continue
+                    row = run_module(graph, mesh, method, steps, args.lr, folder)
+                    table.add([row])
+                    print({k: row[k] for k in ("mesh", "plan_source", "engine", "status", "max_loss_rel_diff",
+                                               "total_rel_error", "wall_time_s")}, flush=True)
         path = png_path(args)
         if path:
             plot(table.rows, path)

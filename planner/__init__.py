@@ -26,13 +26,14 @@ from planner.errors import GraphError, MeshError, ModelError, PlannerError, Prof
 from planner.ir.graph import Graph, Operator, Tensor
 from planner.ir.graph_json import load_graph, save_graph
 from planner.ir.ops import REGISTRY, GraphBuilder
-from planner.outputs import write_csv
+from planner.outputs import write_csv, write_text
 from planner.pipeline.schedule import LayerChain
 from planner.pipeline.search import METHODS as PIPELINE_METHODS
 from planner.plans import Plan
 from planner.engines.torch_presets import import_spec as import_torch
-from planner.engines.train_jax import TrainRun, train_on_jax
-from planner.engines.train_torch import train_3d_on_torch, train_on_torch
+from planner.engines.torch_module import module_plan as torch_module_plan
+from planner.engines.train_jax import TrainRun, train_3d_on_jax, train_on_jax
+from planner.engines.train_torch import train_3d_on_torch, train_module_plan, train_on_torch
 from planner.search.sapp import sapp_levels
 from planner.show.draw import compare_figure, figure_bytes, plan_figure
 from planner.zoo import load_model, model_names
@@ -43,4 +44,5 @@ __all__ = ["Cluster", "Graph", "GraphBuilder", "GraphError", "LayerChain", "Load
            "evaluate", "evaluate_3d", "export_shardings", "figure_bytes", "get_profile", "import_torch", "layer_chain", "load_graph",
            "load_model", "load_plan", "make_cluster", "make_problem", "model_names", "parse_mesh", "plan",
            "plan_figure", "plan_for_verification", "plan_pipeline", "plan_problem", "sapp_levels", "save_graph",
-           "train_3d_on_torch", "train_on_jax", "train_on_torch", "verify_loaded", "write_csv"]
+           "torch_module_plan", "train_3d_on_jax", "train_3d_on_torch", "train_module_plan", "train_on_jax",
+           "train_on_torch", "verify_loaded", "write_csv", "write_text"]
