@@ -35,6 +35,15 @@ def counting_mode(axis_of_group: dict):
         def __init__(self):
             super().__init__()
             self.transfers = []
+            self.fallback = []  # gloo's all-gathers that stand for an all-to-all (torch_edges)
+
+        def as_all_to_all(self, count_from: int, nbytes: float) -> None:
+            """The collectives recorded since ``count_from`` were DTensor's CPU fallback for one
+            all-to-all of a ``nbytes`` local buffer: record the all-to-all, keep them aside."""
+            moved, self.transfers[count_from:] = self.transfers[count_from:], []
+            self.fallback.extend(moved)
+            if moved:
+                self.transfers.append(("all_to_all", moved[0][1], nbytes))
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = super().__torch_dispatch__(func, types, args, kwargs)
@@ -92,7 +101,7 @@ def _train(graph, strategies, mesh, shape, coord, job, groups):
     for step in range(job["steps"]):
         mode = counting_mode(groups)
         with mode:
-            loss = _forward(graph, strategies, exported, mesh, shape, coord, feeds, params, leaf)
+            loss = _forward(graph, strategies, exported, mesh, shape, coord, feeds, params, leaf, mode)
             loss.backward()
         losses.append(float(loss.detach()))
         if step == 0:
@@ -104,10 +113,10 @@ def _train(graph, strategies, mesh, shape, coord, job, groups):
     return losses, [(k, list(a), n) for k, a, n in transfers]
 
 
-def _forward(graph, strategies, exported, mesh, shape, coord, feeds, params, leaf):
+def _forward(graph, strategies, exported, mesh, shape, coord, feeds, params, leaf, counter=None):
     """The loss of one forward pass, every edge a DTensor redistribution (see train_torch)."""
     produced = {name: (value, leaf[name]) for name, value in params.items()}
-    run_ops(graph, graph.operators, strategies, exported, mesh, shape, coord, feeds, produced)
+    run_ops(graph, graph.operators, strategies, exported, mesh, shape, coord, feeds, produced, counter)
     return replicated_loss(graph, mesh, shape, produced)
 
 
@@ -119,13 +128,14 @@ def replicated_loss(graph, mesh, shape, produced):
     return loss.redistribute(mesh, [Replicate()] * len(shape)).to_local()
 
 
-def run_ops(graph, ops, strategies, exported, mesh, shape, coord, feeds, produced) -> None:
+def run_ops(graph, ops, strategies, exported, mesh, shape, coord, feeds, produced, counter=None) -> None:
     """Run ``ops`` on this rank's blocks; ``produced`` maps each tensor to (local block, layout) and
-    gains the outputs. Data are read from ``feeds`` (whole tensors) in the layout each consumer reads."""
-    from torch.distributed.tensor import DTensor
-
-    from planner.cost.strategy import forward_layout, gradient_layout
+    gains the outputs. Data are read from ``feeds`` (whole tensors) in the layout each consumer reads.
+    Every edge moves its tensor by the cost model's steps (``PlannedEdge``); ``counter`` is the
+    counting mode, told about DTensor's CPU fallback for all-to-all."""
+    from planner.cost.strategy import forward_layout
     from planner.engines import torch_xp
+    from planner.engines.torch_edges import PlannedEdge
     from planner.engines.executor import _gathered_dims
     from planner.engines.interpret import run_operator
     inputs = {(op, slot): layout for op, slot, layout in exported.inputs}
@@ -137,10 +147,8 @@ def run_ops(graph, ops, strategies, exported, mesh, shape, coord, feeds, produce
                 args.append(_block(feeds[operand.tensor], forward_layout(layout), shape, coord))
                 continue
             local, src = produced[operand.tensor]
-            full = graph.tensor(operand.tensor).shape
-            value = DTensor.from_local(local, mesh, _placements(src), run_check=False, shape=full, stride=_strides(full))
-            value = value.redistribute(mesh, _placements(forward_layout(layout)))
-            args.append(value.to_local(grad_placements=_placements(gradient_layout(layout))))
+            edge = PlannedEdge(mesh, tuple(graph.tensor(operand.tensor).shape), shape, src, layout, counter)
+            args.append(edge.apply(local))
         outs = _run_local(op, strategies[op.name], args, shape, coord, run_operator, torch_xp, _gathered_dims)
         for operand, (local, layout) in zip(op.outputs, outs):
             produced[operand.tensor] = (local, layout)
