@@ -3,12 +3,10 @@ torchrun (gloo, on CPU), every layout of the plan a DTensor placement.
 
 Each rank runs the graph's operators in order through the interpreter (``torch_xp``: its kernels
 on torch tensors, under autograd) on its local blocks, with the local sizes and offsets of its mesh
-coordinate, as the numpy executor does. Every edge is a DTensor: the producer's local output enters
-with ``DTensor.from_local`` in the plan's output placements (``Shard(i)``, ``Replicate()``,
-``Partial()``), the consumer takes it with ``redistribute`` to the placements its strategy reads and
-``to_local`` with the gradient placements the plan gives that input (``Partial`` on an axis that
-splits a dim the input lacks). So every collective of the step, forward and backward, is DTensor's
-own, and ``CommDebugMode`` (extended here with each collective's bytes and mesh axis) counts them:
+coordinate, as the numpy executor does. Every edge is a DTensor moved by the cost model's own
+redistribution steps, one ``redistribute`` per mesh axis, forward and backward
+(``planner.engines.torch_edges``), so every collective of the step is DTensor's own and follows the
+plan, and ``CommDebugMode`` (extended here with each collective's bytes and mesh axis) counts them:
 the second referee beside XLA. Parameters are local blocks in their first consumer's layout; each
 read wraps them again, so a parameter's gradient reaches its block reduced to that layout (the
 data-parallel all-reduce) and the reads' gradients add up locally; SGD updates the blocks. Data are
@@ -102,9 +100,11 @@ def _launch(nproc: int, module: str, job: Path, out: Path, timeout_s: float) -> 
            str(_free_port()), "-m", module, str(job), str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=dict(os.environ, OMP_NUM_THREADS="1"))
     if proc.returncode != 0:
-        lines = [line for line in proc.stderr.strip().splitlines() if "Error" in line] or \
-            proc.stderr.strip().splitlines() or ["no output"]
-        raise VerifyError(f"run-torch: the training run failed ({lines[-1].strip()})")
+        lines = proc.stderr.strip().splitlines()
+        # a rank's own exception names the cause; torchrun's ChildFailedError comes last and does not
+        cause = [line for line in lines if line.startswith("[rank") and "Error" in line] or \
+            [line for line in lines if "Error" in line] or lines or ["no output"]
+        raise VerifyError(f"run-torch: the training run failed ({cause[0 if cause[0].startswith('[rank') else -1].strip()})")
 
 
 def _feeds(graph, seed: int):
