@@ -62,7 +62,7 @@ def _export_file(args: argparse.Namespace) -> int:
         text = jax_file(loaded.graph, export_plan(loaded.graph, loaded.strategies, loaded.mesh), title)
     else:
         spec, loss = _torch_module(args, data)
-        zero = int((data.get("settings") or {}).get("zero") or 0)
+        zero = (data.get("settings") or {}).get("zero") or 0
         text = module_plan(loaded.graph, loaded.strategies, loaded.mesh, spec, loss, title, zero).render()
     from planner.outputs import write_text
     write_text(args.out, text, "--out")
@@ -137,13 +137,15 @@ def _train_module(args: argparse.Namespace) -> int:
     rows, _ = compare([], list(run.transfers), sizes)
     counted = {row.axes: row.compiled for row in rows}
     lines = [f"plan {args.plan}: {plan.MODULE} on {nproc} {run.platform} processes "
-             f"({', '.join(f'{k}={v}' for k, v in sizes.items())}), parallelize_module + DTensor, SGD lr {args.lr:g}",
+             f"({', '.join(f'{k}={v}' for k, v in sizes.items())}), "
+             f"{'fully_shard (FSDP2)' if getattr(plan, 'FULLY_SHARD_MODULES', ()) else 'parallelize_module + DTensor'}, "
+             f"SGD lr {args.lr:g}",
              f"{'step':>4s} {'loss (mesh)':>16s} {'loss (1 device)':>16s} {'rel diff':>10s}"]
     lines += [f"{k:4d} {a:16.6f} {b:16.6f} {abs(a - b) / max(abs(b), 1e-30):10.2e}"
               for k, (a, b) in enumerate(zip(run.losses, run.reference))]
     lines.append(f"max relative difference {run.max_rel_diff:.2e} (tolerance {args.tolerance:g})")
     lines.append("bytes sent per device in one step, cost model (the plan's edges) vs CommDebugMode counted "
-                 "(DTensor's propagation between the exported placements):")
+                 "(the engine's own choices between the exported placements):")
     lines += [f"  {axis:12s} {float(plan.PREDICTED_BYTES.get(axis, 0.0)):14,.0f} {counted.get(axis, 0.0):14,.0f}"
               for axis in plan.MESH_DIM_NAMES]
     _emit("\n".join(lines), args)

@@ -15,8 +15,11 @@ What the file holds, from the plan's layouts (``planner.engines.export``):
 The module then runs in DTensor: the placements above are the plan's, the activations between them
 are what DTensor's sharding propagation derives (so its collectives can differ from the cost
 model's edges; ``planner run-torch --plan PLAN.json`` runs every edge as the plan says).
+- ``FULLY_SHARD_MODULES``: a ZeRO-3 plan that is data parallel on a 1-D mesh runs as FSDP2:
+  ``fully_shard`` on every block of the module's ``ModuleList``s, then the root, gradients summed
+  (the loss is a sum over the batch); the inputs are then each rank's batch block.
 Not exported (refused with a one-line reason): 3D plans (``torch.distributed.pipelining`` stages),
-ZeRO-3 plans (``fully_shard``), and plans whose graph was not imported from a module.
+other ZeRO-3 plans (tensor parallel or 2-D meshes), plans whose graph was not imported from a module.
 """
 
 from __future__ import annotations
@@ -47,6 +50,9 @@ PARALLELIZE_PLAN = {{{styles}
 # every other parameter: DTensor placements, one per mesh dim
 PARAM_PLACEMENTS = {{{placements}
 }}
+# ZeRO-3 (a data-parallel plan): FSDP2's fully_shard on these blocks, then the root; the inputs are
+# then this rank's local batch (INPUT_PLACEMENTS' block) and the loss a local sum
+FULLY_SHARD_MODULES = {fully_shard!r}
 # the module's inputs and labels
 INPUT_PLACEMENTS = {inputs}
 # bytes each device sends per step, per mesh axis, as the cost model charges the plan's edges
@@ -54,10 +60,21 @@ PREDICTED_BYTES = {predicted!r}
 
 
 def parallelize(model, mesh):
-    """PARALLELIZE_PLAN through parallelize_module, then PARAM_PLACEMENTS through distribute_tensor."""
+    """fully_shard (ZeRO-3 plans); else PARALLELIZE_PLAN through parallelize_module, then
+    PARAM_PLACEMENTS through distribute_tensor."""
     import torch
     from torch.distributed.tensor import DTensor, distribute_tensor
     from torch.distributed.tensor.parallel import parallelize_module
+    if FULLY_SHARD_MODULES:
+        from torch.distributed.fsdp import FSDPModule, fully_shard
+        for name in FULLY_SHARD_MODULES:
+            fully_shard(model.get_submodule(name), mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        for module in model.modules():  # the loss is a sum over the batch: sum the gradients, do not average
+            if isinstance(module, FSDPModule):
+                module.set_gradient_divide_factor(1.0)
+                module.set_force_sum_reduction_for_comms(True)
+        return model
     if PARALLELIZE_PLAN:
         parallelize_module(model, mesh, PARALLELIZE_PLAN)
     done = {{}}
@@ -85,6 +102,7 @@ class ModulePlan:
     inputs: str
     predicted: tuple[tuple[str, float], ...]
     title: str
+    fully_shard: tuple[str, ...] = ()  # ZeRO-3: the blocks fully_shard wraps (then the root)
 
     def render(self) -> str:
         """The plan as a Python file."""
@@ -95,7 +113,7 @@ class ModulePlan:
             nproc *= size
         return TEMPLATE.format(title=self.title, module=self.module, loss=self.loss, names=self.axis_names,
                                shape=self.mesh_shape, styles=styles, placements=placements, inputs=self.inputs,
-                               predicted=dict(self.predicted), nproc=nproc)
+                               predicted=dict(self.predicted), nproc=nproc, fully_shard=self.fully_shard)
 
 
 def _source(layout, ndim: int) -> str:
@@ -116,26 +134,37 @@ def _module_params(spec: str):
     for fqn, param in module.named_parameters(remove_duplicate=False):
         out[fqn] = (tuple(param.shape), first.setdefault(id(param), fqn))
     linear = {name for name, sub in module.named_modules() if isinstance(sub, torch.nn.Linear)}
-    return out, linear
+    blocks = tuple(f"{name}.{child}" for name, sub in module.named_modules() if isinstance(sub, torch.nn.ModuleList)
+                   for child, _ in sub.named_children())
+    return out, linear, blocks
 
 
-def module_plan(graph, strategies: dict, mesh, spec: str, loss: str, title: str, zero: int = 0) -> ModulePlan:
-    """The exported plan of a flat plan whose graph was imported from ``spec``."""
+def module_plan(graph, strategies: dict, mesh, spec: str, loss: str, title: str, zero=0) -> ModulePlan:
+    """The exported plan of a flat plan whose graph was imported from ``spec``; ``zero`` 3 (the plan
+    runs ZeRO-3) on a data-parallel plan becomes FSDP2's ``fully_shard``."""
+    from planner.cost.settings import TrainingSettings
+    from planner.cost.strategy import REPLICATE
     from planner.engines.export import export_plan
     from planner.engines.verify import compare, predicted_collectives
-    if zero >= 3:
-        raise SettingsError("--target torch: the plan runs ZeRO-3 (settings.zero 3); its fully_shard export is "
-                            "not built (planner run-torch --plan PLAN.json runs it on DTensor edges)")
     exported = export_plan(graph, strategies, mesh)
     leaves = dict(exported.leaves)
-    params, linear = _module_params(spec)
+    params, linear, blocks = _module_params(spec)
+    fsdp = zero == 3
+    if zero not in (0, 1, 2, 3):
+        raise SettingsError(f"--target torch: ZeRO stages per layer (zero {zero!r}) are not exported")
+    if fsdp:
+        sharded = sorted(n for n, lay in leaves.items() if graph.tensor(n).role == "param" and set(lay) != {REPLICATE})
+        if len(mesh.shape) != 1 or sharded:
+            why = f"parameter {sharded[0]!r} is split" if sharded else f"the mesh {mesh.spec} has {len(mesh.shape)} axes"
+            raise SettingsError(f"--target torch: a ZeRO-3 plan is exported as fully_shard only when it is data "
+                                f"parallel on a 1-D mesh ({why}); planner run-torch --plan PLAN.json runs it as planned")
     by_owner = {owner: fqn for fqn, (_, owner) in params.items() if fqn in leaves}
     missing = sorted(t.name for t in graph.tensors if t.role == "param" and t.name not in params)
     if missing:
         raise SettingsError(f"--module: {spec} has no parameter {missing[0]!r} of the plan's graph "
                             f"({len(missing)} missing): export the plan of a graph imported from this module")
     shared = {owner for fqn, (_, owner) in params.items() if fqn != owner}
-    styles = _styles(graph, exported, linear, shared, leaves) if len(mesh.shape) == 1 else {}
+    styles = _styles(graph, exported, linear, shared, leaves) if len(mesh.shape) == 1 and not fsdp else {}
     placements = []
     for fqn, (shape, owner) in sorted(params.items()):
         ir_name = fqn if fqn in leaves else by_owner.get(owner)
@@ -143,10 +172,11 @@ def module_plan(graph, strategies: dict, mesh, spec: str, loss: str, title: str,
             continue
         placements.append((fqn, _source(leaves[ir_name], len(shape))))
     inputs = _source(_input_layout(graph, leaves, len(mesh.shape)), 2)
-    rows, _ = compare(predicted_collectives(graph, strategies, mesh), [], dict(zip(mesh.names, mesh.shape)))
+    settings = TrainingSettings(dtype="fp32", optimizer="sgd", zero=3 if fsdp else 0, recompute=False)
+    rows, _ = compare(predicted_collectives(graph, strategies, mesh, settings), [], dict(zip(mesh.names, mesh.shape)))
     predicted = tuple((row.axes, round(row.predicted, 1)) for row in rows if row.axes != "total")
     return ModulePlan(spec, loss, tuple(mesh.names), tuple(mesh.shape), tuple(sorted(styles.items())),
-                      tuple(placements), inputs, predicted, title)
+                      tuple(placements), inputs, predicted, title, blocks if fsdp else ())
 
 
 def _input_layout(graph, leaves: dict, naxes: int):

@@ -46,17 +46,19 @@ def _model_and_batch(plan, seed: int):
     return model, batch, generator
 
 
-def _loss(plan, output, labels_of):
+def _loss(plan, output, labels_of, batch: int):
+    """The summed loss; labels are drawn for the whole batch (``batch`` samples) and placed."""
     import torch.nn.functional as F
     logits = getattr(output, "logits", output)
     if plan.LOSS == "sum":
         return logits.sum()
-    labels = labels_of(tuple(logits.shape[:-1]), logits.shape[-1])
+    labels = labels_of((batch,) + tuple(logits.shape[1:-1]), logits.shape[-1])
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="sum")
 
 
-def _run(plan, model, batch, generator, steps: int, lr: float, wrap, context, counter):
-    """``steps`` SGD steps; ``wrap`` places a whole input, ``context`` wraps forward and backward."""
+def _run(plan, model, batch, generator, steps: int, lr: float, wrap, context, counter, total=None):
+    """``steps`` SGD steps; ``wrap`` places a whole input, ``context`` wraps forward and backward,
+    ``total`` turns a rank's loss into the step's (FSDP: the sum of the ranks' local losses)."""
     import torch
     labels: list = []
 
@@ -70,13 +72,14 @@ def _run(plan, model, batch, generator, steps: int, lr: float, wrap, context, co
         mode = counter() if step == 0 else None
         # the update is counted too: a replicated parameter's partial gradient is all-reduced there
         with context(), (mode if mode is not None else _null()):
-            loss = _loss(plan, model(*inputs), labels_of)
+            loss = _loss(plan, model(*inputs), labels_of, batch[0].shape[0])
             loss.backward()
             with torch.no_grad():
                 for param in model.parameters():
                     param -= lr * param.grad
                     param.grad = None
-        losses.append(float(loss.full_tensor() if hasattr(loss, "full_tensor") else loss.detach()))
+        value = loss.full_tensor() if hasattr(loss, "full_tensor") else loss.detach()
+        losses.append(float(total(value) if total is not None else value))
         if mode is not None:
             transfers = mode.transfers
     return losses, transfers
@@ -110,9 +113,18 @@ def main(argv: list[str] | None = None) -> int:
               for name in plan.MESH_DIM_NAMES}
     model, batch, generator = _model_and_batch(plan, job["seed"])
     model = plan.parallelize(model, mesh)
-    losses, transfers = _run(plan, model, batch, generator, job["steps"], job["lr"],
-                             lambda v: distribute_tensor(v, mesh, plan.INPUT_PLACEMENTS), implicit_replication,
-                             lambda: counting_mode(groups))
+    if getattr(plan, "FULLY_SHARD_MODULES", ()):  # FSDP2: plain tensors, this rank's batch block
+        def summed(value):
+            value = value.clone()
+            dist.all_reduce(value)
+            return value
+        losses, transfers = _run(plan, model, batch, generator, job["steps"], job["lr"],
+                                 lambda v: distribute_tensor(v, mesh, plan.INPUT_PLACEMENTS).to_local(), _null,
+                                 lambda: counting_mode(groups), summed)
+    else:
+        losses, transfers = _run(plan, model, batch, generator, job["steps"], job["lr"],
+                                 lambda v: distribute_tensor(v, mesh, plan.INPUT_PLACEMENTS), implicit_replication,
+                                 lambda: counting_mode(groups))
     if dist.get_rank() == 0:
         from planner.outputs import write_json
         write_json(out_path, {"losses": losses, "transfers": [(k, list(a), n) for k, a, n in transfers],

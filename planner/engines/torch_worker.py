@@ -24,6 +24,12 @@ def _block(value, layout, mesh_shape, coord):
     return value[block(tuple(value.shape), layout, mesh_shape, coord)].contiguous()
 
 
+# c10d ops FSDP2 calls -> (cost-model kind, the argument whose bytes are n: the gathered output of
+# an all-gather, the unreduced input of a reduce-scatter, the buffer of an all-reduce)
+C10D = {"_allgather_base_": ("all_gather", 0), "_reduce_scatter_base_": ("reduce_scatter", 1),
+        "allreduce_": ("all_reduce", 0)}
+
+
 def counting_mode(axis_of_group: dict):
     """``CommDebugMode`` that also records (kind, mesh axes, n bytes) of every collective it counts."""
     import torch
@@ -48,6 +54,13 @@ def counting_mode(axis_of_group: dict):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = super().__torch_dispatch__(func, types, args, kwargs)
             name = getattr(getattr(func, "_overloadpacket", None), "__name__", "")
+            if name in C10D and len(axis_of_group) == 1:  # FSDP2's collectives (process-group objects)
+                (axis, ranks), = axis_of_group.values()
+                kind, index = C10D[name]
+                tensor = args[index]
+                size = tensor.numel() * tensor.element_size()
+                self.transfers.append((kind, axis, float(size)))
+                return out
             kind = KINDS.get(name.rstrip("_"))
             if kind and out is not NotImplemented and isinstance(args[0], torch.Tensor):
                 group = next((a for a in list(args[1:]) + list((kwargs or {}).values()) if isinstance(a, str)

@@ -79,9 +79,10 @@ class VerifyReport:
 Transfer = tuple[str, tuple[str, ...], float]  # (kind, mesh axes in mesh order, n bytes)
 
 
-def predicted_collectives(graph: Graph, strategies: dict[str, Strategy], mesh: Mesh) -> list[Transfer]:
-    """Every collective the cost model charges for the plan."""
-    terms = plan_terms(graph, mesh, SYMBOLIC, VERIFY_SETTINGS, [strategies[op.name] for op in graph.operators])
+def predicted_collectives(graph: Graph, strategies: dict[str, Strategy], mesh: Mesh,
+                          settings: TrainingSettings = VERIFY_SETTINGS) -> list[Transfer]:
+    """Every collective the cost model charges for the plan (fp32, SGD, no ZeRO unless ``settings``)."""
+    terms = plan_terms(graph, mesh, SYMBOLIC, settings, [strategies[op.name] for op in graph.operators])
     record = sum_records(terms.records())
     return [(c.kind, (mesh.names[c.axis],), c.nbytes) for c in record.comm if c.axis >= 0 and c.nbytes > 0]
 

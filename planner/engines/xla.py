@@ -150,6 +150,23 @@ def _is_scatter(name: str, group: int, users, defs) -> bool:
     return True
 
 
+def _all_reduce_parts(name: str, group: int, users, defs) -> list[tuple[str, int]]:
+    """(kind, bytes) of an all-reduce: XLA combines independent all-reduces into one of a tuple, so
+    each element read out (get-tuple-element) counts on its own, as a reduce-scatter when it is only
+    cut down to this device's block; elements nobody reads count as all-reduced."""
+    shape = defs[name][0]
+    if not shape.startswith("("):
+        return [("reduce_scatter" if _is_scatter(name, group, users, defs) else "all_reduce", shape_bytes(shape))]
+    parts, seen = [], 0
+    for element in (u for u in users.get(name, []) if defs[u][1] == "get-tuple-element"):
+        nbytes = shape_bytes(defs[element][0])
+        parts.append(("reduce_scatter" if _is_scatter(element, group, users, defs) else "all_reduce", nbytes))
+        seen += nbytes
+    if shape_bytes(shape) > seen:
+        parts.append(("all_reduce", shape_bytes(shape) - seen))
+    return parts
+
+
 def parse_collectives(hlo: str, mesh_shape: tuple[int, ...], axis_names: tuple[str, ...]) -> list[HloCollective]:
     """Every collective of a compiled HLO module with its bytes (n) and mesh axes."""
     out = []
@@ -162,10 +179,10 @@ def parse_collectives(hlo: str, mesh_shape: tuple[int, ...], axis_names: tuple[s
         kind = KINDS[match.group("op")]
         groups = replica_groups(line, num_devices)
         name = INSTRUCTION.match(line).group("name") if INSTRUCTION.match(line) else ""
-        if kind == "all_reduce" and name and _is_scatter(name, len(groups[0]), users, defs):
-            kind = "reduce_scatter"
-            out.append(HloCollective(kind, float(shape_bytes(match.group("shape"))),
-                                     group_axes(groups, mesh_shape, axis_names)))
+        if kind == "all_reduce" and name:
+            axes = group_axes(groups, mesh_shape, axis_names)
+            out.extend(HloCollective(part_kind, float(nbytes), axes)
+                       for part_kind, nbytes in _all_reduce_parts(name, len(groups[0]), users, defs))
             continue
         nbytes = shape_bytes(match.group("shape"))
         if kind == "reduce_scatter":
@@ -271,8 +288,20 @@ def _edge_hooks(graph, exported, sharding):
     return make_on_input, on_output
 
 
-def training_step(graph, exported, mesh, lr: float = 0.01):
-    """The jitted SGD step of the graph under the exported shardings: (params, data) -> (loss, params)."""
+LOSS_WEIGHT = "loss.weight"  # the data key of the verify check's random loss weight
+
+
+def weighted_loss(graph) -> bool:
+    """Whether the XLA check weighs the loss: the gradient of a plain sum (the zoo's ``reduce`` loss)
+    is a constant that XLA folds, so the all-gather of that gradient the plan charges (and an engine
+    moves for any real loss) would vanish from the compiled step; a random weight in the loss input's
+    layout (an elementwise product: no collective) keeps the gradient a tensor to move."""
+    return graph.operators[-1].kind == "reduce"
+
+
+def training_step(graph, exported, mesh, lr: float = 0.01, weighted: bool = False):
+    """The jitted SGD step of the graph under the exported shardings: (params, data) -> (loss, params).
+    ``weighted``: the loss is the sum of the last operator's input times ``data[LOSS_WEIGHT]``."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
@@ -294,7 +323,12 @@ def training_step(graph, exported, mesh, lr: float = 0.01):
         feeds = {**params, **{tensor: data[key] for tensor, key in first_copy.items()}}
 
         def loss_fn(p):
-            return run_graph(graph, {**feeds, **p}, jnp, make_on_input(data), on_output)[loss_tensor].sum()
+            on_input = make_on_input(data)
+            env = run_graph(graph, {**feeds, **p}, jnp, on_input, on_output)
+            if weighted:
+                last = graph.operators[-1]
+                return jnp.sum(on_input(last, 0, env[last.inputs[0].tensor]) * data[LOSS_WEIGHT])
+            return env[loss_tensor].sum()
         loss, grads = jax.value_and_grad(loss_fn)(params)
         return loss, {k: params[k] - lr * grads[k] for k in params}
 
@@ -303,6 +337,10 @@ def training_step(graph, exported, mesh, lr: float = 0.01):
     data = {data_key(op_name, slot): sharding(forward_layout(layout), len(graph.tensor(
                 graph.operator(op_name).inputs[slot].tensor).shape))
             for op_name, slot, layout in exported.inputs if graph.tensor(graph.operator(op_name).inputs[slot].tensor).role == "data"}
+    if weighted:
+        last = graph.operators[-1]
+        layout = dict(((o, k), lay) for o, k, lay in exported.inputs)[(last.name, 0)]
+        data[LOSS_WEIGHT] = sharding(forward_layout(layout), len(graph.tensor(last.inputs[0].tensor).shape))
     return jax.jit(step, in_shardings=(params, data), out_shardings=(NamedSharding(mesh, PartitionSpec()), params))
 
 
@@ -349,7 +387,12 @@ def main(argv: list[str] | None = None) -> int:
     from planner.outputs import write_json
     job_path, out_path = (argv if argv is not None else sys.argv[1:])[:2]
     graph, exported, mesh, _, params, data = load_job(json.loads(Path(job_path).read_text()))
-    compiled = training_step(graph, exported, mesh).lower(params, data).compile()
+    weighted = weighted_loss(graph)
+    if weighted:
+        import numpy as np
+        shape = graph.tensor(graph.operators[-1].inputs[0].tensor).shape
+        data[LOSS_WEIGHT] = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    compiled = training_step(graph, exported, mesh, weighted=weighted).lower(params, data).compile()
     write_json(out_path, {"hlo": compiled.as_text()})
     return 0
 
