@@ -117,10 +117,6 @@ def test_compiled_bytes_match_prediction(name, mesh, method):
         pytest.xfail("vocabulary-split embedding on node: XLA gathers the table for the lookup instead of reducing "
                      "the partial output, and all-reduces layer gradients over node at full size before scattering "
                      "over gpu (+75% on node; documented in the README)")
-    if not report.xla_ok and (name, mesh, method) == ("transformer-block", "2x4", "exact"):
-        pytest.xfail("MLP tensor-parallel on gpu, data-parallel elsewhere: XLA skips the backward all-gather of "
-                     "the residual gradient before fc2 that the cost model charges as the transpose of the "
-                     "forward reduce-scatter (+8% on the gpu axis; documented limitation)")
     assert report.numpy_max_rel_error < 1e-5
     assert report.xla_ok, report
 
