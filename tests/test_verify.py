@@ -11,7 +11,7 @@ import pytest
 from planner.api import make_cluster, make_problem, plan_problem
 from planner.cost.collectives import Collective, hierarchical_all_reduce
 from planner.engines.verify import VERIFY_SETTINGS, compare, verify_plan, wire_bytes
-from planner.engines.xla import parse_collectives, replica_groups
+from planner.engines.hlo import parse_collectives, replica_groups
 from planner.zoo import load_model
 from planner.zoo.transformers import mlp, transformer_block
 

@@ -21,7 +21,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner.engines.xla import VerifyError, parse_collectives
+from planner.engines.hlo import parse_collectives
+from planner.engines.xla import VerifyError
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,18 +6,10 @@ runs through the JAX interpreter (float32) with a ``with_sharding_constraint`` o
 input (the layout the plan's consumer reads: one constraint per edge, as the cost model charges
 per edge) and on every output without Partial placements; parameters and data enter with their
 first consumer's layout; the step is loss + ``jax.grad`` + an SGD update, jitted with those
-shardings. The compiled HLO's all-reduce, all-gather, reduce-scatter, all-to-all and
-collective-permute ops are read with their byte sizes and replica groups (list form ``{{0,1},..}``,
-iota form ``[G,S]<=[dims]T(perm)`` and mesh form ``mesh['a'=2,'b'=4] {'a'}``), and each group is
-mapped to the mesh axes its devices differ in.
-
-The CPU backend has no reduce-scatter: it writes an all-reduce whose results are only sliced down
-to the device's block (a fusion fed by the partition id); such an all-reduce is read as the
-reduce-scatter it implements. Data tensors are fed once per consumer, each copy in the layout that
-consumer reads (an input pipeline delivers what each device needs; the cost model charges nothing
-for data). Bytes follow the cost model's convention: n is the full buffer on the axis (all-reduce and
-reduce-scatter: the input, all-gather: the output, all-to-all: one rank's buffer);
-``planner.engines.verify`` compares the bytes each device sends (see there).
+shardings. The compiled HLO's collectives are read by ``planner.engines.hlo``; ``planner.engines.verify``
+compares the bytes each device sends (see there). Data tensors are fed once per consumer, each copy
+in the layout that consumer reads (an input pipeline delivers what each device needs; the cost
+model charges nothing for data). A plain-sum loss is weighted (``weighted_loss``).
 """
 
 from __future__ import annotations
@@ -25,175 +17,16 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
+from planner.engines.hlo import HloCollective, parse_collectives
 from planner.errors import PlannerError
-
-KINDS = {"all-reduce": "all_reduce", "all-gather": "all_gather", "reduce-scatter": "reduce_scatter",
-         "all-to-all": "all_to_all", "collective-permute": "p2p"}
-DTYPE_BYTES = {"f64": 8, "f32": 4, "bf16": 2, "f16": 2, "s64": 8, "s32": 4, "u32": 4, "s8": 1, "u8": 1, "pred": 1,
-               "s16": 2, "u16": 2, "u64": 8}
-LINE = re.compile(r"=\s*(?P<shape>\(.*?\)|[a-z0-9]+\[[0-9,]*\](?:\{[^}]*\})?)\s+"
-                  r"(?P<op>all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?:-start)?\(")
-
 
 class VerifyError(PlannerError):
     """The XLA check could not run (JAX missing, compilation failed)."""
-
-
-@dataclass(frozen=True, slots=True)
-class HloCollective:
-    kind: str  # all_reduce | all_gather | reduce_scatter | all_to_all | p2p
-    nbytes: float  # n, the cost model's convention
-    axes: tuple[str, ...]  # mesh axes the group spans, in mesh order
-
-
-def shape_bytes(text: str) -> int:
-    """Bytes of an HLO shape (a tuple sums its elements)."""
-    total = 0
-    for dtype, dims in re.findall(r"([a-z]+[0-9]*)\[([0-9,]*)\]", text):
-        total += DTYPE_BYTES.get(dtype, 4) * math.prod(int(d) for d in dims.split(",") if d)
-    return total
-
-
-def replica_groups(line: str, num_devices: int) -> list[list[int]]:
-    """Device groups of a collective: list form, iota form, or source-target pairs."""
-    import numpy as np
-    match = re.search(r"replica_groups=\{(\{[0-9,]*\}(?:,\{[0-9,]*\})*)?\}", line)
-    if match:
-        groups = [[int(x) for x in g.split(",") if x] for g in re.findall(r"\{([0-9,]*)\}", match.group(1) or "")]
-        return [g for g in groups if g] or [list(range(num_devices))]
-    match = re.search(r"replica_groups=\[([0-9,]+)\]<=\[([0-9,]+)\](?:T\(([0-9,]+)\))?", line)
-    if match:
-        shape = [int(x) for x in match.group(1).split(",")]
-        dims = [int(x) for x in match.group(2).split(",")]
-        ids = np.arange(math.prod(dims)).reshape(dims)
-        if match.group(3):
-            ids = ids.transpose([int(x) for x in match.group(3).split(",")])
-        return ids.reshape(shape[0], -1).tolist()
-    match = re.search(r"replica_groups=mesh\[([^\]]*)\](?:,\s*device_ids=\(([^)]*\)?)\))?\s*\{([^}]*)\}", line)
-    if match:  # mesh form: device ids over named dims (row-major, or as device_ids says); groups vary
-        dims = re.findall(r"'?([A-Za-z_][A-Za-z0-9_]*)'?\s*=\s*([0-9]+)", match.group(1))
-        names = [n for n, _ in dims]
-        chosen = [names.index(n) for n in re.findall(r"'?([A-Za-z_][A-Za-z0-9_]*)'?", match.group(3))]
-        sizes = [int(s) for _, s in dims]
-        ids = np.arange(math.prod(sizes))
-        order = re.fullmatch(r"\[([0-9,]+)\](?:T\(([0-9,]+)\))?", (match.group(2) or "").strip())
-        if order:  # iota device order: arange(prod).reshape(dims).transpose(perm)
-            ids = ids.reshape([int(x) for x in order.group(1).split(",")])
-            if order.group(2):
-                ids = ids.transpose([int(x) for x in order.group(2).split(",")])
-        elif match.group(2):
-            ids = np.array([int(x) for x in re.findall(r"[0-9]+", match.group(2))])
-        ids = ids.reshape(sizes)
-        rest = [ax for ax in range(len(dims)) if ax not in chosen]
-        return ids.transpose(rest + chosen).reshape(-1, math.prod(int(dims[ax][1]) for ax in chosen)).tolist()
-    match = re.search(r"source_target_pairs=\{((?:\{[0-9]+,[0-9]+\},?)*)\}", line)
-    if match:
-        return [[int(a), int(b)] for a, b in re.findall(r"\{([0-9]+),([0-9]+)\}", match.group(1))]
-    return [list(range(num_devices))]
-
-
-def group_axes(groups: list[list[int]], mesh_shape: tuple[int, ...], axis_names: tuple[str, ...]) -> tuple[str, ...]:
-    import numpy as np
-    varying = set()
-    for group in groups:
-        coords = np.array([np.unravel_index(d, mesh_shape) for d in group])
-        varying |= {ax for ax in range(len(mesh_shape)) if len(set(coords[:, ax])) > 1}
-    return tuple(axis_names[ax] for ax in sorted(varying))
-
-
-INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%(?P<name>[\w.\-]+)\s*=\s*(?P<shape>\([^=]*?\)|\S+)\s+(?P<op>[\w\-]+)\((?P<args>[^)]*)")
-
-
-def _users(hlo: str) -> tuple[dict[str, list[str]], dict[str, tuple[str, str, list[str]]]]:
-    """Users of every instruction, and each instruction's (shape, opcode, operands)."""
-    users: dict[str, list[str]] = {}
-    defs = {}
-    for line in hlo.splitlines():
-        match = INSTRUCTION.match(line)
-        if not match:
-            continue
-        operands = re.findall(r"%([\w.\-]+)", match.group("args"))
-        defs[match.group("name")] = (match.group("shape"), match.group("op"), operands)
-        for operand in operands:
-            users.setdefault(operand, []).append(match.group("name"))
-    return users, defs
-
-
-def _elements(shape: str) -> int:
-    return sum(math.prod(int(d) for d in dims.split(",") if d) for dims in re.findall(r"\[([0-9,]*)\]", shape))
-
-
-def _is_scatter(name: str, group: int, users, defs) -> bool:
-    """An all-reduce whose every result is only cut down to this device's 1/group block (a slice
-    indexed by the partition id): the reduce-scatter the CPU backend writes as all-reduce + slice."""
-    shape, _, _ = defs[name]
-    results = [u for u in users.get(name, []) if defs[u][1] == "get-tuple-element"] if shape.startswith("(") else [name]
-    if not results:
-        return False
-    for result in results:
-        consumers = users.get(result, [])
-        if not consumers:
-            return False
-        for consumer in consumers:
-            operands = defs[consumer][2]
-            if not any(defs.get(o, ("", "", []))[1] in ("partition-id", "replica-id") for o in operands):
-                return False
-            if _elements(defs[consumer][0]) * group != _elements(defs[result][0]):
-                return False
-    return True
-
-
-def _all_reduce_parts(name: str, group: int, users, defs) -> list[tuple[str, int]]:
-    """(kind, bytes) of an all-reduce: XLA combines independent all-reduces into one of a tuple, so
-    each element read out (get-tuple-element) counts on its own, as a reduce-scatter when it is only
-    cut down to this device's block; elements nobody reads count as all-reduced."""
-    shape = defs[name][0]
-    if not shape.startswith("("):
-        return [("reduce_scatter" if _is_scatter(name, group, users, defs) else "all_reduce", shape_bytes(shape))]
-    parts, seen = [], 0
-    for element in (u for u in users.get(name, []) if defs[u][1] == "get-tuple-element"):
-        nbytes = shape_bytes(defs[element][0])
-        parts.append(("reduce_scatter" if _is_scatter(element, group, users, defs) else "all_reduce", nbytes))
-        seen += nbytes
-    if shape_bytes(shape) > seen:
-        parts.append(("all_reduce", shape_bytes(shape) - seen))
-    return parts
-
-
-def parse_collectives(hlo: str, mesh_shape: tuple[int, ...], axis_names: tuple[str, ...]) -> list[HloCollective]:
-    """Every collective of a compiled HLO module with its bytes (n) and mesh axes."""
-    out = []
-    num_devices = math.prod(mesh_shape)
-    users, defs = _users(hlo)
-    for line in hlo.splitlines():
-        match = LINE.search(line)
-        if not match or "-done" in line.split("=")[1].split("(")[0]:
-            continue
-        kind = KINDS[match.group("op")]
-        groups = replica_groups(line, num_devices)
-        name = INSTRUCTION.match(line).group("name") if INSTRUCTION.match(line) else ""
-        if kind == "all_reduce" and name:
-            axes = group_axes(groups, mesh_shape, axis_names)
-            out.extend(HloCollective(part_kind, float(nbytes), axes)
-                       for part_kind, nbytes in _all_reduce_parts(name, len(groups[0]), users, defs))
-            continue
-        nbytes = shape_bytes(match.group("shape"))
-        if kind == "reduce_scatter":
-            nbytes *= len(groups[0])
-        if kind == "p2p":  # bytes per device: only the pairs that leave a device send anything
-            groups = [pair for pair in groups if pair[0] != pair[1]]
-            nbytes *= len(groups) / num_devices
-            if not groups:
-                continue
-        out.append(HloCollective(kind, float(nbytes), group_axes(groups, mesh_shape, axis_names)))
-    return out
 
 
 def compiled_collectives(graph, strategies: dict, axis_names: tuple[str, ...], mesh_shape: tuple[int, ...],
@@ -292,16 +125,24 @@ LOSS_WEIGHT = "loss.weight"  # the data key of the verify check's random loss we
 
 
 def weighted_loss(graph) -> bool:
-    """Whether the XLA check weighs the loss: the gradient of a plain sum (the zoo's ``reduce`` loss)
-    is a constant that XLA folds, so the all-gather of that gradient the plan charges (and an engine
-    moves for any real loss) would vanish from the compiled step; a random weight in the loss input's
-    layout (an elementwise product: no collective) keeps the gradient a tensor to move."""
-    return graph.operators[-1].kind == "reduce"
+    """Whether the XLA check weighs the loss input: the gradient of a plain sum (the zoo's ``reduce``
+    loss) is a constant. The cost model prices the loss edge's own gradient as free (a broadcast) but
+    moves it further up as a tensor, as any real loss needs; XLA would fold the constant all the way
+    (measured: the transformer block on 2x4 skipped a 4 MB all-gather). So the loss input is multiplied
+    by a random weight where it is produced, in its producer's layout (an elementwise product: no
+    collective), when the loss is its only reader."""
+    last = graph.operators[-1]
+    readers = [op for op in graph.operators for o in op.inputs if o.tensor == last.inputs[0].tensor]
+    return last.kind == "reduce" and len(readers) == 1
+
+
+def _producer(graph, tensor: str) -> tuple[str, int]:
+    return next((op.name, k) for op in graph.operators for k, o in enumerate(op.outputs) if o.tensor == tensor)
 
 
 def training_step(graph, exported, mesh, lr: float = 0.01, weighted: bool = False):
     """The jitted SGD step of the graph under the exported shardings: (params, data) -> (loss, params).
-    ``weighted``: the loss is the sum of the last operator's input times ``data[LOSS_WEIGHT]``."""
+    ``weighted``: the loss operator's input is multiplied by ``data[LOSS_WEIGHT]`` where it is made."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
@@ -311,7 +152,13 @@ def training_step(graph, exported, mesh, lr: float = 0.01, weighted: bool = Fals
     from planner.cost.strategy import forward_layout
 
     sharding = lambda layout, ndim: NamedSharding(mesh, PartitionSpec(*spec_of(layout, ndim, exported.axis_names)))
-    make_on_input, on_output = _edge_hooks(graph, exported, sharding)
+    make_on_input, constrained_output = _edge_hooks(graph, exported, sharding)
+    weighted_at = _producer(graph, graph.operators[-1].inputs[0].tensor) if weighted else None
+    weight: list = []
+
+    def on_output(op, slot, value):
+        value = constrained_output(op, slot, value)
+        return value * weight[0] if (op.name, slot) == weighted_at else value
     loss_tensor = graph.operators[-1].outputs[0].tensor
     first_copy = {}
     for op in graph.operators:
@@ -323,12 +170,8 @@ def training_step(graph, exported, mesh, lr: float = 0.01, weighted: bool = Fals
         feeds = {**params, **{tensor: data[key] for tensor, key in first_copy.items()}}
 
         def loss_fn(p):
-            on_input = make_on_input(data)
-            env = run_graph(graph, {**feeds, **p}, jnp, on_input, on_output)
-            if weighted:
-                last = graph.operators[-1]
-                return jnp.sum(on_input(last, 0, env[last.inputs[0].tensor]) * data[LOSS_WEIGHT])
-            return env[loss_tensor].sum()
+            weight[:] = [data.get(LOSS_WEIGHT)]
+            return run_graph(graph, {**feeds, **p}, jnp, make_on_input(data), on_output)[loss_tensor].sum()
         loss, grads = jax.value_and_grad(loss_fn)(params)
         return loss, {k: params[k] - lr * grads[k] for k in params}
 
@@ -337,10 +180,10 @@ def training_step(graph, exported, mesh, lr: float = 0.01, weighted: bool = Fals
     data = {data_key(op_name, slot): sharding(forward_layout(layout), len(graph.tensor(
                 graph.operator(op_name).inputs[slot].tensor).shape))
             for op_name, slot, layout in exported.inputs if graph.tensor(graph.operator(op_name).inputs[slot].tensor).role == "data"}
-    if weighted:
-        last = graph.operators[-1]
-        layout = dict(((o, k), lay) for o, k, lay in exported.inputs)[(last.name, 0)]
-        data[LOSS_WEIGHT] = sharding(forward_layout(layout), len(graph.tensor(last.inputs[0].tensor).shape))
+    if weighted:  # in the producer's layout (a Partial axis replicated: the product stays a partial sum)
+        from planner.cost.strategy import gradient_target
+        layout = dict(((o, k), lay) for o, k, lay in exported.outputs)[weighted_at]
+        data[LOSS_WEIGHT] = sharding(gradient_target(layout), len(graph.tensor(graph.operators[-1].inputs[0].tensor).shape))
     return jax.jit(step, in_shardings=(params, data), out_shardings=(NamedSharding(mesh, PartitionSpec()), params))
 
 
