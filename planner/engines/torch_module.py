@@ -34,7 +34,8 @@ Load inside a torchrun process (gloo on CPU, nccl on GPUs):
     mesh = init_device_mesh("cpu", MESH_SHAPE, mesh_dim_names=MESH_DIM_NAMES)
     model = parallelize(model, mesh)
 and run forward and backward under torch.distributed.tensor.experimental.implicit_replication()
-(tensors the model creates itself, such as position ids, are then replicated). Or:
+(tensors the model creates itself, such as position ids, are then replicated), the inputs placed with
+INPUT_PLACEMENTS (with FULLY_SHARD_MODULES: plain tensors, each rank its batch block). Or:
     planner run-torch --plan {{this file}} --nproc {nproc} --steps 5
 """
 from torch.distributed.tensor import Replicate, Shard
