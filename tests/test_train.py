@@ -102,3 +102,32 @@ def test_two_stage_two_way_data_parallel_3d_plan_trains_on_four_processes(tmp_pa
     assert f"2 stages of gpu=2 on {where}" in out and "max relative difference" in out
     losses = [float(line.split()[1]) for line in out.splitlines() if line.strip()[:1].isdigit()]
     assert len(losses) == 3 and losses[-1] < losses[0]
+
+
+def test_launch_retries_a_taken_port_and_names_other_errors(monkeypatch, tmp_path):
+    """torchrun losing its port to another process is tried again on a new port; a rank's own error
+    is reported at once, by the rank's line (not torchrun's closing ChildFailedError)."""
+    import subprocess
+
+    from planner.engines import train_torch
+    from planner.engines.xla import VerifyError
+    calls = []
+
+    def fake(stderr_by_call):
+        def run(cmd, **kwargs):
+            calls.append(cmd[cmd.index("--master-port") + 1])
+            stderr = stderr_by_call[min(len(calls), len(stderr_by_call)) - 1]
+            return subprocess.CompletedProcess(cmd, 0 if stderr is None else 1, "", stderr or "")
+        return run
+    taken = "torch.distributed.DistNetworkError: The server socket has failed to listen on any local " \
+            "network address. port: 1, useIpv6: 0, code: -98, name: EADDRINUSE, message: address already in use"
+    monkeypatch.setattr(train_torch.subprocess, "run", fake([taken, None]))
+    train_torch._launch(2, "m", tmp_path / "j", tmp_path / "o", 10.0)
+    assert len(calls) == 2
+    calls.clear()
+    crash = "\n".join(["[rank0]: Traceback (most recent call last):", "[rank0]: ValueError: bad input",
+                       "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:"])
+    monkeypatch.setattr(train_torch.subprocess, "run", fake([crash]))
+    with pytest.raises(VerifyError, match="ValueError: bad input"):
+        train_torch._launch(2, "m", tmp_path / "j", tmp_path / "o", 10.0)
+    assert len(calls) == 1

@@ -95,16 +95,27 @@ def train_module_plan(path: str, nproc: int, *, steps: int = 5, lr: float = 1e-4
                     result["backend"], "", tuple((k, tuple(a), n) for k, a, n in result["transfers"]))
 
 
-def _launch(nproc: int, module: str, job: Path, out: Path, timeout_s: float) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
-           str(_free_port()), "-m", module, str(job), str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    if proc.returncode != 0:
-        lines = proc.stderr.strip().splitlines()
-        # a rank's own exception names the cause; torchrun's ChildFailedError comes last and does not
-        cause = [line for line in lines if line.startswith("[rank") and "Error" in line] or \
-            [line for line in lines if "Error" in line] or lines or ["no output"]
-        raise VerifyError(f"run-torch: the training run failed ({cause[0 if cause[0].startswith('[rank') else -1].strip()})")
+PORT_TAKEN = ("EADDRINUSE", "address already in use", "Address already in use")
+
+
+def _launch(nproc: int, module: str, job: Path, out: Path, timeout_s: float, attempts: int = 3) -> None:
+    """torchrun ``module`` on ``nproc`` processes. The free port is found by binding and releasing it,
+    so another process can take it before torchrun does: a launch that fails on a taken port is
+    tried again on a new one (up to ``attempts``); any other failure names the rank's error."""
+    for _ in range(attempts):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
+               str(_free_port()), "-m", module, str(job), str(out)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
+                              env=dict(os.environ, OMP_NUM_THREADS="1"))
+        if proc.returncode == 0:
+            return
+        if not any(text in proc.stderr for text in PORT_TAKEN):
+            break
+    lines = proc.stderr.strip().splitlines()
+    # a rank's own exception names the cause; torchrun's ChildFailedError comes last and does not
+    cause = [line for line in lines if line.startswith("[rank") and "Error" in line] or \
+        [line for line in lines if "Error" in line] or lines or ["no output"]
+    raise VerifyError(f"run-torch: the training run failed ({cause[0 if cause[0].startswith('[rank') else -1].strip()})")
 
 
 def _feeds(graph, seed: int):
