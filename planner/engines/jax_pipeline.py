@@ -28,10 +28,10 @@ def _stage_fn(micro, ops, exported, mesh, crossing_out, last: bool):
 
     from planner.engines.export import spec_of
     from planner.engines.interpret import run_operator
-    from planner.engines.xla import _edge_hooks
+    from planner.engines.xla import edge_hooks
 
     sharding = lambda layout, ndim: NamedSharding(mesh, PartitionSpec(*spec_of(layout, ndim, exported.axis_names)))
-    make_on_input, on_output = _edge_hooks(micro, exported, sharding)
+    make_on_input, on_output = edge_hooks(micro, exported, sharding)
     loss_tensor = micro.operators[-1].outputs[0].tensor
 
     def forward(params, data, received):

@@ -24,6 +24,7 @@ other ZeRO-3 plans (tensor parallel or 2-D meshes), plans whose graph was not im
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from planner.errors import SettingsError
@@ -109,16 +110,13 @@ class ModulePlan:
         """The plan as a Python file."""
         styles = "".join(f"\n    {name!r}: {style}," for name, style in self.styles)
         placements = "".join(f"\n    {name!r}: {value}," for name, value in self.placements)
-        nproc = 1
-        for size in self.mesh_shape:
-            nproc *= size
         return TEMPLATE.format(title=self.title, module=self.module, loss=self.loss, names=self.axis_names,
                                shape=self.mesh_shape, styles=styles, placements=placements, inputs=self.inputs,
-                               predicted=dict(self.predicted), nproc=nproc, fully_shard=self.fully_shard)
+                               predicted=dict(self.predicted), nproc=math.prod(self.mesh_shape), fully_shard=self.fully_shard)
 
 
-def _source(layout, ndim: int) -> str:
-    """Placements source text of a layout; a split of the last dim is written Shard(-1) for styles."""
+def _source(layout) -> str:
+    """Placements source text of a layout (one placement per mesh dim)."""
     from planner.cost.strategy import PARTIAL, REPLICATE
     parts = ["Replicate()" if p in (REPLICATE, PARTIAL) else f"Shard({p})" for p in layout]
     return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
@@ -167,12 +165,12 @@ def module_plan(graph, strategies: dict, mesh, spec: str, loss: str, title: str,
     shared = {owner for fqn, (_, owner) in params.items() if fqn != owner}
     styles = _styles(graph, exported, linear, shared, leaves) if len(mesh.shape) == 1 and not fsdp else {}
     placements = []
-    for fqn, (shape, owner) in sorted(params.items()):
+    for fqn, (_, owner) in sorted(params.items()):
         ir_name = fqn if fqn in leaves else by_owner.get(owner)
         if fqn.rpartition(".")[0] in styles or ir_name is None:
             continue
-        placements.append((fqn, _source(leaves[ir_name], len(shape))))
-    inputs = _source(_input_layout(graph, leaves, len(mesh.shape)), 2)
+        placements.append((fqn, _source(leaves[ir_name])))
+    inputs = _source(_input_layout(graph, leaves, len(mesh.shape)))
     settings = TrainingSettings(dtype="fp32", optimizer="sgd", zero=3 if fsdp else 0, recompute=False)
     rows, _ = compare(predicted_collectives(graph, strategies, mesh, settings), [], dict(zip(mesh.names, mesh.shape)))
     predicted = tuple((row.axes, round(row.predicted, 1)) for row in rows if row.axes != "total")

@@ -60,16 +60,30 @@ def _compare(graph, strategies: dict, mesh, observed: list) -> tuple:
     return rows
 
 
+def flat_job(graph, strategies: dict, axis_names, mesh_shape, steps: int, lr: float, seed: int) -> dict:
+    """The job file of a flat training run (the JAX and torchrun workers read the same fields)."""
+    from planner.ir.graph_json import graph_to_dict
+    return {"graph": graph_to_dict(graph), "axis_names": list(axis_names), "mesh_shape": list(mesh_shape),
+            "strategies": {k: list(v) for k, v in strategies.items()}, "steps": steps, "lr": lr, "seed": seed}
+
+
+def pipeline_job(full, micro, stage_of: dict, strategies: dict, axis_names, stage_shape, stages: int,
+                 num_microbatches: int, steps: int, lr: float, seed: int) -> dict:
+    """The job file of a 3D run: the flat fields on the whole-batch graph and the stage mesh, plus the
+    micro-batch graph, each operator's stage and the pipeline's shape."""
+    from planner.ir.graph_json import graph_to_dict
+    return {**flat_job(full, strategies, axis_names, stage_shape, steps, lr, seed),
+            "micro_graph": graph_to_dict(micro), "stage_of": stage_of, "stages": stages,
+            "num_microbatches": num_microbatches}
+
+
 def train_on_jax(graph, strategies: dict, axis_names: tuple[str, ...], mesh_shape: tuple[int, ...], *,
                  steps: int = 5, lr: float = 1e-3, seed: int = 0, timeout_s: float = 1200.0) -> TrainRun:
     """Run ``steps`` SGD steps of a plan on ``prod(mesh_shape)`` devices and on one (subprocess)."""
-    from planner.ir.graph_json import graph_to_dict
     from planner.outputs import write_json
     with tempfile.TemporaryDirectory() as tmp:
         job, out = Path(tmp) / "job.json", Path(tmp) / "out.json"
-        write_json(job, {"graph": graph_to_dict(graph), "axis_names": list(axis_names), "mesh_shape": list(mesh_shape),
-                         "strategies": {k: list(v) for k, v in strategies.items()}, "steps": steps, "lr": lr,
-                         "seed": seed})
+        write_json(job, flat_job(graph, strategies, axis_names, mesh_shape, steps, lr, seed))
         _worker("planner.engines.train_jax", job, out, math.prod(mesh_shape), timeout_s)
         result = json.loads(out.read_text())
     return TrainRun(tuple(result["losses"]), tuple(result["reference"]), result["devices"], result["platform"],
@@ -81,15 +95,12 @@ def train_3d_on_jax(full, micro, stage_of: dict, strategies: dict, axis_names: t
                     lr: float = 1e-4, seed: int = 0, timeout_s: float = 1800.0) -> TrainRun:
     """A 3D plan on ``stages x prod(stage_shape)`` devices (``planner.engines.jax_pipeline``), arguments
     as ``planner.engines.train_torch.train_3d_on_torch``."""
-    from planner.ir.graph_json import graph_to_dict
     from planner.outputs import write_json
     devices = stages * math.prod(stage_shape)
     with tempfile.TemporaryDirectory() as tmp:
         job, out = Path(tmp) / "job.json", Path(tmp) / "out.json"
-        write_json(job, {"graph": graph_to_dict(full), "micro_graph": graph_to_dict(micro), "stage_of": stage_of,
-                         "axis_names": list(axis_names), "mesh_shape": list(stage_shape), "stages": stages,
-                         "num_microbatches": num_microbatches, "strategies": {k: list(v) for k, v in strategies.items()},
-                         "steps": steps, "lr": lr, "seed": seed})
+        write_json(job, pipeline_job(full, micro, stage_of, strategies, axis_names, stage_shape, stages,
+                                     num_microbatches, steps, lr, seed))
         _worker("planner.engines.jax_pipeline", job, out, devices, timeout_s)
         result = json.loads(out.read_text())
     return TrainRun(tuple(result["losses"]), tuple(result["reference"]), result["devices"], result["platform"])

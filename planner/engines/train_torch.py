@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.engines.train_jax import TrainRun
+from planner.engines.train_jax import TrainRun, flat_job, pipeline_job
 from planner.engines.xla import VerifyError
 
 # CommDebugMode's funcol ops -> (cost-model kind, the bytes n as the cost model counts them)
@@ -45,14 +45,11 @@ def _free_port() -> int:
 def train_on_torch(graph, strategies: dict, axis_names: tuple[str, ...], mesh_shape: tuple[int, ...], *,
                    steps: int = 5, lr: float = 1e-4, seed: int = 0, timeout_s: float = 1800.0) -> TrainRun:
     """Run ``steps`` SGD steps of a plan on ``prod(mesh_shape)`` torchrun processes and in one process."""
-    from planner.ir.graph_json import graph_to_dict
     from planner.outputs import write_json
     nproc = math.prod(mesh_shape)
     with tempfile.TemporaryDirectory() as tmp:
         job, out = Path(tmp) / "job.json", Path(tmp) / "out.json"
-        write_json(job, {"graph": graph_to_dict(graph), "axis_names": list(axis_names), "mesh_shape": list(mesh_shape),
-                         "strategies": {k: list(v) for k, v in strategies.items()}, "steps": steps, "lr": lr,
-                         "seed": seed})
+        write_json(job, flat_job(graph, strategies, axis_names, mesh_shape, steps, lr, seed))
         _launch(nproc, "planner.engines.torch_worker", job, out, timeout_s)
         result = json.loads(out.read_text())
     reference = reference_losses(graph, steps, lr, seed)
@@ -66,15 +63,12 @@ def train_3d_on_torch(full, micro, stage_of: dict, strategies: dict, axis_names:
     """A 3D plan on ``stages x prod(stage_shape)`` torchrun processes (``planner.engines.torch_pipeline``):
     ``micro`` is the graph at the micro-batch size, ``full`` at the whole batch (its initial values and
     the one-process reference), ``stage_of`` each operator's stage."""
-    from planner.ir.graph_json import graph_to_dict
     from planner.outputs import write_json
     nproc = stages * math.prod(stage_shape)
     with tempfile.TemporaryDirectory() as tmp:
         job, out = Path(tmp) / "job.json", Path(tmp) / "out.json"
-        write_json(job, {"graph": graph_to_dict(full), "micro_graph": graph_to_dict(micro), "stage_of": stage_of,
-                         "axis_names": list(axis_names), "mesh_shape": list(stage_shape), "stages": stages,
-                         "num_microbatches": num_microbatches, "strategies": {k: list(v) for k, v in strategies.items()},
-                         "steps": steps, "lr": lr, "seed": seed})
+        write_json(job, pipeline_job(full, micro, stage_of, strategies, axis_names, stage_shape, stages,
+                                     num_microbatches, steps, lr, seed))
         _launch(nproc, "planner.engines.torch_pipeline", job, out, timeout_s)
         result = json.loads(out.read_text())
     return TrainRun(tuple(result["losses"]), tuple(reference_losses(full, steps, lr, seed)), nproc, result["backend"])

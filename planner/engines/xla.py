@@ -81,7 +81,7 @@ def _two_way_constraint():
     return constrain
 
 
-def _edge_hooks(graph, exported, sharding):
+def edge_hooks(graph, exported, sharding):
     """The interpreter hooks that put the plan's layouts on every edge: ``make_on_input(data)`` (data
     tensors are read from the consumer's own copy) and ``on_output``."""
     import jax
@@ -152,7 +152,7 @@ def training_step(graph, exported, mesh, lr: float = 0.01, weighted: bool = Fals
     from planner.cost.strategy import forward_layout
 
     sharding = lambda layout, ndim: NamedSharding(mesh, PartitionSpec(*spec_of(layout, ndim, exported.axis_names)))
-    make_on_input, constrained_output = _edge_hooks(graph, exported, sharding)
+    make_on_input, constrained_output = edge_hooks(graph, exported, sharding)
     weighted_at = _producer(graph, graph.operators[-1].inputs[0].tensor) if weighted else None
     weight: list = []
 
