@@ -80,6 +80,17 @@ def test_batch_dim_is_a_property_of_the_graph(tmp_path):
         _ = Graph(graph.name, graph.tensors, graph.operators, "z").batch_size
 
 
+def test_dim_names_round_trip_and_are_checked(tmp_path):
+    from planner.ir.graph_json import load_graph, save_graph
+    graph = _two_layer("n")
+    assert graph.dim_names == "semantic"  # the zoo's letters, the default (and of older graph files)
+    positional = Graph(graph.name, graph.tensors, graph.operators, "n", "positional")
+    save_graph(positional, tmp_path / "g.json")
+    assert load_graph(tmp_path / "g.json").dim_names == "positional"
+    with pytest.raises(GraphError, match="field 'dim_names' 'sorted' is not one of semantic, positional"):
+        Graph(graph.name, graph.tensors, graph.operators, "n", "sorted")
+
+
 def test_batch_dims_of_different_sizes_are_named():
     gb = GraphBuilder("mixed")
     a = gb.op("relu", "r1", "bk->bk", [gb.data("x", (4, 8))])

@@ -96,3 +96,43 @@ def test_vit_and_bert_forward_flops_by_hand():
     linears = 2 * 128 * (2 * (4 * 128 * 128 + 2 * 128 * 512) + 128 * 128 + 128 * 1024)
     assert sum(op.flops for op in bert.operators if op.kind == "linear") == linears
     assert sum(op.flops for op in bert.operators if op.kind == "attention") == 2 * 4 * 2 * 4 * 64 * 64 * 32
+
+
+def _linear_roles(graph, strategies):
+    """Per weight-matrix op in graph order: 'col' (splits the weight's output letter), 'row' (a
+    contraction letter) or '-' (replicated), on the one mesh axis."""
+    from planner.search.roles import _weight_letters
+    roles = []
+    for op, strategy in zip(graph.operators, strategies):
+        produced, contracted = _weight_letters(graph, op)
+        if op.kind == "linear":
+            roles.append("col" if strategy[0] == produced else "row" if strategy[0] in contracted else "-")
+    return roles
+
+
+@pytest.mark.parametrize("spec,per_layer", [
+    ("hf:gpt2:layers=2,hidden=256,heads=4,seq=64,vocab=512,batch=8", ["col", "row", "col", "row"]),  # c_attn, c_proj, c_fc, c_proj
+    ("hf:llama", ["col", "col", "col", "row", "col", "col", "row"]),  # q, k, v, o, gate, up, down
+])
+def test_baselines_follow_the_data_flow_on_imported_graphs(spec, per_layer):
+    """import-torch names letters by position (a view that merges batch and sequence calls it 'a'), so
+    the baselines find the batch and Megatron's splits by following the data flow (search/roles.py):
+    data parallelism splits the batch in every operator that carries it, and Megatron's pattern is
+    column then row parallel per block, with the vocabulary split in the token embedding and LM head."""
+    import planner
+    from planner.search.baselines import data_parallel, megatron
+    from planner.search.roles import batch_letters
+    graph = _imported(spec)[1] if spec == "hf:llama" else planner.import_torch(spec, loss="cross_entropy")
+    assert graph.dim_names == "positional"
+    problem = make_problem(graph, make_cluster("2", "a100-80g", float("inf")))  # hf:llama's batch is 2
+    batches = batch_letters(graph)
+    if spec != "hf:llama":  # GPT-2's Conv1D runs on (batch x sequence): views merge them under another letter
+        assert any(b not in (None, graph.batch_dim) for b in batches), batches
+    assert [s[0] for s, b in zip(data_parallel(problem), batches) if b is not None] == [b for b in batches if b]
+    chosen = megatron(problem)
+    roles = _linear_roles(graph, chosen)
+    layers = (len(roles) - 1) // len(per_layer)
+    assert layers == 2 and roles == per_layer * layers + ["col"], roles  # the LM head: vocabulary-parallel
+    token, position = (s[0] for op, s in zip(graph.operators, chosen) if op.kind == "embedding") \
+        if spec != "hf:llama" else (next(s[0] for op, s in zip(graph.operators, chosen) if op.kind == "embedding"), None)
+    assert token is not None and position is None  # vocabulary-parallel; position table replicated

@@ -86,6 +86,7 @@ def group_axes(groups: list[list[int]], mesh_shape: tuple[int, ...], axis_names:
     return tuple(axis_names[ax] for ax in sorted(varying))
 
 
+COMMENT = re.compile(r"/\*.*?\*/")
 INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%(?P<name>[\w.\-]+)\s*=\s*(?P<shape>\([^=]*?\)|\S+)\s+(?P<op>[\w\-]+)\((?P<args>[^)]*)")
 
 
@@ -149,6 +150,7 @@ def parse_collectives(hlo: str, mesh_shape: tuple[int, ...], axis_names: tuple[s
     """Every collective of a compiled HLO module with its bytes (n) and mesh axes."""
     out = []
     num_devices = math.prod(mesh_shape)
+    hlo = COMMENT.sub("", hlo)  # XLA numbers long operand lists with /*index=5*/, whose '=' breaks the shapes
     users, defs = _users(hlo)
     for line in hlo.splitlines():
         match = LINE.search(line)

@@ -111,8 +111,10 @@ def _embedding(op, args, sizes, offsets, xp):
     if xp.__name__ != "numpy":
         # A one-hot contraction (as MaxText and T5X do on TPUs): its gradient is a matmul whose
         # partial sums the SPMD partitioner reduces once with the other uses of a tied table.
-        one_hot = cast(xp.expand_dims(local, -1) == xp.arange(table.shape[0]), table.dtype)
-        return [xp.einsum("...v,vh->...h", one_hot, table)]
+        # The JAX check may pass the ids already one-hot, in the plan's layout (``xla.edge_hooks``).
+        one_hot = ids if ids.ndim == len(op.inputs[0].dims) + 1 else cast(
+            xp.expand_dims(local, -1) == xp.arange(table.shape[0]), table.dtype)
+        return [xp.einsum("...v,vh->...h", cast(one_hot, table.dtype), table)]
     inside = (local >= 0) & (local < table.shape[0])
     rows = xp.take(table, xp.clip(local, 0, table.shape[0] - 1), axis=0)
     return [rows * cast(xp.expand_dims(inside, -1), rows.dtype)]

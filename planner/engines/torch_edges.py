@@ -50,6 +50,7 @@ class PlannedEdge:
     src: tuple
     layout: tuple
     counter: object = None
+    param: bool = False  # a parameter: its gradient is first reduced where it is read (see backward)
 
     def apply(self, local):
         """The consumer's block; its gradient comes back to the producer by the transposed steps."""
@@ -151,4 +152,11 @@ class _EdgeFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         edge = ctx.edge
+        if edge.param:
+            # The cost model reduces a parameter's gradient where it is read (the reader's gradient
+            # all-reduce over the axes it is Partial on), then a tied read's gradient goes to the
+            # owner's layout from the reader's (its tie edge); from Partial straight to the owner's
+            # layout would reduce-scatter instead, in another order of steps.
+            grad = edge.move(grad.contiguous(), gradient_layout(edge.layout), forward_layout(edge.layout))
+            return edge.move(grad.contiguous(), forward_layout(edge.layout), gradient_target(edge.src)), None
         return edge.move(grad.contiguous(), gradient_layout(edge.layout), gradient_target(edge.src)), None

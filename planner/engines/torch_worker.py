@@ -160,7 +160,8 @@ def run_ops(graph, ops, strategies, exported, mesh, shape, coord, feeds, produce
                 args.append(_block(feeds[operand.tensor], forward_layout(layout), shape, coord))
                 continue
             local, src = produced[operand.tensor]
-            edge = PlannedEdge(mesh, tuple(graph.tensor(operand.tensor).shape), shape, src, layout, counter)
+            edge = PlannedEdge(mesh, tuple(graph.tensor(operand.tensor).shape), shape, src, layout, counter,
+                               graph.tensor(operand.tensor).role == "param")
             args.append(edge.apply(local))
         outs = _run_local(op, strategies[op.name], args, shape, coord, run_operator, torch_xp, _gathered_dims)
         for operand, (local, layout) in zip(op.outputs, outs):

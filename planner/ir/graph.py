@@ -127,18 +127,25 @@ class Operator:
         return tuple(math.prod(sizes[d] for d in group) for group in operand.dims)
 
 
+DIM_NAMES = ("semantic", "positional")
+
+
 @dataclass(frozen=True, slots=True)
 class Graph:
     """A validated DAG of operators. Operators are kept in a topological order.
 
     ``batch_dim`` names the op dim that counts samples (``b`` in the zoo and the torch importer):
     data parallelism splits it, and ``batch_size`` (its size, which every operator that has it
-    must agree on) is the global batch that micro-batching and gradient accumulation divide."""
+    must agree on) is the global batch that micro-batching and gradient accumulation divide.
+    ``dim_names`` says what the other letters mean: ``semantic`` (the zoo: ``a`` heads, ``f`` ffn,
+    ``v`` vocabulary, ``e`` experts, which the Megatron baseline reads) or ``positional`` (import-torch:
+    letters by position in each operator, so baselines follow the data flow instead)."""
 
     name: str
     tensors: tuple[Tensor, ...]
     operators: tuple[Operator, ...]
     batch_dim: str = "b"
+    dim_names: str = "semantic"
     _index: dict = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
@@ -165,6 +172,8 @@ class Graph:
             if t.role == "activation" and t.name not in producer:
                 raise GraphError(f"tensor {t.name}: field 'role' is activation but no operator produces it")
         _check_name(self.batch_dim, f"graph {self.name}: field 'batch_dim'")
+        if self.dim_names not in DIM_NAMES:
+            raise GraphError(f"graph {self.name}: field 'dim_names' {self.dim_names!r} is not one of {', '.join(DIM_NAMES)}")
         order = self._topological_order(producer)
         object.__setattr__(self, "operators", order)
         object.__setattr__(self, "_index", {"tensors": tensors, "producer": producer})

@@ -3,6 +3,8 @@
 Graph JSON schema (``planner plan --model graph.json``)::
 
     {"name": str, "batch_dim": str (optional, default "b": the op dim that counts samples),
+     "dim_names": "semantic"|"positional" (optional, default "semantic": the zoo's letters; import-torch
+                  writes "positional"),
      "tensors": [{"name": str, "shape": [int, ...], "role": "activation"|"param"|"data",
                   "integer": bool (optional), "checkpoint": bool (optional)}],
      "operators": [{"name": str, "kind": str (a registry kind), "equation": "bsh,hf->bsf",
@@ -34,6 +36,7 @@ def graph_to_dict(graph: Graph) -> dict:
     return {
         "name": graph.name,
         "batch_dim": graph.batch_dim,
+        "dim_names": graph.dim_names,
         "tensors": [{"name": t.name, "shape": list(t.shape), "role": t.role, "integer": t.integer,
                      "checkpoint": t.checkpoint} for t in graph.tensors],
         "operators": [{"name": op.name, "kind": op.kind, "equation": equation_of(op),
@@ -70,7 +73,7 @@ def _int_list(values: Any, where: str, key: str) -> list[int]:
     return values
 
 
-GRAPH_KEYS = {"graph": {"name", "batch_dim", "tensors", "operators", "torch_module"},  # torch_module: import-torch spec
+GRAPH_KEYS = {"graph": {"name", "batch_dim", "dim_names", "tensors", "operators", "torch_module"},  # torch_module: import-torch spec
               "tensor": {"name", "shape", "role", "integer", "checkpoint"},
               "operator": {"name", "kind", "equation", "inputs", "outputs", "sizes", "norm", "unsplittable", "saved",
                            "layer", "attrs"}}
@@ -128,7 +131,7 @@ def graph_from_dict(data: Any, source: str = "graph") -> Graph:
             raise GraphError(f"{source}: {exc}") from None
     try:
         return Graph(_field(data, "name", str, source, Path(source).stem), tuple(tensors), tuple(ops),
-                     _field(data, "batch_dim", str, source, "b"))
+                     _field(data, "batch_dim", str, source, "b"), _field(data, "dim_names", str, source, "semantic"))
     except GraphError as exc:
         raise GraphError(f"{source}: {exc}") from None
 

@@ -181,9 +181,10 @@ def make_operator(kind: str, name: str, equation: str, inputs: Sequence[str], ou
 class GraphBuilder:
     """Incremental construction of a ``Graph``; sizes of input dims are read off the tensors."""
 
-    def __init__(self, name: str, batch_dim: str = "b") -> None:
+    def __init__(self, name: str, batch_dim: str = "b", dim_names: str = "semantic") -> None:
         self.name = name
         self.batch_dim = batch_dim
+        self.dim_names = dim_names
         self.layer: int | None = None
         self._tensors: dict[str, Tensor] = {}
         self._ops: list[Operator] = []
@@ -240,4 +241,4 @@ class GraphBuilder:
         """The graph; data tensors that no operator reads (folded buffers such as causal masks) are dropped."""
         read = {o.tensor for op in self._ops for o in op.inputs}
         tensors = tuple(t for t in self._tensors.values() if t.role != "data" or t.name in read)
-        return Graph(self.name, tensors, tuple(self._ops), self.batch_dim)
+        return Graph(self.name, tensors, tuple(self._ops), self.batch_dim, self.dim_names)

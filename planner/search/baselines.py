@@ -18,8 +18,8 @@ from planner.cluster.mesh import Mesh, MeshAxis
 from planner.ir.ops import REGISTRY
 from planner.cost.problem import Problem
 from planner.cost.strategy import Strategy, divides, enumerate_strategies, gradient_target, splittable_dims
+from planner.search.roles import batch_letters, megatron_letters
 
-TENSOR_PARALLEL_DIMS = ("a", "f", "v", "e")
 
 
 def drop_until_valid(problem: Problem, op_index: int, wanted: tuple[str | None, ...]) -> Strategy:
@@ -40,33 +40,21 @@ def drop_until_valid(problem: Problem, op_index: int, wanted: tuple[str | None, 
 def data_parallel(problem: Problem) -> tuple[Strategy, ...]:
     """Split the batch dim on every mesh axis (replicate where the batch does not divide)."""
     n = len(problem.mesh.axes)
-    batch = problem.graph.batch_dim
-    out = []
-    for i, table in enumerate(problem.ops):
-        dims = table.op.sizes
-        out.append(drop_until_valid(problem, i, tuple(batch if batch in dims else None for _ in range(n))))
-    return tuple(out)
+    return tuple(drop_until_valid(problem, i, (batch,) * n) for i, batch in enumerate(batch_letters(problem.graph)))
 
 
 def megatron(problem: Problem, tensor_axis: int = -1) -> tuple[Strategy, ...]:
     """Megatron-LM tensor parallelism on ``tensor_axis``, data parallelism on the others."""
     n = len(problem.mesh.axes)
     tensor_axis %= n
-    batch = problem.graph.batch_dim
-    out = []
-    for i, table in enumerate(problem.ops):
-        dims = table.op.sizes
-        splittable = set(enumerate_strategies(table.op, problem.mesh))
-        wanted = [batch if batch in dims else None for _ in range(n)]
-        wanted[tensor_axis] = None
-        for dim in TENSOR_PARALLEL_DIMS:
-            trial = list(wanted)
-            trial[tensor_axis] = dim
-            if dim in dims and tuple(trial) in splittable:
-                wanted = trial
-                break
-        out.append(drop_until_valid(problem, i, tuple(wanted)))
-    return tuple(out)
+    batches = batch_letters(problem.graph)
+    splittable = [set(enumerate_strategies(t.op, problem.mesh)) for t in problem.ops]
+
+    def wish(i: int, letter: str | None) -> tuple[str | None, ...]:
+        return tuple(letter if ax == tensor_axis else batches[i] for ax in range(n))
+
+    letters = megatron_letters(problem.graph, lambda i, letter: wish(i, letter) in splittable[i])
+    return tuple(drop_until_valid(problem, i, wish(i, letter)) for i, letter in enumerate(letters))
 
 
 # ---------------------------------------------------------------- D-Rec's recursion on our cost model

@@ -18,7 +18,7 @@ class TorchImportError(GraphError):
 
 class ImportState:
     def __init__(self, name: str, allow_unknown: bool) -> None:
-        self.gb = GraphBuilder(name)
+        self.gb = GraphBuilder(name, dim_names="positional")
         self.allow_unknown = allow_unknown
         self.value: dict[str, str | float] = {}  # fx node name -> IR tensor name (or a python scalar)
         self.kind: dict[str, str] = {}  # IR tensor -> "param" | "data" | "activation"
