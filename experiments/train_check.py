@@ -9,9 +9,11 @@ torchrun, every layout a DTensor placement (``planner run-torch``), and the same
 from the same initial weights: the largest relative difference of the per-step losses
 (``objective``; float32; the issue asks 1e-4). The collectives each engine ran (XLA's compiled HLO;
 PyTorch's, counted by CommDebugMode) are compared with the cost model's prediction (bytes each
-device sends, in total and per mesh axis, as ``planner verify``). A 3D plan (2 stages x 2-way data
-parallelism of the zoo GPT of the same shape, 2 micro-batches) runs on 4 gloo processes and on 4 JAX
-devices (two sub-meshes; losses only: its stage-to-stage sends are point-to-point, not counted).
+device sends, in total and per mesh axis, as ``planner verify``). A 3D plan (2 stages of 2 devices of
+the zoo GPT of the same shape, 2 micro-batches) runs on 4 gloo processes and on 4 JAX devices (two
+sub-meshes). On torch its bytes are counted too, one device of each stage summed, against the 3D
+cost model (``verify.predicted_pipeline_collectives``: the stage mesh's axes, the sends on ``pp``
+and the tied embedding's all-reduce on ``tied``); JAX's 3D run reports losses only.
 Engine ``torch-module``: the exact, Megatron and DP plans exported onto the ``transformers`` module
 itself (``planner export --target torch``: parallelize_module styles and DTensor placements) and
 trained by torchrun; DTensor's sharding propagation picks the activation layouts between the
@@ -90,11 +92,17 @@ def run_3d(steps: int, lr: float, engine: str) -> dict:
     shape = tuple(int(part.split("=")[1]) for part in pipe["stage_mesh"].split(","))
     count, micro = pipe["num_microbatches"], pipe["micro_batch"]
     train = planner.train_3d_on_jax if engine == "jax" else planner.train_3d_on_torch
-    result = train(planner.load_model(GPT_3D, micro * count), planner.load_model(GPT_3D, micro),
-                                       {o["name"]: o["stage"] for o in operators},
-                                       {o["name"]: tuple(o["strategy"][a] for a in axes) for o in operators}, axes,
-                                       shape, pipe["stages"], count, steps=steps, lr=lr)
-    return {"model": "gpt-zoo-2l-h256", "spec": GPT_3D, "mesh": plan["mesh"],
+    micro_graph = planner.load_model(GPT_3D, micro)
+    stage_of = {o["name"]: o["stage"] for o in operators}
+    strategies = {o["name"]: tuple(o["strategy"][a] for a in axes) for o in operators}
+    result = train(planner.load_model(GPT_3D, micro * count), micro_graph, stage_of, strategies, axes, shape,
+                   pipe["stages"], count, steps=steps, lr=lr)
+    rows = result.pipeline_comparison(micro_graph, stage_of, strategies, planner.make_cluster(pipe["stage_mesh"]).mesh,
+                                      pipe["stages"], count) if result.transfers else ()
+    counted = {"predicted_bytes": rows[0].predicted, "observed_bytes": rows[0].compiled,
+               "total_rel_error": rows[0].rel_error, "max_axis_rel_error": max(c.rel_error for c in rows[1:]),
+               "per_axis": " ".join(f"{c.axes}:{c.predicted:.0f}/{c.compiled:.0f}" for c in rows[1:])} if rows else {}
+    return {**counted, "model": "gpt-zoo-2l-h256", "spec": GPT_3D, "mesh": plan["mesh"],
             "plan_source": f"3d: {pipe['stages']} stages of {pipe['stage_mesh']}, {count} micro-batches",
             "engine": engine, "backend": result.platform, "devices": result.devices, "steps": steps, "lr": lr,
             "status": "OK" if result.max_rel_diff <= TOLERANCE else "MISMATCH", "objective": result.max_rel_diff,

@@ -101,8 +101,14 @@ def test_two_stage_two_way_data_parallel_3d_plan_trains_on_four_processes(tmp_pa
     assert main([command, "--plan", str(plan), "--steps", "3", count, "4"]) == 0
     out = capsys.readouterr().out
     assert f"2 stages of gpu=2 on {where}" in out and "max relative difference" in out
-    losses = [float(line.split()[1]) for line in out.splitlines() if line.strip()[:1].isdigit()]
+    losses = [float(line.split()[1]) for line in out.splitlines() if line[:4].strip().isdigit()]
     assert len(losses) == 3 and losses[-1] < losses[0]
+    if command == "run-torch":  # the counted bytes: stage axis, sends, tied copies, each as the 3D model says
+        rows = {line.split()[0]: float(line.split()[-1].rstrip("%")) for line in out.splitlines()
+                if line.startswith("  ") and line.split()[0] in ("total", "gpu", "pp", "tied")}
+        assert set(rows) == {"total", "gpu", "pp", "tied"} and max(rows.values()) < 5.0, out
+    else:
+        assert "CommDebugMode" not in out
 
 
 def test_launch_retries_a_taken_port_and_names_other_errors(monkeypatch, tmp_path):

@@ -176,15 +176,21 @@ def _train_3d(args: argparse.Namespace, data: dict, train, count_given: int | No
     full, micro = api.resolve_model(model, micro_batch * count, seq), api.resolve_model(model, micro_batch, seq)
     operators = data["operators"]
     axes = tuple(operators[0]["strategy"]) if operators else ()
-    run = train(full, micro, {o["name"]: int(o["stage"]) for o in operators},
-                            {o["name"]: tuple(o["strategy"].get(a) for a in axes) for o in operators}, axes, stage_shape,
-                            int(pipe["stages"]), count, steps=args.steps, lr=args.lr, seed=args.seed)
+    stage_of = {o["name"]: int(o["stage"]) for o in operators}
+    strategies = {o["name"]: tuple(o["strategy"].get(a) for a in axes) for o in operators}
+    run = train(full, micro, stage_of, strategies, axes, stage_shape, int(pipe["stages"]), count, steps=args.steps,
+                lr=args.lr, seed=args.seed)
     lines = [f"plan {args.plan}: {micro.name}, {pipe['stages']} stages of {pipe['stage_mesh']} on {nproc} {run.platform} "
              f"{what}, {count} micro-batches of {micro_batch} (GPipe order), SGD lr {args.lr:g}",
              f"{'step':>4s} {'loss (mesh)':>16s} {'loss (1 device)':>16s} {'rel diff':>10s}"]
     lines += [f"{k:4d} {a:16.6f} {b:16.6f} {abs(a - b) / max(abs(b), 1e-30):10.2e}"
               for k, (a, b) in enumerate(zip(run.losses, run.reference))]
     lines.append(f"max relative difference {run.max_rel_diff:.2e} (tolerance {args.tolerance:g})")
+    if run.transfers:  # torch counts its collectives; the JAX pipeline's are not counted
+        lines.append("bytes sent in one step by one device of each stage (summed), cost model vs CommDebugMode:")
+        lines += [f"  {c.axes:12s} {c.predicted:14,.0f} {c.compiled:14,.0f} {c.rel_error:8.2%}" for c in
+                  run.pipeline_comparison(micro, stage_of, strategies, api.make_cluster(pipe["stage_mesh"]).mesh,
+                                          int(pipe["stages"]), count)]
     _emit("\n".join(lines), args)
     if run.max_rel_diff > args.tolerance:
         print(f"planner: {command}: losses differ from the one-process run beyond the tolerance", file=sys.stderr)

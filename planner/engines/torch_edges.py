@@ -51,6 +51,7 @@ class PlannedEdge:
     layout: tuple
     counter: object = None
     param: bool = False  # a parameter: its gradient is first reduced where it is read (see backward)
+    defer: bool = False  # a parameter whose reduction waits for the step's last micro-batch (3D plans)
 
     def apply(self, local):
         """The consumer's block; its gradient comes back to the producer by the transposed steps."""
@@ -141,6 +142,12 @@ class PlannedEdge:
         return value
 
 
+def reduce_deferred(edge: PlannedEdge, grad):
+    """The gradient a deferred parameter edge left Partial, reduced as the cost model's one
+    gradient all-reduce per step (the reader's layout is the stored one: nothing else moves)."""
+    return edge.move(grad.contiguous(), gradient_layout(edge.layout), forward_layout(edge.layout))
+
+
 class _EdgeFunction(torch.autograd.Function):
     """Forward: the edge's steps; backward: the transposed edge's steps on the gradient."""
 
@@ -152,6 +159,8 @@ class _EdgeFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         edge = ctx.edge
+        if edge.param and edge.defer:  # still Partial: summed over micro-batches, reduced once (reduce_deferred)
+            return grad.contiguous(), None
         if edge.param:
             # The cost model reduces a parameter's gradient where it is read (the reader's gradient
             # all-reduce over the axes it is Partial on), then a tied read's gradient goes to the

@@ -73,21 +73,25 @@ def main(argv: list[str] | None = None) -> int:
     mesh = init_device_mesh("cpu", (p,) + shape, mesh_dim_names=("pp",) + names)[names]
     coord = tuple(int(c) for c in np.unravel_index(rank % size, shape))
     tied = _tied_groups(micro, stage_of, p, size, dist)
-    losses = _train(full, micro, stage_of, job, mesh, shape, coord, rank // size, p, size, tied, dist)
+    losses, transfers = _train(full, micro, stage_of, job, mesh, shape, coord, rank // size, p, size, tied, dist)
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, transfers if rank % size == 0 else [])  # one device of each stage
     if rank == (p - 1) * size:
         from planner.outputs import write_json
-        write_json(out_path, {"losses": losses, "transfers": [], "backend": "gloo"})
+        write_json(out_path, {"losses": losses, "transfers": [t for part in every for t in part], "backend": "gloo"})
     dist.barrier()
     dist.destroy_process_group()
     return 0
 
 
 def _train(full, micro, stage_of, job, mesh, shape, coord, stage, p, size, tied, dist):
+    """SGD steps of this rank's stage; (per-step losses, the collectives of step 0 on this rank)."""
     import torch
 
     from planner.cluster.mesh import Mesh, MeshAxis
     from planner.engines.export import export_plan
-    from planner.engines.torch_worker import _block, replicated_loss, run_ops
+    from planner.engines.torch_edges import PlannedEdge, reduce_deferred
+    from planner.engines.torch_worker import _block, counting_mode
     from planner.engines.train_torch import _feeds
     strategies = {k: tuple(v) for k, v in job["strategies"].items()}
     exported = export_plan(micro, strategies, Mesh(tuple(MeshAxis(n, s, 1.0, 0.0) for n, s in zip(mesh.mesh_dim_names, shape))))
@@ -96,52 +100,94 @@ def _train(full, micro, stage_of, job, mesh, shape, coord, stage, p, size, tied,
     mine = {o.tensor for op in ops for o in op.inputs if micro.tensor(o.tensor).role == "param"}
     leaf = dict(exported.leaves)
     params = {n: _block(feeds[n], leaf[n], shape, coord).requires_grad_(True) for n in sorted(mine)}
-    crossing = crossing_tensors(micro, stage_of, p)
-    count, b = int(job["num_microbatches"]), micro.tensors[0].shape[0]
-    data = [t.name for t in micro.tensors if t.role == "data"]
-    layouts = {micro.operator(op).outputs[k].tensor: lay for op, k, lay in exported.outputs}
-    rank = dist.get_rank()
-    losses = []
-    for _ in range(job["steps"]):
-        kept, total = [], 0.0
-        for m in range(count):
-            batch = {n: feeds[n][m * b:(m + 1) * b] for n in data}
-            produced = {n: (v, leaf[n]) for n, v in params.items()}
-            inputs = []
-            if stage > 0:
-                for name in crossing[stage - 1]:
-                    block = _received(micro, name, layouts[name], shape, coord, rank - size, dist)
-                    produced[name] = (block, layouts[name])
-                    inputs.append(block)
-            run_ops(micro, ops, strategies, exported, mesh, shape, coord, batch, produced)
-            if stage < p - 1:
-                outs = [produced[name][0] for name in crossing[stage]]
-                for block in outs:
-                    dist.send(block.detach().contiguous(), rank + size)
-                kept.append((inputs, outs))
-            else:
-                loss = replicated_loss(micro, mesh, shape, produced)
-                total += float(loss.detach())
-                kept.append((inputs, [loss]))
-        for m in reversed(range(count)):
-            inputs, outs = kept[m]
-            if stage == p - 1:
-                outs[0].backward()
-            else:
-                grads = [torch.empty_like(block) for block in outs]
-                for g in grads:
-                    dist.recv(g, rank + size)
-                torch.autograd.backward(outs, grads)
-            for block in inputs:
-                dist.send(block.grad if block.grad is not None else torch.zeros_like(block), rank - size)
-        for name, group in sorted(tied.items()):
+    deferred = _deferred(micro, ops, exported, leaf)
+    groups = {mesh.get_group(name).group_name: ((name,), dist.get_process_group_ranks(mesh.get_group(name)))
+              for name in mesh.mesh_dim_names}
+    run = dict(micro=micro, ops=ops, strategies=strategies, exported=exported, mesh=mesh, shape=shape, coord=coord,
+               stage=stage, p=p, size=size, dist=dist, params=params, leaf=leaf, feeds=feeds, defer=frozenset(deferred),
+               count=int(job["num_microbatches"]), crossing=crossing_tensors(micro, stage_of, p))
+    losses, transfers = [], []
+    for step in range(job["steps"]):
+        mode = counting_mode(groups)
+        with mode:
+            total = _micro_batches(run, mode)
+            for name, layout in sorted(deferred.items()):
+                edge = PlannedEdge(mesh, tuple(micro.tensor(name).shape), shape, leaf[name], layout, mode, True, True)
+                params[name].grad = reduce_deferred(edge, params[name].grad)
+        for name, group in sorted(tied.items()):  # outside the mode: c10d's own all-reduce, recorded here
             dist.all_reduce(params[name].grad, group=group)
+            grad = params[name].grad
+            mode.transfers.append(("all_reduce", ("tied",), float(grad.numel() * grad.element_size())))
+        if step == 0:
+            transfers = [(k, list(a), n) for k, a, n in mode.transfers]
         with torch.no_grad():
             for value in params.values():
                 value -= job["lr"] * value.grad
                 value.grad = None
         losses.append(total)
-    return losses
+    return losses, transfers
+
+
+def _deferred(micro, ops, exported, leaf) -> dict:
+    """Parameters read once on this stage, in the layout they are kept in: their gradients stay
+    Partial over the micro-batches and are reduced once per step, as the 3D cost model syncs them
+    (its 'grad' phase). A parameter read twice on a stage reduces at every micro-batch instead."""
+    from planner.cost.strategy import forward_layout
+    inputs = {(op, slot): layout for op, slot, layout in exported.inputs}
+    reads: dict[str, list] = {}
+    for op in ops:
+        for slot, o in enumerate(op.inputs):
+            if micro.tensor(o.tensor).role == "param":
+                reads.setdefault(o.tensor, []).append(inputs[(op.name, slot)])
+    return {n: lays[0] for n, lays in sorted(reads.items())
+            if len(lays) == 1 and tuple(forward_layout(lays[0])) == tuple(leaf[n])}
+
+
+def _micro_batches(run: dict, mode) -> float:
+    """Every micro-batch forward, then every backward (GPipe); the sends are recorded as p2p."""
+    import torch
+
+    from planner.engines.torch_worker import replicated_loss, run_ops
+    micro, stage, p, size, dist = run["micro"], run["stage"], run["p"], run["size"], run["dist"]
+    layouts = {micro.operator(op).outputs[k].tensor: lay for op, k, lay in run["exported"].outputs}
+    b, rank = micro.tensors[0].shape[0], dist.get_rank()
+    data = [t.name for t in micro.tensors if t.role == "data"]
+
+    def send(block, to):
+        dist.send(block, to)
+        mode.transfers.append(("p2p", ("pp",), float(block.numel() * block.element_size())))
+    kept, total = [], 0.0
+    for m in range(run["count"]):
+        batch = {n: run["feeds"][n][m * b:(m + 1) * b] for n in data}
+        produced = {n: (v, run["leaf"][n]) for n, v in run["params"].items()}
+        inputs = []
+        for name in run["crossing"][stage - 1] if stage > 0 else ():
+            block = _received(micro, name, layouts[name], run["shape"], run["coord"], rank - size, dist)
+            produced[name] = (block, layouts[name])
+            inputs.append(block)
+        run_ops(micro, run["ops"], run["strategies"], run["exported"], run["mesh"], run["shape"], run["coord"], batch,
+                produced, mode, run["defer"])
+        if stage < p - 1:
+            outs = [produced[name][0] for name in run["crossing"][stage]]
+            for block in outs:
+                send(block.detach().contiguous(), rank + size)
+            kept.append((inputs, outs))
+        else:
+            loss = replicated_loss(micro, run["mesh"], run["shape"], produced)
+            total += float(loss.detach())
+            kept.append((inputs, [loss]))
+    for m in reversed(range(run["count"])):
+        inputs, outs = kept[m]
+        if stage == p - 1:
+            outs[0].backward()
+        else:
+            grads = [torch.empty_like(block) for block in outs]
+            for g in grads:
+                dist.recv(g, rank + size)
+            torch.autograd.backward(outs, grads)
+        for block in inputs:
+            send(block.grad if block.grad is not None else torch.zeros_like(block), rank - size)
+    return total
 
 
 def _received(micro, name, layout, shape, coord, source, dist):

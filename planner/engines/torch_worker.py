@@ -141,11 +141,13 @@ def replicated_loss(graph, mesh, shape, produced):
     return loss.redistribute(mesh, [Replicate()] * len(shape)).to_local()
 
 
-def run_ops(graph, ops, strategies, exported, mesh, shape, coord, feeds, produced, counter=None) -> None:
+def run_ops(graph, ops, strategies, exported, mesh, shape, coord, feeds, produced, counter=None,
+            defer: frozenset = frozenset()) -> None:
     """Run ``ops`` on this rank's blocks; ``produced`` maps each tensor to (local block, layout) and
     gains the outputs. Data are read from ``feeds`` (whole tensors) in the layout each consumer reads.
     Every edge moves its tensor by the cost model's steps (``PlannedEdge``); ``counter`` is the
-    counting mode, told about DTensor's CPU fallback for all-to-all."""
+    counting mode, told about DTensor's CPU fallback for all-to-all. The parameters in ``defer`` keep
+    their gradients Partial (``torch_edges.reduce_deferred`` reduces them once per step)."""
     from planner.cost.strategy import forward_layout
     from planner.engines import torch_xp
     from planner.engines.torch_edges import PlannedEdge
@@ -161,7 +163,7 @@ def run_ops(graph, ops, strategies, exported, mesh, shape, coord, feeds, produce
                 continue
             local, src = produced[operand.tensor]
             edge = PlannedEdge(mesh, tuple(graph.tensor(operand.tensor).shape), shape, src, layout, counter,
-                               graph.tensor(operand.tensor).role == "param")
+                               graph.tensor(operand.tensor).role == "param", operand.tensor in defer)
             args.append(edge.apply(local))
         outs = _run_local(op, strategies[op.name], args, shape, coord, run_operator, torch_xp, _gathered_dims)
         for operand, (local, layout) in zip(op.outputs, outs):

@@ -71,7 +71,8 @@ def train_3d_on_torch(full, micro, stage_of: dict, strategies: dict, axis_names:
                                      num_microbatches, steps, lr, seed))
         _launch(nproc, "planner.engines.torch_pipeline", job, out, timeout_s)
         result = json.loads(out.read_text())
-    return TrainRun(tuple(result["losses"]), tuple(reference_losses(full, steps, lr, seed)), nproc, result["backend"])
+    return TrainRun(tuple(result["losses"]), tuple(reference_losses(full, steps, lr, seed)), nproc, result["backend"],
+                    "", tuple((k, tuple(a), n) for k, a, n in result["transfers"]))
 
 
 def train_module_plan(path: str, nproc: int, *, steps: int = 5, lr: float = 1e-4, seed: int = 0,

@@ -87,6 +87,52 @@ def predicted_collectives(graph: Graph, strategies: dict[str, Strategy], mesh: M
     return [(c.kind, (mesh.names[c.axis],), c.nbytes) for c in record.comm if c.axis >= 0 and c.nbytes > 0]
 
 
+def predicted_pipeline_collectives(micro: Graph, stage_of: dict[str, int], strategies: dict[str, Strategy],
+                                   mesh: Mesh, stages: int, num_microbatches: int,
+                                   settings: TrainingSettings = VERIFY_SETTINGS) -> list[Transfer]:
+    """What the 3D cost model charges one device of each stage in one step, summed over the stages:
+    the stage plan's terms (forward and backward once per micro-batch, the gradient sync once; an
+    edge runs on its consumer's stage), each crossing tensor sent forward and its gradient sent back
+    per micro-batch (``p2p`` on ``pp``, a device's share by ``send_split``), and the all-reduce of
+    the copies of a parameter read on several stages (``tied``)."""
+    from planner.engines.torch_pipeline import crossing_tensors
+    from planner.pipeline.layer_costs import send_split
+    chosen = [strategies[op.name] for op in micro.operators]
+    terms = plan_terms(micro, mesh, SYMBOLIC, settings, chosen)
+    out: list[Transfer] = []
+    for record in terms.records():
+        out += [(c.kind, (mesh.names[c.axis],), c.nbytes * (num_microbatches if c.phase in ("fwd", "bwd") else 1))
+                for c in record.comm if c.axis >= 0 and c.nbytes > 0]
+    made = {o.tensor: (op, k) for op in micro.operators for k, o in enumerate(op.outputs)}
+    for names in crossing_tensors(micro, stage_of, stages):
+        for name in names:
+            op, k = made[name]
+            share = math.prod(micro.tensor(name).shape) * settings.elem_bytes / send_split(
+                output_layouts(op, strategies[op.name])[k], mesh)
+            out.append(("p2p", ("pp",), 2 * num_microbatches * share))
+    for name, readers in _stages_reading(micro, stage_of).items():
+        if len(readers) > 1:
+            layout = _first_layout(micro, name, strategies)
+            nbytes = math.prod(micro.tensor(name).shape) * settings.grad_bytes / shard_factor(layout, mesh.shape)
+            out += [("all_reduce", ("tied",), nbytes)] * len(readers)
+    return out
+
+
+def _stages_reading(graph: Graph, stage_of: dict[str, int]) -> dict[str, set[int]]:
+    out: dict[str, set[int]] = {}
+    for op in graph.operators:
+        for o in op.inputs:
+            if graph.tensor(o.tensor).role == "param":
+                out.setdefault(o.tensor, set()).add(stage_of[op.name])
+    return out
+
+
+def _first_layout(graph: Graph, tensor: str, strategies: dict[str, Strategy]):
+    from planner.cost.strategy import forward_layout, input_layout
+    op, slot = next((op, k) for op in graph.operators for k, o in enumerate(op.inputs) if o.tensor == tensor)
+    return forward_layout(input_layout(op, slot, strategies[op.name], True))
+
+
 def wire_bytes(kind: str, axes: tuple[str, ...], nbytes: float, sizes: dict[str, int]) -> dict[str, float]:
     """Bytes one device sends, per mesh axis: (p-1)/p n, twice for an all-reduce, n for p2p.
 

@@ -42,7 +42,7 @@ def cost_layers(graph: Graph, mesh: Mesh, profile: MachineProfile, settings: Tra
                 strategies: dict[str, Strategy]) -> dict[str, np.ndarray]:
     """Per-layer costs of a fixed intra-operator plan: time per micro-batch, gradient sync, memory,
     and the bytes per device of the activations leaving each layer (each tensor once per boundary,
-    split over the stage's devices by ``_send_split``). An edge belongs to its consumer's layer."""
+    split over the stage's devices by ``send_split``). An edge belongs to its consumer's layer."""
     infos = operand_infos(graph, settings)
     layer = layer_of(graph)
     n = max(layer) + 1
@@ -60,7 +60,7 @@ def cost_layers(graph: Graph, mesh: Mesh, profile: MachineProfile, settings: Tra
             info = infos[graph.operators[dst].name][slot]
             k = next(k for k, o in enumerate(graph.operators[src].outputs) if o.tensor == operand.tensor)
             layout = output_layouts(graph.operators[src], chosen[src])[k]
-            out_bytes[layer[src]] += math.prod(info.shape) * info.elem_bytes / _send_split(layout, mesh)
+            out_bytes[layer[src]] += math.prod(info.shape) * info.elem_bytes / send_split(layout, mesh)
     summed: dict[tuple[int, ...], CostRecord] = {}  # identical layers hold the same (cached) term objects
     records = []
     for layer_terms in per_layer:
@@ -126,7 +126,7 @@ def _tied_reads(graph: Graph, infos, layer: list[int]) -> tuple[tuple[int, int, 
                  and owner.get(op.inputs[slot].tensor, layer[i]) != layer[i])
 
 
-def _send_split(layout, mesh: Mesh) -> int:
+def send_split(layout, mesh: Mesh) -> int:
     """How many devices share one stage-to-stage send: its shards, and on every axis where the
     tensor is replicated a scatter before the send and a gather after it (Megatron-LM's
     scatter/gather optimisation: each tensor-parallel rank sends 1/t; the gather runs on NVLink
