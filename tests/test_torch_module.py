@@ -83,11 +83,11 @@ def test_jax_file_holds_the_plan_specs(root):
     assert plan.MESH_SHAPE == (2, 4) and plan.ACTIVATION_SPECS
 
 
-def _zero3_dp(root: Path) -> Path:
-    graph, plan, out = root / "gpt2-4-graph.json", root / "z3dp.json", root / "z3dp.py"
+def _zero3_dp(root: Path, mesh: str = "4") -> Path:
+    graph, plan, out = root / "gpt2-4-graph.json", root / f"z3dp-{mesh}.json", root / f"z3dp-{mesh}.py"
     if not graph.exists():
         assert main(["import-torch", GPT2, "--loss", "cross_entropy", "--json", str(graph), "-q"]) == 0
-    assert main(["plan", "--model", str(graph), "--mesh", "4", "--method", "dp", "--zero", "3", "--json", str(plan),
+    assert main(["plan", "--model", str(graph), "--mesh", mesh, "--method", "dp", "--zero", "3", "--json", str(plan),
                  "-q"]) == 0
     assert main(["export", "--plan", str(plan), "--target", "torch", "--out", str(out), "-q"]) == 0
     return out
@@ -100,13 +100,18 @@ def test_zero3_data_parallel_plan_is_fully_shard(root):
 
 
 @pytest.mark.slow
-def test_fully_shard_plan_trains_like_one_process(root):
-    """FSDP2 on gloo (sum reductions, gradients summed): 3 steps = one process within 1e-4; the
-    collectives are FSDP2's parameter all-gathers and gradient reduce-scatters."""
+@pytest.mark.parametrize("mesh,nproc", [("4", 4), ("2x4", 8)])
+def test_fully_shard_plan_trains_like_one_process(root, mesh, nproc):
+    """FSDP2 on gloo (sum reductions, gradients summed): 3 steps = one process within 1e-4. On 4
+    processes the collectives are FSDP2's parameter all-gathers and gradient reduce-scatters; on
+    2x4 (ZeRO-3 over both axes: FSDP2 on the flattened mesh) they are not attributed to an axis."""
     from planner.engines.train_torch import train_module_plan
-    run = train_module_plan(str(_zero3_dp(root)), 4, steps=3)
+    path = _zero3_dp(root, mesh)
+    assert ('mesh._flatten("dp")' in path.read_text()) and load_plan_file(str(path)).FULLY_SHARD_MODULES
+    run = train_module_plan(str(path), nproc, steps=3)
     assert run.max_rel_diff < 1e-4 and run.losses[-1] < run.losses[0]
-    assert {kind for kind, _, _ in run.transfers} == {"all_gather", "reduce_scatter"}
+    if nproc == 4:
+        assert {kind for kind, _, _ in run.transfers} == {"all_gather", "reduce_scatter"}
 
 
 def test_zero3_plan_refused(root, capsys):

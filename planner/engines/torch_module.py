@@ -15,11 +15,13 @@ What the file holds, from the plan's layouts (``planner.engines.export``):
 The module then runs in DTensor: the placements above are the plan's, the activations between them
 are what DTensor's sharding propagation derives (so its collectives can differ from the cost
 model's edges; ``planner run-torch --plan PLAN.json`` runs every edge as the plan says).
-- ``FULLY_SHARD_MODULES``: a ZeRO-3 plan that is data parallel on a 1-D mesh runs as FSDP2:
+- ``FULLY_SHARD_MODULES``: a ZeRO-3 plan that is data parallel (no parameter split) runs as FSDP2:
   ``fully_shard`` on every block of the module's ``ModuleList``s, then the root, gradients summed
-  (the loss is a sum over the batch); the inputs are then each rank's batch block.
+  (the loss is a sum over the batch); the inputs are then each rank's batch block. On a 2-D mesh the
+  cost model shards over every axis, so FSDP2 runs on the flattened mesh (not HSDP).
 Not exported (refused with a one-line reason): 3D plans (``torch.distributed.pipelining`` stages),
-other ZeRO-3 plans (tensor parallel or 2-D meshes), plans whose graph was not imported from a module.
+ZeRO-3 plans that split a parameter (FSDP2 composed with tensor-parallel styles is not built), plans
+whose graph was not imported from a module.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ PARALLELIZE_PLAN = {{{styles}
 # every other parameter: DTensor placements, one per mesh dim
 PARAM_PLACEMENTS = {{{placements}
 }}
-# ZeRO-3 (a data-parallel plan): FSDP2's fully_shard on these blocks, then the root; the inputs are
+# ZeRO-3 (a data-parallel plan): FSDP2's fully_shard on these blocks (on a 2-D mesh: flattened), then the root; the inputs are
 # then this rank's local batch (INPUT_PLACEMENTS' block) and the loss a local sum
 FULLY_SHARD_MODULES = {fully_shard!r}
 # the module's inputs and labels
@@ -69,6 +71,8 @@ def parallelize(model, mesh):
     from torch.distributed.tensor.parallel import parallelize_module
     if FULLY_SHARD_MODULES:
         from torch.distributed.fsdp import FSDPModule, fully_shard
+        if mesh.ndim > 1:  # ZeRO-3 over every axis: one flat data-parallel mesh (torchtitan's dp mesh)
+            mesh = mesh._flatten("dp")
         for name in FULLY_SHARD_MODULES:
             fully_shard(model.get_submodule(name), mesh=mesh)
         fully_shard(model, mesh=mesh)
@@ -153,10 +157,10 @@ def module_plan(graph, strategies: dict, mesh, spec: str, loss: str, title: str,
         raise SettingsError(f"--target torch: ZeRO stages per layer (zero {zero!r}) are not exported")
     if fsdp:
         sharded = sorted(n for n, lay in leaves.items() if graph.tensor(n).role == "param" and set(lay) != {REPLICATE})
-        if len(mesh.shape) != 1 or sharded:
-            why = f"parameter {sharded[0]!r} is split" if sharded else f"the mesh {mesh.spec} has {len(mesh.shape)} axes"
+        if sharded:
             raise SettingsError(f"--target torch: a ZeRO-3 plan is exported as fully_shard only when it is data "
-                                f"parallel on a 1-D mesh ({why}); planner run-torch --plan PLAN.json runs it as planned")
+                                f"parallel (parameter {sharded[0]!r} is split); planner run-torch --plan PLAN.json "
+                                "runs it as planned")
     by_owner = {owner: fqn for fqn, (_, owner) in params.items() if fqn in leaves}
     missing = sorted(t.name for t in graph.tensors if t.role == "param" and t.name not in params)
     if missing:
