@@ -138,3 +138,10 @@ def test_launch_retries_a_taken_port_and_names_other_errors(monkeypatch, tmp_pat
     with pytest.raises(VerifyError, match="ValueError: bad input"):
         train_torch._launch(2, "m", tmp_path / "j", tmp_path / "o", 10.0)
     assert len(calls) == 1
+    # a multi-line raise (DTensor's) and a chained exception: the message line, not 'raise RuntimeError('
+    chained = "\n".join(["[rank2]:     raise RuntimeError(", "[rank2]: RuntimeError: Cannot unflatten unevenly sharded",
+                          "[rank2]: The above exception was the direct cause of the following exception:",
+                          "[rank2]: RuntimeError: while running the step", "ChildFailedError:"])
+    monkeypatch.setattr(train_torch.subprocess, "run", fake([chained]))
+    with pytest.raises(VerifyError, match=r"\[rank2\]: RuntimeError: while running the step\)"):
+        train_torch._launch(2, "m", tmp_path / "j", tmp_path / "o", 10.0)

@@ -13,6 +13,11 @@ the same way (consumer's gradient layout -> the producer's gradient target), in 
 ``autograd.Function``, so every collective of the step, forward and backward, is DTensor's and
 follows the plan.
 
+A parameter's gradient is reduced where it is read, as the cost model charges it (the reader's
+gradient all-reduce over the axes it is Partial on), before a tied read's gradient moves to the
+owner's layout; in a 3D run it may stay Partial over the micro-batches and be reduced once per step
+(``defer``, ``reduce_deferred``), as the 3D model syncs gradients once.
+
 DTensor on CPU has no all-to-all (gloo): ``Shard(i) -> Shard(j)`` falls back to an all-gather and a
 local chunk (torch/distributed/tensor/_collective_utils.py, ``shard_dim_alltoall``). The counting
 mode is told, and records that step as the all-to-all DTensor issues on GPUs (the bytes of the local

@@ -54,6 +54,13 @@ PARALLELIZE_PLAN = {{{styles}
 # every other parameter: DTensor placements, one per mesh dim
 PARAM_PLACEMENTS = {{{placements}
 }}
+# the input and output of these weight modules, redistributed (forward pre-hook, forward hook) to the
+# plan's layouts: the module's own read, and the one its readers take; DTensor would otherwise keep
+# its propagation's layouts, and the gradients come back through the same redistributions
+MODULE_INPUT_PLACEMENTS = {{{module_inputs}
+}}
+OUTPUT_PLACEMENTS = {{{outputs}
+}}
 # ZeRO-3 (a data-parallel plan): FSDP2's fully_shard on these blocks (on a 2-D mesh: flattened), then the root; the inputs are
 # then this rank's local batch (INPUT_PLACEMENTS' block) and the loss a local sum
 FULLY_SHARD_MODULES = {fully_shard!r}
@@ -91,6 +98,14 @@ def parallelize(model, mesh):
             done[id(param)] = param if isinstance(param, DTensor) else torch.nn.Parameter(
                 distribute_tensor(param.data, mesh, placements))
         setattr(model.get_submodule(owner), leaf, done[id(param)])
+    for fqn, placements in MODULE_INPUT_PLACEMENTS.items():
+        model.get_submodule(fqn).register_forward_pre_hook(
+            lambda module, args, placements=placements:
+                (args[0].redistribute(mesh, placements), *args[1:]) if isinstance(args[0], DTensor) else args)
+    for fqn, placements in OUTPUT_PLACEMENTS.items():
+        model.get_submodule(fqn).register_forward_hook(
+            lambda module, args, out, placements=placements:
+                out.redistribute(mesh, placements) if isinstance(out, DTensor) else out)
     return model
 '''
 
@@ -109,14 +124,19 @@ class ModulePlan:
     predicted: tuple[tuple[str, float], ...]
     title: str
     fully_shard: tuple[str, ...] = ()  # ZeRO-3: the blocks fully_shard wraps (then the root)
+    outputs: tuple[tuple[str, str], ...] = ()  # (module path, placements its output is redistributed to)
+    module_inputs: tuple[tuple[str, str], ...] = ()  # (module path, placements its input is redistributed to)
 
     def render(self) -> str:
         """The plan as a Python file."""
         styles = "".join(f"\n    {name!r}: {style}," for name, style in self.styles)
         placements = "".join(f"\n    {name!r}: {value}," for name, value in self.placements)
+        outputs = "".join(f"\n    {name!r}: {value}," for name, value in self.outputs)
+        module_inputs = "".join(f"\n    {name!r}: {value}," for name, value in self.module_inputs)
         return TEMPLATE.format(title=self.title, module=self.module, loss=self.loss, names=self.axis_names,
                                shape=self.mesh_shape, styles=styles, placements=placements, inputs=self.inputs,
-                               predicted=dict(self.predicted), nproc=math.prod(self.mesh_shape), fully_shard=self.fully_shard)
+                               predicted=dict(self.predicted), nproc=math.prod(self.mesh_shape), fully_shard=self.fully_shard,
+                               outputs=outputs, module_inputs=module_inputs)
 
 
 def _source(layout) -> str:
@@ -166,7 +186,10 @@ def module_plan(graph, strategies: dict, mesh, spec: str, loss: str, title: str,
     if missing:
         raise SettingsError(f"--module: {spec} has no parameter {missing[0]!r} of the plan's graph "
                             f"({len(missing)} missing): export the plan of a graph imported from this module")
-    shared = {owner for fqn, (_, owner) in params.items() if fqn != owner}
+    # every path of a tensor two modules share (a tied embedding: the owner and its alias); a style
+    # would distribute the alias on its own and untie it
+    owners = {owner for fqn, (_, owner) in params.items() if fqn != owner}
+    shared = owners | {fqn for fqn, (_, owner) in params.items() if owner in owners}
     styles = _styles(graph, exported, linear, shared, leaves) if len(mesh.shape) == 1 and not fsdp else {}
     placements = []
     for fqn, (_, owner) in sorted(params.items()):
@@ -178,8 +201,43 @@ def module_plan(graph, strategies: dict, mesh, spec: str, loss: str, title: str,
     settings = TrainingSettings(dtype="fp32", optimizer="sgd", zero=3 if fsdp else 0, recompute=False)
     rows, _ = compare(predicted_collectives(graph, strategies, mesh, settings), [], dict(zip(mesh.names, mesh.shape)))
     predicted = tuple((row.axes, round(row.predicted, 1)) for row in rows if row.axes != "total")
+    module_inputs, outputs = ({}, {}) if fsdp else _module_layouts(graph, exported, set(styles), shared)
     return ModulePlan(spec, loss, tuple(mesh.names), tuple(mesh.shape), tuple(sorted(styles.items())),
-                      tuple(placements), inputs, predicted, title, blocks if fsdp else ())
+                      tuple(placements), inputs, predicted, title, blocks if fsdp else (),
+                      tuple(sorted(outputs.items())), tuple(sorted(module_inputs.items())))
+
+
+def _module_layouts(graph, exported, styled: set, shared: set) -> tuple[dict[str, str], dict[str, str]]:
+    """Per weight module without a style (GPT-2's Conv1D, a Linear no style fits): the layout the plan
+    reads its input in, and the one its output's readers all take (past the module's own reshapes),
+    as placements source: (inputs, outputs)."""
+    from planner.cost.strategy import PARTIAL, forward_layout
+    inputs = {(op, slot): layout for op, slot, layout in exported.inputs}
+    readers: dict[str, list] = {}
+    producer = {o.tensor: op for op in graph.operators for o in op.outputs}
+    for op in graph.operators:
+        for slot, operand in enumerate(op.inputs):
+            readers.setdefault(operand.tensor, []).append((op, slot))
+    ins, outs = {}, {}
+    for op in graph.operators:
+        weight = next((o.tensor for o in op.inputs[1:] if o.tensor.endswith(".weight")
+                       and graph.tensor(o.tensor).role == "param"), None)
+        module = weight[: -len(".weight")] if weight else None
+        if module is None or module in styled or weight in shared or len(readers[weight]) != 1:
+            continue
+        first, tensor = op, op.inputs[0].tensor
+        if tensor in producer and producer[tensor].kind == "reshape" and len(readers[tensor]) == 1:
+            first = producer[tensor]  # the module flattens its input itself (Conv1D's view)
+        read = forward_layout(inputs[(first.name, 0)])
+        if graph.tensor(first.inputs[0].tensor).role == "activation":
+            ins[module] = _source(read)
+        tensor = op.outputs[0].tensor
+        while len(readers.get(tensor, ())) == 1 and readers[tensor][0][0].kind == "reshape":
+            tensor = readers[tensor][0][0].outputs[0].tensor
+        layouts = {forward_layout(inputs[(reader.name, slot)]) for reader, slot in readers.get(tensor, ())}
+        if len(layouts) == 1 and PARTIAL not in next(iter(layouts)):
+            outs[module] = _source(next(iter(layouts)))
+    return ins, outs
 
 
 def _input_layout(graph, leaves: dict, naxes: int):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -34,6 +35,9 @@ from planner.engines.xla import VerifyError
 # CommDebugMode's funcol ops -> (cost-model kind, the bytes n as the cost model counts them)
 KINDS = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
          "all_to_all_single": "all_to_all"}
+
+
+RANK_ERROR = re.compile(r"^\[rank\d+\]: [\w.]*(Error|Exception)\w*: \S")
 
 
 def _free_port() -> int:
@@ -106,11 +110,19 @@ def _launch(nproc: int, module: str, job: Path, out: Path, timeout_s: float, att
             return
         if not any(text in proc.stderr for text in PORT_TAKEN):
             break
-    lines = proc.stderr.strip().splitlines()
-    # a rank's own exception names the cause; torchrun's ChildFailedError comes last and does not
+    raise VerifyError(f"run-torch: the training run failed ({_cause(proc.stderr)})")
+
+
+def _cause(stderr: str) -> str:
+    """A rank's own exception line (``[rank0]: RuntimeError: message``, the last one: a chained
+    exception's first), else any line naming an error; torchrun's ChildFailedError names none."""
+    lines = stderr.strip().splitlines()
+    own = [line for line in lines if RANK_ERROR.match(line)]
+    if own:
+        return own[-1].strip()
     cause = [line for line in lines if line.startswith("[rank") and "Error" in line] or \
         [line for line in lines if "Error" in line] or lines or ["no output"]
-    raise VerifyError(f"run-torch: the training run failed ({cause[0 if cause[0].startswith('[rank') else -1].strip()})")
+    return cause[0 if cause[0].startswith("[rank") else -1].strip()
 
 
 def _feeds(graph, seed: int):
