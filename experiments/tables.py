@@ -175,7 +175,7 @@ def train_check(path: Path) -> str:
     close = {engine: f"{(rows['max_axis_rel_error'] <= 0.05).sum()} of {len(rows)}"
              for engine, rows in counted.groupby("engine")}
     what = {"jax": "JAX (XLA's compiled collectives)", "torch": "torch (CommDebugMode's count, the plan's edges)",
-            "torch-module": "torch-module (DTensor's propagation on the module: for information)"}
+            "torch-module": "torch-module (DTensor's propagation between the exported layouts: for information)"}
     return "\n".join(lines) + (f"\n\n{(d['status'] == 'OK').sum()} of {len(d)} runs match one device within 1e-4 at "
                                "every step. Within 5% of the predicted bytes on every mesh axis: "
                                + "; ".join(f"{what.get(e, e)} {c}" for e, c in sorted(close.items())) + ".")

@@ -12,6 +12,10 @@ What the file holds, from the plan's layouts (``planner.engines.export``):
   layout), applied with ``distribute_tensor``; a parameter shared by two modules (a tied embedding)
   is distributed once, in its owner's layout.
 - ``INPUT_PLACEMENTS``: the module's inputs (and labels) split on the batch where the plan splits it.
+- ``MODULE_INPUT_PLACEMENTS`` / ``OUTPUT_PLACEMENTS``: per weight module without a style, the layouts
+  its input and its output are redistributed to (forward pre-hook, forward hook): where the plan
+  reads the input, and where all readers of the output take it. Without them DTensor keeps its own
+  propagation's layouts (Megatron on 8 ranks then failed to unflatten 4 heads of a split ``c_attn``).
 The module then runs in DTensor: the placements above are the plan's, the activations between them
 are what DTensor's sharding propagation derives (so its collectives can differ from the cost
 model's edges; ``planner run-torch --plan PLAN.json`` runs every edge as the plan says).
