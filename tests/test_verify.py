@@ -137,3 +137,23 @@ def test_sum_loss_gradient_is_free_and_its_value_is_all_reduced(loss_dim, others
     if loss_dim == "b":
         assert kinds["all_reduce"][0] >= 4  # the fp32 scalar, at least
     assert "all_gather" not in kinds or others == "b"  # no gather of the loss gradient
+
+
+def test_pipeline_prediction_by_hand():
+    """Two stages of the MLP (ln, fc1, gelu | fc2, residual, loss), data parallel on 2 devices, 2
+    micro-batches of 4: the stage-to-stage sends are gelu (4x1024) and ln (4x256), fp32, each device
+    its half, both ways, per micro-batch; the gradient sync of the 4 parameters runs once per step;
+    the loss's scalar all-reduce once per micro-batch."""
+    from planner.api import make_cluster
+    from planner.engines.verify import predicted_pipeline_collectives
+    micro = load_model("mlp", batch=4)
+    stage_of = {name: 0 if name in ("ln", "fc1", "gelu") else 1 for name in (op.name for op in micro.operators)}
+    strategies = {op.name: ("b",) for op in micro.operators}
+    mesh = make_cluster("2", "a100-80g", float("inf")).mesh
+    got: dict = {}
+    for kind, axes, n in predicted_pipeline_collectives(micro, stage_of, strategies, mesh, 2, 2):
+        got[(kind, axes)] = got.get((kind, axes), 0.0) + n
+    assert got[("p2p", ("pp",))] == 2 * 2 * (4 * 1024 + 4 * 256) * 4 / 2
+    grads = (256 + 256 + 256 * 1024 + 1024 * 256) * 4
+    assert got[("all_reduce", (mesh.names[0],))] == grads + 2 * 4
+    assert set(got) == {("p2p", ("pp",)), ("all_reduce", (mesh.names[0],))}

@@ -58,17 +58,12 @@ class TrainRun:
         """A 3D run's counted bytes (one device of each stage, summed; ``mesh`` the stage mesh)
         against ``verify.predicted_pipeline_collectives``: per stage-mesh axis, ``pp`` (the sends)
         and ``tied`` (the all-reduce of a tied parameter's copies)."""
-        from planner.engines.verify import compare, predicted_pipeline_collectives
+        from planner.engines.verify import compare, predicted_pipeline_collectives, stages_reading
         predicted = predicted_pipeline_collectives(micro, stage_of, strategies, mesh, stages, num_microbatches)
-        copies = max((len(s) for s in _stage_sets(micro, stage_of)), default=1)
+        copies = max((len(s) for s in stages_reading(micro, stage_of).values()), default=1)
         rows, _ = compare(predicted, list(self.transfers), {**dict(zip(mesh.names, mesh.shape)), "pp": stages,
                                                              "tied": copies})
         return rows
-
-
-def _stage_sets(graph, stage_of: dict) -> list[set]:
-    from planner.engines.verify import _stages_reading
-    return list(_stages_reading(graph, stage_of).values())
 
 
 def _compare(graph, strategies: dict, mesh, observed: list) -> tuple:

@@ -110,7 +110,7 @@ def predicted_pipeline_collectives(micro: Graph, stage_of: dict[str, int], strat
             share = math.prod(micro.tensor(name).shape) * settings.elem_bytes / send_split(
                 output_layouts(op, strategies[op.name])[k], mesh)
             out.append(("p2p", ("pp",), 2 * num_microbatches * share))
-    for name, readers in _stages_reading(micro, stage_of).items():
+    for name, readers in stages_reading(micro, stage_of).items():
         if len(readers) > 1:
             layout = _first_layout(micro, name, strategies)
             nbytes = math.prod(micro.tensor(name).shape) * settings.grad_bytes / shard_factor(layout, mesh.shape)
@@ -118,7 +118,8 @@ def predicted_pipeline_collectives(micro: Graph, stage_of: dict[str, int], strat
     return out
 
 
-def _stages_reading(graph: Graph, stage_of: dict[str, int]) -> dict[str, set[int]]:
+def stages_reading(graph: Graph, stage_of: dict[str, int]) -> dict[str, set[int]]:
+    """Per parameter, the stages that read it (two or more: a tied parameter with a copy on each)."""
     out: dict[str, set[int]] = {}
     for op in graph.operators:
         for o in op.inputs:
