@@ -201,10 +201,12 @@ def compare(model: str | Graph, mesh: str | Mesh = "8", device: str | MachinePro
     return rows
 
 
-def _zoo_loader(model: str | Graph, seq: int | None):
-    if not isinstance(model, str) or model.endswith(".json"):
+def model_loader(model: str | Graph, seq: int | None):
+    """``batch -> graph``: a zoo model, or a graph JSON import-torch wrote (re-imported per batch)."""
+    if not isinstance(model, str):
         raise SettingsError("--model: pipeline planning needs a zoo model (the batch is re-built per micro-batch)")
-    return lambda b: resolve_model(model, b, seq)
+    from planner.engines.torch_presets import imported_loader
+    return imported_loader(model, seq) if model.endswith(".json") else lambda b: resolve_model(model, b, seq)
 
 
 def stage_planner(method: str = "exact", time_limit_s: float = 60.0, seed: int = 0, jobs: int = 1):
@@ -247,7 +249,7 @@ def plan_pipeline(model: str, mesh: str | Mesh | None = None, device: str | Mach
     if intra == "zero":
         settings = replace(settings, zero=3)
     cluster = make_cluster(mesh, profile, memory, devices)
-    load = _zoo_loader(model, seq)
+    load = model_loader(model, seq)
     global_batch = resolve_model(model, batch, seq).batch_size
     return threed.plan_pipeline(load, cluster.mesh, cluster.profile, global_batch, settings, cluster.memory_limit,
                                     schedule, method, degrees, counts, stage_planner(intra, time_limit_s, seed, jobs),
@@ -291,7 +293,7 @@ def layer_chain(model: str, mesh: str | Mesh, device: str | MachineProfile = "a1
     the exact intra-operator plan on the stage sub-mesh, re-costed at every micro-batch count
     that divides the batch (see ``planner.pipeline.threed``)."""
     cluster = make_cluster(mesh, device, float("inf"), hardware_csv=hardware_csv)
-    load = _zoo_loader(model, seq)
+    load = model_loader(model, seq)
     global_batch = resolve_model(model, batch, seq).batch_size
     sub = threed.stage_mesh(cluster.mesh, stages)
     found = threed.stage_chain(load, cluster.mesh, sub, cluster.profile, global_batch,
@@ -321,7 +323,7 @@ def evaluate_3d_file(data: dict, model: str, device: str | MachineProfile = "a10
     except (KeyError, TypeError, ValueError) as exc:
         raise SettingsError(f"{where}: field 'pipeline' lacks or mangles {exc}") from None
     cluster = make_cluster(data["mesh"], device, memory, hardware_csv=hardware_csv)
-    load = _zoo_loader(model, seq)
+    load = model_loader(model, seq)
     global_batch = resolve_model(model, batch, seq).batch_size
     if global_batch % count:
         raise SettingsError(f"{where}: num_microbatches {count} does not divide the batch {global_batch}")
@@ -378,9 +380,8 @@ def export_shardings(loaded: LoadedPlan, tensor_axis: str | None = None) -> dict
 
 def verify_loaded(loaded: LoadedPlan, *, run_numpy: bool = True, run_xla: bool = True, tolerance: float = 0.05,
                   devices: int | None = None, max_memory: float | None = None, run_torch: bool = False):
-    """Numpy executor and XLA checks of a loaded plan (``planner.engines.verify``). Refuses at once (one
-    line with the estimate) when the checks would need more than ``max_memory`` bytes (default:
-    half the machine's available memory)."""
+    """Numpy executor and XLA checks of a loaded plan (``planner.engines.verify``). Refuses at once (one line
+    with the estimate) when they would need more than ``max_memory`` bytes (default: half the free memory)."""
     from planner.engines.verify import check_memory, verify_plan
     if devices is not None and devices != loaded.mesh.num_devices:
         raise SettingsError(f"--devices: the plan's mesh {loaded.mesh.spec} has {loaded.mesh.num_devices} devices, not {devices}")

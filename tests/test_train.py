@@ -111,6 +111,24 @@ def test_two_stage_two_way_data_parallel_3d_plan_trains_on_four_processes(tmp_pa
         assert "CommDebugMode" not in out
 
 
+def test_imported_model_plans_and_trains_as_3d(tmp_path, capsys):
+    """The importer numbers layers by the module's blocks (``transformer.h.0``, ``.1``), so an imported
+    graph plans 3D (re-imported per micro-batch from its preset) and trains on gloo processes: the
+    losses equal one process and every axis (stage mesh, sends, tied copies) matches the 3D model."""
+    from planner.cli import main
+    graph, plan = tmp_path / "g.json", tmp_path / "p3.json"
+    assert main(["import-torch", SPEC, "--loss", "cross_entropy", "--json", str(graph), "-q"]) == 0
+    assert {op.layer for op in planner.load_graph(str(graph)).operators} == {None, 0, 1}
+    assert main(["plan", "--model", str(graph), "--mesh", "2x2", "--pipeline", "auto", "--pp", "2",
+                 "--num-microbatches", "2", "--dtype", "fp32", "--optimizer", "sgd", "--json", str(plan), "-q"]) == 0
+    capsys.readouterr()
+    assert main(["run-torch", "--plan", str(plan), "--steps", "2", "--nproc", "4"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: float(line.split()[-1].rstrip("%")) for line in out.splitlines()
+            if line.startswith("  ") and line.split()[0] in ("total", "gpu", "pp", "tied")}
+    assert set(rows) == {"total", "gpu", "pp", "tied"} and max(rows.values()) < 5.0, out
+
+
 def test_launch_retries_a_taken_port_and_names_other_errors(monkeypatch, tmp_path):
     """torchrun losing its port to another process is tried again on a new port; a rank's own error
     is reported at once, by the rank's line (not torchrun's closing ChildFailedError)."""

@@ -161,9 +161,9 @@ def _train_3d(args: argparse.Namespace, data: dict, train, count_given: int | No
     device_put between sub-meshes), the intra-operator plan inside each stage."""
     pipe, source = data["pipeline"], data.get("source") or {}
     model = args.model or source.get("model")
-    if not isinstance(model, str) or model.endswith(".json"):
+    if not isinstance(model, str):
         raise SettingsError(f"--plan: {args.plan}: a 3D run rebuilds the model at the micro-batch size: its 'source' "
-                            "must name a zoo model (or pass --model)")
+                            "must name a zoo model or an imported graph JSON (or pass --model)")
     if str(pipe.get("schedule", "")).startswith("interleaved"):
         raise SettingsError(f"--plan: {command} runs GPipe / 1F1B stages; interleaved chunks are not run yet")
     count, micro_batch = int(pipe["num_microbatches"]), int(pipe["micro_batch"])
@@ -173,7 +173,8 @@ def _train_3d(args: argparse.Namespace, data: dict, train, count_given: int | No
         raise SettingsError(f"{option}: the 3D plan needs {nproc} {what} ({pipe['stages']} stages of "
                             f"{pipe['stage_mesh']}), not {count_given}")
     seq = args.seq or source.get("seq")
-    full, micro = api.resolve_model(model, micro_batch * count, seq), api.resolve_model(model, micro_batch, seq)
+    load = api.model_loader(model, seq)  # a graph JSON from import-torch is re-imported at each batch
+    full, micro = load(micro_batch * count), load(micro_batch)
     operators = data["operators"]
     axes = tuple(operators[0]["strategy"]) if operators else ()
     stage_of = {o["name"]: int(o["stage"]) for o in operators}

@@ -98,17 +98,17 @@ def run_3d(job: dict) -> dict:
 
 
 def _train(job, micro, feeds, stages, meshes, exported, crossing, p):
+    from planner.engines.torch_pipeline import micro_batch
     from planner.engines.xla import data_copies
     leaf = dict(exported.leaves)
     layouts = {micro.operator(op).outputs[k].tensor: lay for op, k, lay in exported.outputs}
     params = [{n: _placed(feeds[n], meshes[k], leaf[n], exported) for n in stages[k][2]} for k in range(p)]
-    count, b = int(job["num_microbatches"]), micro.tensors[0].shape[0]
-    data = [t.name for t in micro.tensors if t.role == "data"]
+    count = int(job["num_microbatches"])
     losses = []
     for _ in range(job["steps"]):
         kept, total = [], 0.0
         for m in range(count):
-            batch = data_copies(micro, {n: feeds[n][m * b:(m + 1) * b] for n in data})
+            batch = data_copies(micro, micro_batch(micro, feeds, m))
             received, inputs = {}, []
             for k in range(p):
                 inputs.append(received)

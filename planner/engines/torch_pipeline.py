@@ -39,6 +39,15 @@ def crossing_tensors(micro, stage_of, p: int) -> list[list[str]]:
     return [sorted(names) for names in read_after[:-1]]
 
 
+def micro_batch(micro, feeds: dict, m: int) -> dict:
+    """The data of micro-batch ``m``: each data tensor that carries the batch (its first dim is the
+    micro-batch graph's batch) cut to its m-th block; the others (position ids, a mask shared by the
+    samples) whole."""
+    b = micro.batch_size
+    return {t.name: feeds[t.name][m * b:(m + 1) * b] if t.shape and t.shape[0] == b and feeds[t.name].shape[0] != b
+            else feeds[t.name] for t in micro.tensors if t.role == "data"}
+
+
 def _tied_groups(micro, stage_of, p: int, size: int, dist):
     """Per parameter read on several stages: this rank's group with its copies (all ranks create all)."""
     stages: dict[str, set[int]] = {}
@@ -150,15 +159,14 @@ def _micro_batches(run: dict, mode) -> float:
     from planner.engines.torch_worker import replicated_loss, run_ops
     micro, stage, p, size, dist = run["micro"], run["stage"], run["p"], run["size"], run["dist"]
     layouts = {micro.operator(op).outputs[k].tensor: lay for op, k, lay in run["exported"].outputs}
-    b, rank = micro.tensors[0].shape[0], dist.get_rank()
-    data = [t.name for t in micro.tensors if t.role == "data"]
+    rank = dist.get_rank()
 
     def send(block, to):
         dist.send(block, to)
         mode.transfers.append(("p2p", ("pp",), float(block.numel() * block.element_size())))
     kept, total = [], 0.0
     for m in range(run["count"]):
-        batch = {n: run["feeds"][n][m * b:(m + 1) * b] for n in data}
+        batch = micro_batch(micro, run["feeds"], m)
         produced = {n: (v, run["leaf"][n]) for n, v in run["params"].items()}
         inputs = []
         for name in run["crossing"][stage - 1] if stage > 0 else ():

@@ -125,3 +125,27 @@ def import_spec(spec: str, loss: str = "sum", allow_unknown: bool = False):
     from planner.engines.torch_import import import_module
     module, inputs, name = build_spec(spec)
     return import_module(module, inputs, name=name, allow_unknown=allow_unknown, loss=loss)
+
+
+def imported_loader(path: str, seq: int | None = None):
+    """For a graph JSON that ``import-torch`` wrote from a preset: ``batch -> graph`` re-imported at that
+    batch (and ``seq``), as pipeline planning and 3D runs rebuild the model per micro-batch."""
+    import json
+    from pathlib import Path
+
+    from planner.errors import SettingsError
+    try:
+        source = json.loads(Path(path).read_text()).get("torch_module")
+    except (OSError, ValueError, AttributeError):
+        source = None
+    spec = str(source.get("spec", "")) if isinstance(source, dict) else ""
+    if not spec.startswith("hf:"):
+        raise SettingsError(f"--model: {path}: pipeline planning re-builds the model per micro-batch: give a zoo "
+                            "model or a graph that import-torch wrote from an hf: preset")
+    family, model, opts = (spec.split(":", 2) + [""])[:3]
+    base = _options(opts, f"--model {path}")
+
+    def load(batch: int):
+        options = {**base, "batch": batch, **({"seq": seq} if seq else {})}
+        return import_spec(f"{family}:{model}:" + ",".join(f"{k}={v}" for k, v in options.items()), source.get("loss", "sum"))
+    return load

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -123,8 +124,10 @@ def _worker(module: str, job: Path, out: Path, devices: int, timeout_s: float) -
     proc = subprocess.run([sys.executable, "-m", module, str(job), str(out)], env=env, capture_output=True, text=True,
                           timeout=timeout_s)
     if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise VerifyError(f"run-jax: the training run failed ({last})")
+        lines = proc.stderr.strip().splitlines() or ["no output"]
+        # the exception's own line; JAX ends its tracebacks with a note on filtered frames
+        last = next((line for line in reversed(lines) if re.match(r"[\w.]*(Error|Exception)\w*: \S", line)), lines[-1])
+        raise VerifyError(f"run-jax: the training run failed ({last.strip()})")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,6 +21,8 @@ unsplittable (always replicated).
 
 from __future__ import annotations
 
+import re
+
 import operator as pyop
 
 from planner.engines.torch_import.handlers import handle
@@ -54,6 +56,16 @@ def import_module(module, example_inputs: tuple, *, name: str = "", allow_unknow
     return import_program(program, name or type(module).__name__.lower(), allow_unknown, loss)
 
 
+def _layer(imp: ImportState, node) -> int | None:
+    """The layer of a traced op: its outermost enclosing module that is an item of a container
+    (``transformer.h.3``, ``model.layers.0``), numbered in order of first appearance, so that two
+    containers (an encoder's and a decoder's blocks) do not share numbers; None outside them."""
+    for path, _ in (node.meta.get("nn_module_stack") or {}).values():
+        if re.fullmatch(r"(?:.*\.)?\w+\.\d+", path or ""):
+            return imp.layers.setdefault(path, len(imp.layers))
+    return None
+
+
 def import_program(program, name: str, allow_unknown: bool = False, loss: str = "sum") -> Graph:
     """Translate an ``ExportedProgram`` (see the module docstring for the conventions). ``loss``:
     ``sum`` of the first floating output, or ``cross_entropy`` of it (its last dim the classes)
@@ -66,7 +78,9 @@ def import_program(program, name: str, allow_unknown: bool = False, loss: str = 
         if node.op == "placeholder":
             _placeholder(imp, node, specs.get(node.name), node.name in used)
         elif node.op == "call_function":
+            imp.gb.layer = _layer(imp, node)
             _call(imp, node)
+    imp.gb.layer = None  # the loss and what follows the blocks belong to no layer
     outputs = [a for a in nodes if a.op == "output"][0].args[0]
     first = next((o for o in (outputs if isinstance(outputs, (list, tuple)) else [outputs])
                   if hasattr(o, "name") and imp.kind.get(imp.value.get(o.name)) == "activation"), None)

@@ -25,6 +25,7 @@ class ImportState:
         self.batch = 0  # dim 0 of the first user input: a leading dim of that size is the batch dim
         self.batch_dim = self.gb.batch_dim
         self.skip: set[str] = set()  # fx nodes a pattern handler has already written (MoE routing)
+        self.layers: dict[str, int] = {}  # module path of a container item (a block) -> its layer
 
     # ------------------------------------------------------------------ helpers
 
