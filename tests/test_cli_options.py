@@ -171,6 +171,8 @@ CASES = [
     ("export --tensor-axis --json", ["export", "--plan", "flat.json", "--tensor-axis", "node", "--json", "out.json"], 0,
      lambda t, c, o: _json(t)["parallelize_plan"]["mesh_axis"] == "node"),
     ("export 3D refused", ["export", "--plan", "p3.json"], 2, None),
+    ("export --target torch 3D of a zoo model", ["export", "--plan", "p3.json", "--target", "torch", "--out", "p.py"], 2,
+     None),
     ("export --target torch --out", ["export", "--plan", "tp.json", "--target", "torch", "--out", "p.py"], 0,
      lambda t, c, o: "ColwiseParallel(" in (t / "p.py").read_text() and f"MODULE = {LLAMA!r}" in (t / "p.py").read_text()),
     ("export --target jax --out", ["export", "--plan", "flat.json", "--target", "jax", "--out", "p.py"], 0,

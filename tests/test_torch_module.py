@@ -167,3 +167,35 @@ def test_exported_plan_trains_like_one_process(root, spec, mesh, tag):
     assert run.losses[-1] < run.losses[0]
     assert run.transfers  # DTensor ran collectives, counted per mesh axis
     assert {axes[0] for _, axes, _ in run.transfers} <= set(plan.MESH_DIM_NAMES)
+
+
+def _pipeline_file(root: Path, method: str) -> tuple[int, Path]:
+    graph, plan, out = root / "gpt2-4-graph.json", root / f"p3-{method}.json", root / f"p3-{method}.py"
+    if not graph.exists():
+        assert main(["import-torch", GPT2, "--loss", "cross_entropy", "--json", str(graph), "-q"]) == 0
+    assert main(["plan", "--model", str(graph), "--mesh", "2x2", "--pipeline", "auto", "--pp", "2", "--method", method,
+                 "--num-microbatches", "2", "--dtype", "fp32", "--optimizer", "sgd", "--json", str(plan), "-q"]) == 0
+    return main(["export", "--plan", str(plan), "--target", "torch", "--out", str(out), "-q"]), out
+
+
+def test_pipeline_plan_exports_pipelining_stages(root, capsys):
+    """A 3D plan of the imported GPT-2 (2 stages of 2 data-parallel devices) becomes pipelining stages:
+    cut before block 1, the plan's schedule and micro-batches, the tied head summed with the table.
+    Stages that split a parameter (the exact stage plan here) are refused with the reason."""
+    code, path = _pipeline_file(root, "dp")
+    plan = load_plan_file(str(path))
+    assert code == 0 and plan.SPLIT_POINTS == ("transformer.h.1",) and (plan.STAGES, plan.DATA_PARALLEL) == (2, 2)
+    assert plan.SCHEDULE == "1F1B" and plan.NUM_MICROBATCHES == 2
+    assert plan.TIED == (("transformer.wte.weight", "lm_head.weight"),)
+    code, path = _pipeline_file(root, "exact")
+    assert code == 2 and "data parallel" in capsys.readouterr().err and not path.exists()
+
+
+@pytest.mark.slow
+def test_pipelining_plan_trains_like_one_process(root):
+    """The exported stages on 4 gloo processes (torch.distributed.pipelining, 1F1B, gradients summed over
+    micro-batches, replicas and the tied copies): 3 steps equal one process within 1e-4."""
+    from planner.engines.train_torch import train_module_plan
+    _, path = _pipeline_file(root, "dp")
+    run = train_module_plan(str(path), 4, steps=3)
+    assert run.max_rel_diff < 1e-4 and run.losses[-1] < run.losses[0]

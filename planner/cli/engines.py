@@ -55,6 +55,8 @@ def _export_file(args: argparse.Namespace) -> int:
     if args.target == "jax" and args.module is not None:
         raise SettingsError("--module: only with --target torch")
     data = api.read_plan_file(args.plan)
+    if "pipeline" in data and args.target == "torch":
+        return _export_pipelining(args, data)
     loaded = api.load_plan(args.plan, args.model, args.batch, args.seq)
     title = (f"{loaded.graph.name} on {loaded.mesh.spec} ({data.get('method', '?')}, {data.get('status', '?')}, "
              f"{float(data.get('estimated_step_time_s') or 0) * 1e3:.3f} ms/step), from {args.plan}")
@@ -67,6 +69,19 @@ def _export_file(args: argparse.Namespace) -> int:
     from planner.outputs import write_text
     write_text(args.out, text, "--out")
     _emit(f"{args.target} plan of {loaded.graph.name} on {loaded.mesh.spec} -> {args.out}", args)
+    return EXIT_OK
+
+
+def _export_pipelining(args: argparse.Namespace, data: dict) -> int:
+    """A 3D plan as torch.distributed.pipelining stages of the imported module."""
+    from planner.engines.torch_pipelining import pipelining_plan
+    from planner.outputs import write_text
+    spec, loss = _torch_module(args, data)
+    pipe, source = data["pipeline"], data.get("source") or {}
+    micro = api.model_loader(args.model or source.get("model"), args.seq or source.get("seq"))(int(pipe["micro_batch"]))
+    title = f"{pipe['stages']} stages of {pipe['stage_mesh']}, {pipe['num_microbatches']} micro-batches, from {args.plan}"
+    write_text(args.out, pipelining_plan(data, micro, spec, loss, title), "--out")
+    _emit(f"torch pipelining plan of {micro.name}: {title} -> {args.out}", args)
     return EXIT_OK
 
 
@@ -138,21 +153,28 @@ def _train_module(args: argparse.Namespace) -> int:
     counted = {row.axes: row.compiled for row in rows}
     lines = [f"plan {args.plan}: {plan.MODULE} on {nproc} {run.platform} processes "
              f"({', '.join(f'{k}={v}' for k, v in sizes.items())}), "
-             f"{'fully_shard (FSDP2)' if getattr(plan, 'FULLY_SHARD_MODULES', ()) else 'parallelize_module + DTensor'}, "
+             f"{_kind_of(plan)}, "
              f"SGD lr {args.lr:g}",
              f"{'step':>4s} {'loss (mesh)':>16s} {'loss (1 device)':>16s} {'rel diff':>10s}"]
     lines += [f"{k:4d} {a:16.6f} {b:16.6f} {abs(a - b) / max(abs(b), 1e-30):10.2e}"
               for k, (a, b) in enumerate(zip(run.losses, run.reference))]
     lines.append(f"max relative difference {run.max_rel_diff:.2e} (tolerance {args.tolerance:g})")
-    lines.append("bytes sent per device in one step, cost model (the plan's edges) vs CommDebugMode counted "
-                 "(the engine's own choices between the exported placements):")
-    lines += [f"  {axis:12s} {float(plan.PREDICTED_BYTES.get(axis, 0.0)):14,.0f} {counted.get(axis, 0.0):14,.0f}"
-              for axis in plan.MESH_DIM_NAMES]
+    if hasattr(plan, "PREDICTED_BYTES"):  # a pipelining file's stages send point-to-point (not counted)
+        lines.append("bytes sent per device in one step, cost model (the plan's edges) vs CommDebugMode counted "
+                     "(the engine's own choices between the exported placements):")
+        lines += [f"  {axis:12s} {float(plan.PREDICTED_BYTES.get(axis, 0.0)):14,.0f} {counted.get(axis, 0.0):14,.0f}"
+                  for axis in plan.MESH_DIM_NAMES]
     _emit("\n".join(lines), args)
     if run.max_rel_diff > args.tolerance:
         print("planner: run-torch: losses differ from the one-process run beyond the tolerance", file=sys.stderr)
         return EXIT_MISMATCH
     return EXIT_OK
+
+
+def _kind_of(plan) -> str:
+    if hasattr(plan, "SPLIT_POINTS"):
+        return f"torch.distributed.pipelining ({plan.SCHEDULE}, {plan.NUM_MICROBATCHES} micro-batches per replica)"
+    return "fully_shard (FSDP2)" if getattr(plan, "FULLY_SHARD_MODULES", ()) else "parallelize_module + DTensor"
 
 
 def _train_3d(args: argparse.Namespace, data: dict, train, count_given: int | None, option: str, command: str,

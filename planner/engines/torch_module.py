@@ -23,8 +23,8 @@ model's edges; ``planner run-torch --plan PLAN.json`` runs every edge as the pla
   ``fully_shard`` on every block of the module's ``ModuleList``s, then the root, gradients summed
   (the loss is a sum over the batch); the inputs are then each rank's batch block. On a 2-D mesh the
   cost model shards over every axis, so FSDP2 runs on the flattened mesh (not HSDP).
-Not exported (refused with a one-line reason): 3D plans (``torch.distributed.pipelining`` stages),
-ZeRO-3 plans that split a parameter (FSDP2 composed with tensor-parallel styles is not built), plans
+3D plans are exported as ``torch.distributed.pipelining`` stages (``planner.engines.torch_pipelining``).
+Not exported (refused with a one-line reason): ZeRO-3 plans that split a parameter (FSDP2 composed with tensor-parallel styles is not built), plans
 whose graph was not imported from a module.
 """
 

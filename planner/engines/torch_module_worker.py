@@ -108,6 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     job = json.loads(Path(job_path).read_text())
     plan = load_plan_file(job["plan"])
     dist.init_process_group("gloo")
+    if hasattr(plan, "SPLIT_POINTS"):  # torch.distributed.pipelining stages (export of a 3D plan)
+        from planner.engines.torch_pipelining import run_worker
+        run_worker(plan, job, out_path)
+        dist.barrier()
+        dist.destroy_process_group()
+        return 0
     mesh = init_device_mesh("cpu", tuple(plan.MESH_SHAPE), mesh_dim_names=tuple(plan.MESH_DIM_NAMES))
     groups = {mesh.get_group(name).group_name: ((name,), dist.get_process_group_ranks(mesh.get_group(name)))
               for name in plan.MESH_DIM_NAMES}
