@@ -39,6 +39,16 @@ def crossing_tensors(micro, stage_of, p: int) -> list[list[str]]:
     return [sorted(names) for names in read_after[:-1]]
 
 
+def stages_reading(graph, stage_of: dict[str, int]) -> dict[str, set[int]]:
+    """Per parameter, the stages that read it (two or more: a tied parameter with a copy on each)."""
+    out: dict[str, set[int]] = {}
+    for op in graph.operators:
+        for o in op.inputs:
+            if graph.tensor(o.tensor).role == "param":
+                out.setdefault(o.tensor, set()).add(stage_of[op.name])
+    return out
+
+
 def micro_batch(micro, feeds: dict, m: int) -> dict:
     """The data of micro-batch ``m``: each data tensor that carries the batch (its first dim is the
     micro-batch graph's batch) cut to its m-th block; the others (position ids, a mask shared by the
@@ -50,11 +60,7 @@ def micro_batch(micro, feeds: dict, m: int) -> dict:
 
 def _tied_groups(micro, stage_of, p: int, size: int, dist):
     """Per parameter read on several stages: this rank's group with its copies (all ranks create all)."""
-    stages: dict[str, set[int]] = {}
-    for op in micro.operators:
-        for o in op.inputs:
-            if micro.tensor(o.tensor).role == "param":
-                stages.setdefault(o.tensor, set()).add(stage_of[op.name])
+    stages = stages_reading(micro, stage_of)
     mine = {}
     rank = dist.get_rank()
     for name in sorted(stages):

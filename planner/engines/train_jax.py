@@ -59,7 +59,8 @@ class TrainRun:
         """A 3D run's counted bytes (one device of each stage, summed; ``mesh`` the stage mesh)
         against ``verify.predicted_pipeline_collectives``: per stage-mesh axis, ``pp`` (the sends)
         and ``tied`` (the all-reduce of a tied parameter's copies)."""
-        from planner.engines.verify import compare, predicted_pipeline_collectives, stages_reading
+        from planner.engines.torch_pipeline import stages_reading
+        from planner.engines.verify import compare, predicted_pipeline_collectives
         predicted = predicted_pipeline_collectives(micro, stage_of, strategies, mesh, stages, num_microbatches)
         copies = max((len(s) for s in stages_reading(micro, stage_of).values()), default=1)
         rows, _ = compare(predicted, list(self.transfers), {**dict(zip(mesh.names, mesh.shape)), "pp": stages,
@@ -124,10 +125,23 @@ def _worker(module: str, job: Path, out: Path, devices: int, timeout_s: float) -
     proc = subprocess.run([sys.executable, "-m", module, str(job), str(out)], env=env, capture_output=True, text=True,
                           timeout=timeout_s)
     if proc.returncode != 0:
-        lines = proc.stderr.strip().splitlines() or ["no output"]
-        # the exception's own line; JAX ends its tracebacks with a note on filtered frames
-        last = next((line for line in reversed(lines) if re.match(r"[\w.]*(Error|Exception)\w*: \S", line)), lines[-1])
-        raise VerifyError(f"run-jax: the training run failed ({last.strip()})")
+        raise VerifyError(f"run-jax: the training run failed ({exception_line(proc.stderr)})")
+
+
+EXCEPTION = re.compile(r"^(\[rank\d+\]: )?[\w.]*(Error|Exception)\w*: \S")
+
+
+def exception_line(stderr: str) -> str:
+    """A worker's own exception line (``RuntimeError: message``; under torchrun ``[rank0]: ...``), the
+    last one (a chained exception's outermost); JAX ends its tracebacks with a note on filtered frames
+    and torchrun with a ChildFailedError that names no cause. Else any line naming an error."""
+    lines = stderr.strip().splitlines()
+    own = [line for line in lines if EXCEPTION.match(line)]
+    if own:
+        return own[-1].strip()
+    cause = [line for line in lines if line.startswith("[rank") and "Error" in line] or \
+        [line for line in lines if "Error" in line] or lines or ["no output"]
+    return cause[0 if cause[0].startswith("[rank") else -1].strip()
 
 
 def main(argv: list[str] | None = None) -> int:

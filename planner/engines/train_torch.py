@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -29,15 +28,12 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.engines.train_jax import TrainRun, flat_job, pipeline_job
+from planner.engines.train_jax import TrainRun, exception_line, flat_job, pipeline_job
 from planner.engines.xla import VerifyError
 
 # CommDebugMode's funcol ops -> (cost-model kind, the bytes n as the cost model counts them)
 KINDS = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
          "all_to_all_single": "all_to_all"}
-
-
-RANK_ERROR = re.compile(r"^\[rank\d+\]: [\w.]*(Error|Exception)\w*: \S")
 
 
 def _free_port() -> int:
@@ -110,19 +106,7 @@ def _launch(nproc: int, module: str, job: Path, out: Path, timeout_s: float, att
             return
         if not any(text in proc.stderr for text in PORT_TAKEN):
             break
-    raise VerifyError(f"run-torch: the training run failed ({_cause(proc.stderr)})")
-
-
-def _cause(stderr: str) -> str:
-    """A rank's own exception line (``[rank0]: RuntimeError: message``, the last one: a chained
-    exception's first), else any line naming an error; torchrun's ChildFailedError names none."""
-    lines = stderr.strip().splitlines()
-    own = [line for line in lines if RANK_ERROR.match(line)]
-    if own:
-        return own[-1].strip()
-    cause = [line for line in lines if line.startswith("[rank") and "Error" in line] or \
-        [line for line in lines if "Error" in line] or lines or ["no output"]
-    return cause[0 if cause[0].startswith("[rank") else -1].strip()
+    raise VerifyError(f"run-torch: the training run failed ({exception_line(proc.stderr)})")
 
 
 def _feeds(graph, seed: int):

@@ -95,7 +95,8 @@ def predicted_pipeline_collectives(micro: Graph, stage_of: dict[str, int], strat
     edge runs on its consumer's stage), each crossing tensor sent forward and its gradient sent back
     per micro-batch (``p2p`` on ``pp``, a device's share by ``send_split``), and the all-reduce of
     the copies of a parameter read on several stages (``tied``)."""
-    from planner.engines.torch_pipeline import crossing_tensors
+    from planner.engines.export import export_plan
+    from planner.engines.torch_pipeline import crossing_tensors, stages_reading
     from planner.pipeline.layer_costs import send_split
     chosen = [strategies[op.name] for op in micro.operators]
     terms = plan_terms(micro, mesh, SYMBOLIC, settings, chosen)
@@ -110,28 +111,13 @@ def predicted_pipeline_collectives(micro: Graph, stage_of: dict[str, int], strat
             share = math.prod(micro.tensor(name).shape) * settings.elem_bytes / send_split(
                 output_layouts(op, strategies[op.name])[k], mesh)
             out.append(("p2p", ("pp",), 2 * num_microbatches * share))
+    leaves = dict(export_plan(micro, strategies, mesh).leaves)  # where each copy is kept: its first reader's layout
     for name, readers in stages_reading(micro, stage_of).items():
         if len(readers) > 1:
-            layout = _first_layout(micro, name, strategies)
+            layout = leaves[name]
             nbytes = math.prod(micro.tensor(name).shape) * settings.grad_bytes / shard_factor(layout, mesh.shape)
             out += [("all_reduce", ("tied",), nbytes)] * len(readers)
     return out
-
-
-def stages_reading(graph: Graph, stage_of: dict[str, int]) -> dict[str, set[int]]:
-    """Per parameter, the stages that read it (two or more: a tied parameter with a copy on each)."""
-    out: dict[str, set[int]] = {}
-    for op in graph.operators:
-        for o in op.inputs:
-            if graph.tensor(o.tensor).role == "param":
-                out.setdefault(o.tensor, set()).add(stage_of[op.name])
-    return out
-
-
-def _first_layout(graph: Graph, tensor: str, strategies: dict[str, Strategy]):
-    from planner.cost.strategy import forward_layout, input_layout
-    op, slot = next((op, k) for op in graph.operators for k, o in enumerate(op.inputs) if o.tensor == tensor)
-    return forward_layout(input_layout(op, slot, strategies[op.name], True))
 
 
 def wire_bytes(kind: str, axes: tuple[str, ...], nbytes: float, sizes: dict[str, int]) -> dict[str, float]:
