@@ -17,7 +17,9 @@ and the tied embedding's all-reduce on ``tied``); JAX's 3D run reports losses on
 Engine ``torch-module``: the exact, Megatron and DP plans exported onto the ``transformers`` module
 itself (``planner export --target torch``: parallelize_module styles and DTensor placements) and
 trained by torchrun; DTensor's sharding propagation picks the activation layouts between the
-exported placements, so its bytes are compared for information.
+exported placements, so its bytes are compared for information. ``dp+zero3`` / ``megatron+zero3``: the
+same layouts under ZeRO-3, exported as FSDP2 (``fully_shard`` on the data-parallel axes, over DTensor
+on the tensor-parallel one), its bytes against the plan's ZeRO-3 collectives.
 
     python -m experiments.train_check [--smallest] [--steps 5] [--out results/train_check.csv]
 """
@@ -35,6 +37,8 @@ SPEC = "hf:gpt2:layers=2,hidden=256,heads=4,seq=64,vocab=512,batch=8"
 METHODS = ("exact", "sapp", "megatron", "dp")
 ENGINES = ("jax", "torch")
 MODULE_METHODS = ("exact", "megatron", "dp")  # exported onto the nn.Module (export --target torch)
+# ZeRO-3 plans exported as FSDP2 (data parallel: on every axis; Megatron: on node, over DTensor on gpu)
+FSDP_RUNS = (("4", "dp"), ("2x4", "dp"), ("2x4", "megatron"))
 GPT_3D = "gpt:layers=2,hidden=256,heads=4,seq=64,vocab=512"
 MESHES = ("4", "8", "2x4")
 TOLERANCE = 1e-4
@@ -58,19 +62,22 @@ def run_one(graph, mesh: str, method: str, engine: str, steps: int, lr: float) -
             "wall_time_s": time.perf_counter() - start}
 
 
-def run_module(graph, mesh: str, method: str, steps: int, lr: float, folder: str) -> dict:
-    """The plan exported onto the nn.Module (parallelize_module file) and trained by torchrun: DTensor
-    propagates the activations between the exported placements, so its bytes are DTensor's choice."""
+def run_module(graph, mesh: str, method: str, steps: int, lr: float, folder: str, zero: int = 0) -> dict:
+    """The plan exported onto the nn.Module (parallelize_module file; ``zero`` 3: FSDP2) and trained by
+    torchrun: DTensor propagates the activations between the exported placements, so its bytes are
+    DTensor's choice."""
     start = time.perf_counter()
-    loaded = planner.plan_for_verification(graph, mesh, method)
+    loaded = planner.plan_for_verification(graph, mesh, method)  # dp / megatron: the same layouts under ZeRO-3
+    source = f"{method}+zero3" if zero == 3 else method
     exported = planner.torch_module_plan(loaded.graph, loaded.strategies, loaded.mesh, SPEC, "cross_entropy",
-                                         f"{method} on {loaded.mesh.spec}")
-    path = f"{folder}/plan_{method}_{mesh}.py"
+                                         f"{source} on {loaded.mesh.spec}", zero=zero)
+    path = f"{folder}/plan_{source}_{mesh}.py"
     planner.write_text(path, exported.render())
     result = planner.train_module_plan(path, loaded.mesh.num_devices, steps=steps, lr=lr)
-    rows = result.counted_comparison(loaded.graph, loaded.strategies, loaded.mesh)
+    rows = result.counted_comparison(loaded.graph, loaded.strategies, loaded.mesh, zero)
     total, axes = rows[0], rows[1:]
-    return {"model": "gpt2-torch-2l-h256", "spec": SPEC, "mesh": loaded.mesh.spec, "plan_source": method,
+    fsdp = f"; fully_shard on {'+'.join(exported.fully_shard_dims)}" if zero == 3 else ""
+    return {"model": "gpt2-torch-2l-h256", "spec": SPEC, "mesh": loaded.mesh.spec, "plan_source": source,
             "engine": "torch-module", "backend": result.platform, "devices": result.devices, "steps": steps, "lr": lr,
             "status": "OK" if result.max_rel_diff <= TOLERANCE else "MISMATCH", "objective": result.max_rel_diff,
             "max_loss_rel_diff": result.max_rel_diff, "first_loss": result.losses[0], "last_loss": result.losses[-1],
@@ -78,7 +85,7 @@ def run_module(graph, mesh: str, method: str, steps: int, lr: float, folder: str
             "max_axis_rel_error": max((c.rel_error for c in axes), default=0.0),
             "per_axis": " ".join(f"{c.axes}:{c.predicted:.0f}/{c.compiled:.0f}" for c in axes),
             "wall_time_s": time.perf_counter() - start,
-            "notes": f"{len(exported.styles)} parallelize_module styles, {len(exported.placements)} placements"}
+            "notes": f"{len(exported.styles)} parallelize_module styles, {len(exported.placements)} placements{fsdp}"}
 
 
 def run_3d(steps: int, lr: float, engine: str) -> dict:
@@ -163,6 +170,14 @@ def main(argv: list[str] | None = None) -> int:
                     table.add([row])
                     print({k: row[k] for k in ("mesh", "plan_source", "engine", "status", "max_loss_rel_diff",
                                                "total_rel_error", "wall_time_s")}, flush=True)
+            for mesh, method in () if args.smallest else FSDP_RUNS:
+                if table.done(mesh=planner.make_cluster(mesh).mesh.spec, plan_source=f"{method}+zero3",
+                              engine="torch-module"):
+                    continue
+                row = run_module(graph, mesh, method, steps, args.lr, folder, zero=3)
+                table.add([row])
+                print({k: row[k] for k in ("mesh", "plan_source", "engine", "status", "max_loss_rel_diff",
+                                           "per_axis", "wall_time_s")}, flush=True)
         path = png_path(args)
         if path:
             plot(table.rows, path)

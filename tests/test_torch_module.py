@@ -125,7 +125,8 @@ def _zero3_dp(root: Path, mesh: str = "4") -> Path:
 def test_zero3_data_parallel_plan_is_fully_shard(root):
     plan = load_plan_file(str(_zero3_dp(root)))
     assert plan.FULLY_SHARD_MODULES == ("transformer.h.0", "transformer.h.1") and plan.PARALLELIZE_PLAN == {}
-    assert "fully_shard(model, mesh=mesh)" in Path(plan.__file__).read_text()
+    assert "fully_shard(model, mesh=dp_mesh, reshard_after_forward=True)" in Path(plan.__file__).read_text()
+    assert plan.FULLY_SHARD_DIM_NAMES == ("gpu",) and plan.PARAM_PLACEMENTS == {}
 
 
 @pytest.mark.slow
@@ -136,11 +137,50 @@ def test_fully_shard_plan_trains_like_one_process(root, mesh, nproc):
     2x4 (ZeRO-3 over both axes: FSDP2 on the flattened mesh) they are not attributed to an axis."""
     from planner.engines.train_torch import train_module_plan
     path = _zero3_dp(root, mesh)
-    assert ('mesh._flatten("dp")' in path.read_text()) and load_plan_file(str(path)).FULLY_SHARD_MODULES
+    plan = load_plan_file(str(path))
+    assert plan.FULLY_SHARD_MODULES and plan.FULLY_SHARD_DIM_NAMES == plan.MESH_DIM_NAMES
     run = train_module_plan(str(path), nproc, steps=3)
     assert run.max_rel_diff < 1e-4 and run.losses[-1] < run.losses[0]
-    if nproc == 4:
-        assert {kind for kind, _, _ in run.transfers} == {"all_gather", "reduce_scatter"}
+    assert {kind for kind, _, _ in run.transfers} == {"all_gather", "reduce_scatter"}
+    assert {tuple(axes) for _, axes, _ in run.transfers} == {plan.MESH_DIM_NAMES}  # the flattened mesh's axes
+
+
+def _zero3_megatron(root: Path) -> Path:
+    graph, plan, out = root / "gpt2-4-graph.json", root / "z3tp.json", root / "z3tp.py"
+    if not graph.exists():
+        assert main(["import-torch", GPT2, "--loss", "cross_entropy", "--json", str(graph), "-q"]) == 0
+    assert main(["plan", "--model", str(graph), "--mesh", "2x4", "--method", "megatron", "--zero", "3", "--json",
+                 str(plan), "-q"]) == 0
+    assert main(["export", "--plan", str(plan), "--target", "torch", "--out", str(out), "-q"]) == 0
+    return out
+
+
+def test_zero3_megatron_plan_is_fully_shard_over_tensor_parallel(root):
+    """Megatron on gpu, ZeRO-3 data parallel on node: FSDP2 on node over placements on the gpu sub-mesh."""
+    plan = load_plan_file(str(_zero3_megatron(root)))
+    assert plan.FULLY_SHARD_DIM_NAMES == ("node",) and plan.FULLY_SHARD_MODULES == ("transformer.h.0", "transformer.h.1")
+    assert str(plan.PARAM_PLACEMENTS["transformer.h.0.mlp.c_fc.weight"]) == "(Shard(dim=1),)"  # one per gpu
+    assert str(plan.PARAM_PLACEMENTS["transformer.h.0.ln_1.weight"]) == "(Replicate(),)"
+    assert str(plan.INPUT_PLACEMENTS) == "(Shard(dim=0), Replicate())" and plan.OUTPUT_PLACEMENTS
+
+
+@pytest.mark.slow
+def test_zero3_megatron_plan_trains_like_one_process(root):
+    """FSDP2 (node) over tensor parallelism (gpu), 8 gloo processes: 3 steps = one process within 1e-4;
+    the gpu axis moves the plan's bytes; on node every parameter group is gathered in both passes and
+    reduce-scattered once (ZeRO-3 as the cost model charges it)."""
+    from planner.engines.train_torch import train_module_plan
+    path = _zero3_megatron(root)
+    plan = load_plan_file(str(path))
+    run = train_module_plan(str(path), 8, steps=3)
+    assert run.max_rel_diff < 1e-4 and run.losses[-1] < run.losses[0]
+    from planner.engines.verify import compare
+    counted = {row.axes: row.compiled for row in compare([], list(run.transfers), {"node": 2, "gpu": 4})[0]}
+    assert abs(counted["gpu"] / dict(plan.PREDICTED_BYTES)["gpu"] - 1) < 0.05
+    node = [(kind, n) for kind, axes, n in run.transfers if tuple(axes) == ("node",)]
+    gathered = sum(n for kind, n in node if kind == "all_gather")
+    scattered = sum(n for kind, n in node if kind == "reduce_scatter")
+    assert {kind for kind, _ in node} == {"all_gather", "reduce_scatter"} and gathered == 2 * scattered
 
 
 def test_zero3_plan_refused(root, capsys):
@@ -181,14 +221,21 @@ def _pipeline_file(root: Path, method: str) -> tuple[int, Path]:
 def test_pipeline_plan_exports_pipelining_stages(root, capsys):
     """A 3D plan of the imported GPT-2 (2 stages of 2 data-parallel devices) becomes pipelining stages:
     cut before block 1, the plan's schedule and micro-batches, the tied head summed with the table.
-    Stages that split a parameter (the exact stage plan here) are refused with the reason."""
+    Megatron stages: tensor parallel inside each stage (a "tp" mesh dim, the plan's placements). A stage
+    axis splitting the batch and parameters at once (the exact stage plan here) is refused with the reason."""
     code, path = _pipeline_file(root, "dp")
     plan = load_plan_file(str(path))
     assert code == 0 and plan.SPLIT_POINTS == ("transformer.h.1",) and (plan.STAGES, plan.DATA_PARALLEL) == (2, 2)
-    assert plan.SCHEDULE == "1F1B" and plan.NUM_MICROBATCHES == 2
-    assert plan.TIED == (("transformer.wte.weight", "lm_head.weight"),)
+    assert plan.SCHEDULE == "1F1B" and plan.NUM_MICROBATCHES == 2 and plan.TENSOR_PARALLEL == 1
+    assert plan.TIED == (("transformer.wte.weight", "lm_head.weight"),) and plan.PARAM_PLACEMENTS == {}
+    code, path = _pipeline_file(root, "megatron")
+    plan = load_plan_file(str(path))
+    assert code == 0 and plan.MESH_SHAPE == (2, 1, 2) and plan.MESH_DIM_NAMES == ("pp", "dp", "tp")
+    assert str(plan.PARAM_PLACEMENTS["transformer.h.1.mlp.c_fc.weight"]) == "(Shard(dim=1),)"
+    assert str(plan.PARAM_PLACEMENTS["transformer.h.1.mlp.c_proj.weight"]) == "(Shard(dim=0),)"
+    assert str(plan.PARAM_PLACEMENTS["lm_head.weight"]) == "(Shard(dim=0),)"  # the head's copy: vocab-parallel
     code, path = _pipeline_file(root, "exact")
-    assert code == 2 and "data parallel" in capsys.readouterr().err and not path.exists()
+    assert code == 2 and "splits both the batch and parameters" in capsys.readouterr().err and not path.exists()
 
 
 @pytest.mark.slow
@@ -197,5 +244,15 @@ def test_pipelining_plan_trains_like_one_process(root):
     micro-batches, replicas and the tied copies): 3 steps equal one process within 1e-4."""
     from planner.engines.train_torch import train_module_plan
     _, path = _pipeline_file(root, "dp")
+    run = train_module_plan(str(path), 4, steps=3)
+    assert run.max_rel_diff < 1e-4 and run.losses[-1] < run.losses[0]
+
+
+@pytest.mark.slow
+def test_tensor_parallel_pipelining_plan_trains_like_one_process(root):
+    """Megatron inside each of the 2 stages (DTensor on the stage's "tp" sub-mesh, stage outputs
+    handed on whole; the tied head's copies summed whole), 4 gloo processes: 3 steps = one process."""
+    from planner.engines.train_torch import train_module_plan
+    _, path = _pipeline_file(root, "megatron")
     run = train_module_plan(str(path), 4, steps=3)
     assert run.max_rel_diff < 1e-4 and run.losses[-1] < run.losses[0]

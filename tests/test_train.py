@@ -163,3 +163,16 @@ def test_launch_retries_a_taken_port_and_names_other_errors(monkeypatch, tmp_pat
     monkeypatch.setattr(train_torch.subprocess, "run", fake([chained]))
     with pytest.raises(VerifyError, match=r"\[rank2\]: RuntimeError: while running the step\)"):
         train_torch._launch(2, "m", tmp_path / "j", tmp_path / "o", 10.0)
+
+
+def test_a_rank_killed_by_a_signal_is_named():
+    """A rank that dies without a traceback (a signal) is named by torchrun's root-cause block."""
+    from planner.engines.train_jax import exception_line
+    stderr = "\n".join([
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ", "=" * 20,
+        "planner.engines.torch_module_worker FAILED", "-" * 20, "Failures:", "  <NO_OTHER_FAILURES>", "-" * 20,
+        "Root Cause (first observed failure):", "[0]:", "  time      : 2026-12-01_19:00:00", "  host      : h",
+        "  rank      : 3 (local_rank: 3)", "  exitcode  : -9 (pid: 4242)", "  error_file: <N/A>",
+        "  traceback : Signal 9 (SIGKILL) received by PID 4242", "=" * 20])
+    assert exception_line(stderr) == "rank 3 exited with code -9, Signal 9 (SIGKILL) received by PID 4242 and " \
+                                     "printed no exception"

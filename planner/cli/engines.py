@@ -173,8 +173,14 @@ def _train_module(args: argparse.Namespace) -> int:
 
 def _kind_of(plan) -> str:
     if hasattr(plan, "SPLIT_POINTS"):
-        return f"torch.distributed.pipelining ({plan.SCHEDULE}, {plan.NUM_MICROBATCHES} micro-batches per replica)"
-    return "fully_shard (FSDP2)" if getattr(plan, "FULLY_SHARD_MODULES", ()) else "parallelize_module + DTensor"
+        inside = f", DTensor on {plan.TENSOR_PARALLEL} devices per stage" if getattr(plan, "TENSOR_PARALLEL", 1) > 1 else ""
+        return (f"torch.distributed.pipelining ({plan.SCHEDULE}, {plan.NUM_MICROBATCHES} micro-batches per "
+                f"replica{inside})")
+    if not getattr(plan, "FULLY_SHARD_MODULES", ()):
+        return "parallelize_module + DTensor"
+    fsdp = "+".join(plan.FULLY_SHARD_DIM_NAMES)
+    tensor_parallel = [name for name in plan.MESH_DIM_NAMES if name not in plan.FULLY_SHARD_DIM_NAMES]
+    return f"fully_shard (FSDP2) on {fsdp}" + (f" over DTensor on {tensor_parallel[0]}" if tensor_parallel else "")
 
 
 def _train_3d(args: argparse.Namespace, data: dict, train, count_given: int | None, option: str, command: str,

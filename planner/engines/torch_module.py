@@ -19,13 +19,16 @@ What the file holds, from the plan's layouts (``planner.engines.export``):
 The module then runs in DTensor: the placements above are the plan's, the activations between them
 are what DTensor's sharding propagation derives (so its collectives can differ from the cost
 model's edges; ``planner run-torch --plan PLAN.json`` runs every edge as the plan says).
-- ``FULLY_SHARD_MODULES``: a ZeRO-3 plan that is data parallel (no parameter split) runs as FSDP2:
-  ``fully_shard`` on every block of the module's ``ModuleList``s, then the root, gradients summed
-  (the loss is a sum over the batch); the inputs are then each rank's batch block. On a 2-D mesh the
-  cost model shards over every axis, so FSDP2 runs on the flattened mesh (not HSDP).
+- ``FULLY_SHARD_MODULES``: a ZeRO-3 plan runs as FSDP2: ``fully_shard`` on every block of the
+  module's ``ModuleList``s, then the root, gradients summed (the loss is a sum over the batch), on
+  ``FULLY_SHARD_DIM_NAMES``: the mesh axes where the plan splits the batch and keeps every parameter
+  whole, which is where the cost model shards a ZeRO-3 parameter (several: flattened, not HSDP). The
+  other axes (one at most) are tensor parallel: the styles, placements and hooks above on that
+  sub-mesh first, then FSDP2 on top (torchtitan's FSDP + TP). The inputs are each rank's batch block.
 3D plans are exported as ``torch.distributed.pipelining`` stages (``planner.engines.torch_pipelining``).
-Not exported (refused with a one-line reason): ZeRO-3 plans that split a parameter (FSDP2 composed with tensor-parallel styles is not built), plans
-whose graph was not imported from a module.
+Not exported (refused with a one-line reason): ZeRO-3 plans with no such axis, with tensor
+parallelism on two axes, or splitting an activation on a data-parallel axis other than by its batch;
+plans whose graph was not imported from a module.
 """
 
 from __future__ import annotations
@@ -65,33 +68,55 @@ MODULE_INPUT_PLACEMENTS = {{{module_inputs}
 }}
 OUTPUT_PLACEMENTS = {{{outputs}
 }}
-# ZeRO-3 (a data-parallel plan): FSDP2's fully_shard on these blocks (on a 2-D mesh: flattened), then the root; the inputs are
-# then this rank's local batch (INPUT_PLACEMENTS' block) and the loss a local sum
+# ZeRO-3: FSDP2's fully_shard on these blocks, then the root, over FULLY_SHARD_DIM_NAMES (several:
+# flattened); the other mesh dims are tensor parallel (the styles and placements above are theirs,
+# applied first). The inputs are this rank's batch block (INPUT_PLACEMENTS' block), the loss a local sum
 FULLY_SHARD_MODULES = {fully_shard!r}
+FULLY_SHARD_DIM_NAMES = {fully_shard_dims!r}
 # the module's inputs and labels
 INPUT_PLACEMENTS = {inputs}
 # bytes each device sends per step, per mesh axis, as the cost model charges the plan's edges
 PREDICTED_BYTES = {predicted!r}
 
 
+def tensor_parallel_mesh(mesh):
+    """The sub-mesh of the styles and placements: the mesh dims FSDP2 does not shard on."""
+    names = tuple(name for name in MESH_DIM_NAMES if name not in FULLY_SHARD_DIM_NAMES)
+    return mesh[names] if names else None
+
+
+def fully_sharded_mesh(mesh):
+    """FSDP2's mesh: FULLY_SHARD_DIM_NAMES, flattened when several (torchtitan's dp mesh)."""
+    names = tuple(FULLY_SHARD_DIM_NAMES)
+    if len(names) == 1:
+        return mesh[names[0]]
+    return (mesh if names == tuple(MESH_DIM_NAMES) else mesh[names])._flatten("dp")
+
+
 def parallelize(model, mesh):
-    """fully_shard (ZeRO-3 plans); else PARALLELIZE_PLAN through parallelize_module, then
-    PARAM_PLACEMENTS through distribute_tensor."""
+    """PARALLELIZE_PLAN through parallelize_module, PARAM_PLACEMENTS through distribute_tensor and
+    the module hooks (on the tensor-parallel sub-mesh of a ZeRO-3 plan); then fully_shard."""
+    if not FULLY_SHARD_MODULES:
+        return _tensor_parallel(model, mesh)
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+    tp_mesh = tensor_parallel_mesh(mesh)
+    if tp_mesh is not None:
+        model = _tensor_parallel(model, tp_mesh)
+    dp_mesh = fully_sharded_mesh(mesh)
+    for name in FULLY_SHARD_MODULES:
+        fully_shard(model.get_submodule(name), mesh=dp_mesh)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=True)  # ZeRO-3 as planned: gathered in both passes
+    for module in model.modules():  # the loss is a sum over the batch: sum the gradients, do not average
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
+    return model
+
+
+def _tensor_parallel(model, mesh):
     import torch
     from torch.distributed.tensor import DTensor, distribute_tensor
     from torch.distributed.tensor.parallel import parallelize_module
-    if FULLY_SHARD_MODULES:
-        from torch.distributed.fsdp import FSDPModule, fully_shard
-        if mesh.ndim > 1:  # ZeRO-3 over every axis: one flat data-parallel mesh (torchtitan's dp mesh)
-            mesh = mesh._flatten("dp")
-        for name in FULLY_SHARD_MODULES:
-            fully_shard(model.get_submodule(name), mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        for module in model.modules():  # the loss is a sum over the batch: sum the gradients, do not average
-            if isinstance(module, FSDPModule):
-                module.set_gradient_divide_factor(1.0)
-                module.set_force_sum_reduction_for_comms(True)
-        return model
     if PARALLELIZE_PLAN:
         parallelize_module(model, mesh, PARALLELIZE_PLAN)
     done = {{}}
@@ -128,6 +153,7 @@ class ModulePlan:
     predicted: tuple[tuple[str, float], ...]
     title: str
     fully_shard: tuple[str, ...] = ()  # ZeRO-3: the blocks fully_shard wraps (then the root)
+    fully_shard_dims: tuple[str, ...] = ()  # ZeRO-3: the mesh axes FSDP2 shards on
     outputs: tuple[tuple[str, str], ...] = ()  # (module path, placements its output is redistributed to)
     module_inputs: tuple[tuple[str, str], ...] = ()  # (module path, placements its input is redistributed to)
 
@@ -140,6 +166,7 @@ class ModulePlan:
         return TEMPLATE.format(title=self.title, module=self.module, loss=self.loss, names=self.axis_names,
                                shape=self.mesh_shape, styles=styles, placements=placements, inputs=self.inputs,
                                predicted=dict(self.predicted), nproc=math.prod(self.mesh_shape), fully_shard=self.fully_shard,
+                               fully_shard_dims=self.fully_shard_dims,
                                outputs=outputs, module_inputs=module_inputs)
 
 
@@ -168,47 +195,82 @@ def _module_params(spec: str):
 
 def module_plan(graph, strategies: dict, mesh, spec: str, loss: str, title: str, zero=0) -> ModulePlan:
     """The exported plan of a flat plan whose graph was imported from ``spec``; ``zero`` 3 (the plan
-    runs ZeRO-3) on a data-parallel plan becomes FSDP2's ``fully_shard``."""
+    runs ZeRO-3) becomes FSDP2's ``fully_shard`` on the data-parallel axes, over tensor parallelism on
+    the others."""
     from planner.cost.settings import TrainingSettings
-    from planner.cost.strategy import REPLICATE
     from planner.engines.export import export_plan
     from planner.engines.verify import compare, predicted_collectives
-    exported = export_plan(graph, strategies, mesh)
-    leaves = dict(exported.leaves)
-    params, linear, blocks = _module_params(spec)
-    fsdp = zero == 3
     if zero not in (0, 1, 2, 3):
         raise SettingsError(f"--target torch: ZeRO stages per layer (zero {zero!r}) are not exported")
-    if fsdp:
-        sharded = sorted(n for n, lay in leaves.items() if graph.tensor(n).role == "param" and set(lay) != {REPLICATE})
-        if sharded:
-            raise SettingsError(f"--target torch: a ZeRO-3 plan is exported as fully_shard only when it is data "
-                                f"parallel (parameter {sharded[0]!r} is split); planner run-torch --plan PLAN.json "
-                                "runs it as planned")
-    by_owner = {owner: fqn for fqn, (_, owner) in params.items() if fqn in leaves}
+    exported = export_plan(graph, strategies, mesh)
+    params, linear, blocks = _module_params(spec)
     missing = sorted(t.name for t in graph.tensors if t.role == "param" and t.name not in params)
     if missing:
         raise SettingsError(f"--module: {spec} has no parameter {missing[0]!r} of the plan's graph "
                             f"({len(missing)} missing): export the plan of a graph imported from this module")
+    fsdp_axes = _fully_shard_axes(graph, exported) if zero == 3 else ()
+    tp_axes = tuple(ax for ax in range(len(mesh.shape)) if ax not in fsdp_axes)
+    inputs = _source(_input_layout(graph, dict(exported.leaves), len(mesh.shape)))
+    exported = _project(exported, tp_axes)  # the styles, placements and hooks: the tensor-parallel sub-mesh
+    leaves = dict(exported.leaves)
+    by_owner = {owner: fqn for fqn, (_, owner) in params.items() if fqn in leaves}
     # every path of a tensor two modules share (a tied embedding: the owner and its alias); a style
     # would distribute the alias on its own and untie it
     owners = {owner for fqn, (_, owner) in params.items() if fqn != owner}
     shared = owners | {fqn for fqn, (_, owner) in params.items() if owner in owners}
-    styles = _styles(graph, exported, linear, shared, leaves) if len(mesh.shape) == 1 and not fsdp else {}
+    styles = _styles(graph, exported, linear, shared, leaves) if len(tp_axes) == 1 else {}
     placements = []
     for fqn, (_, owner) in sorted(params.items()):
         ir_name = fqn if fqn in leaves else by_owner.get(owner)
-        if fqn.rpartition(".")[0] in styles or ir_name is None:
+        if fqn.rpartition(".")[0] in styles or ir_name is None or not tp_axes:
             continue
         placements.append((fqn, _source(leaves[ir_name])))
-    inputs = _source(_input_layout(graph, leaves, len(mesh.shape)))
-    settings = TrainingSettings(dtype="fp32", optimizer="sgd", zero=3 if fsdp else 0, recompute=False)
+    settings = TrainingSettings(dtype="fp32", optimizer="sgd", zero=3 if fsdp_axes else 0, recompute=False)
     rows, _ = compare(predicted_collectives(graph, strategies, mesh, settings), [], dict(zip(mesh.names, mesh.shape)))
     predicted = tuple((row.axes, round(row.predicted, 1)) for row in rows if row.axes != "total")
-    module_inputs, outputs = ({}, {}) if fsdp else _module_layouts(graph, exported, set(styles), shared)
+    module_inputs, outputs = _module_layouts(graph, exported, set(styles), shared) if tp_axes else ({}, {})
     return ModulePlan(spec, loss, tuple(mesh.names), tuple(mesh.shape), tuple(sorted(styles.items())),
-                      tuple(placements), inputs, predicted, title, blocks if fsdp else (),
-                      tuple(sorted(outputs.items())), tuple(sorted(module_inputs.items())))
+                      tuple(placements), inputs, predicted, title, fully_shard=blocks if fsdp_axes else (),
+                      fully_shard_dims=tuple(mesh.names[ax] for ax in fsdp_axes),
+                      outputs=tuple(sorted(outputs.items())), module_inputs=tuple(sorted(module_inputs.items())))
+
+
+def _fully_shard_axes(graph, exported) -> tuple[int, ...]:
+    """The mesh axes FSDP2 shards a ZeRO-3 plan on: every parameter whole there and the batch split
+    (where the cost model shards a ZeRO-3 parameter). Refused: none, tensor parallelism on two axes,
+    or an activation split there on another dim than its batch."""
+    from planner.cost.strategy import GRAD_PARTIAL, PARTIAL, REPLICATE
+    leaves = dict(exported.leaves)
+    batch = _input_layout(graph, leaves, len(exported.mesh_shape))
+    axes = tuple(ax for ax in range(len(exported.mesh_shape)) if batch[ax] == 0 and all(
+        layout[ax] == REPLICATE for name, layout in leaves.items() if graph.tensor(name).role == "param"))
+    if not axes:
+        raise SettingsError("--target torch: a ZeRO-3 plan is exported as fully_shard on the mesh axes where it "
+                            "splits the batch and keeps every parameter whole; this plan has none (planner "
+                            "run-torch --plan PLAN.json runs it as planned)")
+    if len(exported.mesh_shape) - len(axes) > 1:
+        raise SettingsError("--target torch: FSDP2 composes with tensor parallelism on one mesh axis; this "
+                            f"ZeRO-3 plan splits parameters on {len(exported.mesh_shape) - len(axes)}")
+    for op, slot, layout in exported.inputs + exported.outputs:
+        bad = [ax for ax in axes if layout[ax] not in (0, REPLICATE, PARTIAL, GRAD_PARTIAL)]
+        if bad:
+            raise SettingsError(f"--target torch: the ZeRO-3 plan splits operator {op!r}'s operand {slot} on "
+                                f"data-parallel axis {exported.axis_names[bad[0]]!r} by another dim than the batch, "
+                                "which FSDP2 cannot run")
+    return axes
+
+
+def _project(exported, axes: tuple[int, ...]):
+    """The plan's layouts on the mesh axes ``axes`` only (the tensor-parallel sub-mesh)."""
+    from dataclasses import replace
+
+    def on(layout):
+        return tuple(layout[ax] for ax in axes)
+    return replace(exported, axis_names=tuple(exported.axis_names[ax] for ax in axes),
+                   mesh_shape=tuple(exported.mesh_shape[ax] for ax in axes),
+                   leaves=tuple((name, on(layout)) for name, layout in exported.leaves),
+                   inputs=tuple((op, slot, on(layout)) for op, slot, layout in exported.inputs),
+                   outputs=tuple((op, slot, on(layout)) for op, slot, layout in exported.outputs))
 
 
 def _module_layouts(graph, exported, styled: set, shared: set) -> tuple[dict[str, str], dict[str, str]]:

@@ -119,14 +119,8 @@ def main(argv: list[str] | None = None) -> int:
               for name in plan.MESH_DIM_NAMES}
     model, batch, generator = _model_and_batch(plan, job["seed"])
     model = plan.parallelize(model, mesh)
-    if getattr(plan, "FULLY_SHARD_MODULES", ()):  # FSDP2: plain tensors, this rank's batch block
-        def summed(value):
-            value = value.clone()
-            dist.all_reduce(value)
-            return value
-        losses, transfers = _run(plan, model, batch, generator, job["steps"], job["lr"],
-                                 lambda v: distribute_tensor(v, mesh, plan.INPUT_PLACEMENTS).to_local(), _null,
-                                 lambda: counting_mode(groups), summed)
+    if getattr(plan, "FULLY_SHARD_MODULES", ()):  # FSDP2 (over tensor parallelism): this rank's batch block
+        losses, transfers = _run_fully_sharded(plan, model, mesh, batch, generator, job, groups)
     else:
         losses, transfers = _run(plan, model, batch, generator, job["steps"], job["lr"],
                                  lambda v: distribute_tensor(v, mesh, plan.INPUT_PLACEMENTS), implicit_replication,
@@ -140,6 +134,36 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _run_fully_sharded(plan, model, mesh, batch, generator, job, groups):
+    """The steps of an FSDP2 plan: the inputs are this rank's batch block (a DTensor on the
+    tensor-parallel sub-mesh, if any), the step's loss the sum of the data-parallel ranks' losses."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import Replicate, distribute_tensor
+    from torch.distributed.tensor.experimental import implicit_replication
+
+    from planner.engines.torch_worker import counting_mode
+    tp_mesh, dp_group = plan.tensor_parallel_mesh(mesh), plan.fully_sharded_mesh(mesh).get_group()
+    tp_dims = [plan.MESH_DIM_NAMES.index(name) for name in tp_mesh.mesh_dim_names] if tp_mesh is not None else []
+    # FSDP2's collectives on a flattened mesh count on its axes (verify.wire_bytes splits them)
+    groups = {**groups, dp_group.group_name: (tuple(plan.FULLY_SHARD_DIM_NAMES), dist.get_process_group_ranks(dp_group))}
+    on_dp = tuple(Replicate() if dim in tp_dims else p for dim, p in enumerate(plan.INPUT_PLACEMENTS))
+
+    def wrap(value):
+        block = distribute_tensor(value, mesh, on_dp).to_local()
+        if tp_mesh is None:
+            return block
+        return distribute_tensor(block, tp_mesh, tuple(plan.INPUT_PLACEMENTS[dim] for dim in tp_dims))
+
+    def summed(value):
+        value = value.clone()
+        dist.all_reduce(value, group=dp_group)
+        return value
+    context = implicit_replication if tp_mesh is not None else _null
+    return _run(plan, model, batch, generator, job["steps"], job["lr"], wrap, context, lambda: counting_mode(groups),
+                summed)
+
+
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    sys.exit(main())
+    from planner.engines.torch_worker import exit_now
+    exit_now(main())

@@ -217,4 +217,5 @@ def _received(micro, name, layout, shape, coord, source, dist):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from planner.engines.torch_worker import exit_now
+    exit_now(main())

@@ -50,9 +50,10 @@ class TrainRun:
         compiled = [(c.kind, c.axes, c.nbytes) for c in self.collectives(mesh.shape, mesh.names)]
         return _compare(graph, strategies, mesh, compiled)
 
-    def counted_comparison(self, graph, strategies: dict, mesh) -> tuple:
-        """The same for the collectives the engine counted in the first step (PyTorch's CommDebugMode)."""
-        return _compare(graph, strategies, mesh, list(self.transfers))
+    def counted_comparison(self, graph, strategies: dict, mesh, zero: int = 0) -> tuple:
+        """The same for the collectives the engine counted in the first step (PyTorch's CommDebugMode);
+        ``zero`` 3: against the plan's ZeRO-3 collectives (an FSDP2 run)."""
+        return _compare(graph, strategies, mesh, list(self.transfers), zero)
 
     def pipeline_comparison(self, micro, stage_of: dict, strategies: dict, mesh, stages: int,
                             num_microbatches: int) -> tuple:
@@ -68,9 +69,12 @@ class TrainRun:
         return rows
 
 
-def _compare(graph, strategies: dict, mesh, observed: list) -> tuple:
-    from planner.engines.verify import compare, predicted_collectives
-    rows, _ = compare(predicted_collectives(graph, strategies, mesh), observed, dict(zip(mesh.names, mesh.shape)))
+def _compare(graph, strategies: dict, mesh, observed: list, zero: int = 0) -> tuple:
+    from dataclasses import replace
+
+    from planner.engines.verify import VERIFY_SETTINGS, compare, predicted_collectives
+    predicted = predicted_collectives(graph, strategies, mesh, replace(VERIFY_SETTINGS, zero=zero))
+    rows, _ = compare(predicted, observed, dict(zip(mesh.names, mesh.shape)))
     return rows
 
 
@@ -131,6 +135,20 @@ def _worker(module: str, job: Path, out: Path, devices: int, timeout_s: float) -
 EXCEPTION = re.compile(r"^(\[rank\d+\]: )?[\w.]*(Error|Exception)\w*: \S")
 
 
+ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+).*?traceback\s*:\s*([^\n]*)", re.S)
+
+
+def _root_cause(stderr: str) -> str:
+    """torchrun's root-cause block when a rank died with no traceback of its own (a signal, a hard exit):
+    its rank, exit code and signal."""
+    match = ROOT_CAUSE.search(stderr)
+    if not match:
+        return ""
+    rank, code, trace = match.groups()
+    signal = f", {trace.strip()}" if trace.strip().startswith("Signal") else ""
+    return f"rank {rank} exited with code {code}{signal} and printed no exception"
+
+
 def exception_line(stderr: str) -> str:
     """A worker's own exception line (``RuntimeError: message``; under torchrun ``[rank0]: ...``), the
     last one (a chained exception's outermost); JAX ends its tracebacks with a note on filtered frames
@@ -139,6 +157,9 @@ def exception_line(stderr: str) -> str:
     own = [line for line in lines if EXCEPTION.match(line)]
     if own:
         return own[-1].strip()
+    died = _root_cause(stderr)
+    if died:
+        return died
     cause = [line for line in lines if line.startswith("[rank") and "Error" in line] or \
         [line for line in lines if "Error" in line] or lines or ["no output"]
     return cause[0 if cause[0].startswith("[rank") else -1].strip()

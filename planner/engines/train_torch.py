@@ -101,7 +101,7 @@ def _launch(nproc: int, module: str, job: Path, out: Path, timeout_s: float, att
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
                str(_free_port()), "-m", module, str(job), str(out)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
-                              env=dict(os.environ, OMP_NUM_THREADS="1"))
+                              env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1"))
         if proc.returncode == 0:
             return
         if not any(text in proc.stderr for text in PORT_TAKEN):
