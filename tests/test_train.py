@@ -176,3 +176,5 @@ def test_a_rank_killed_by_a_signal_is_named():
         "  traceback : Signal 9 (SIGKILL) received by PID 4242", "=" * 20])
     assert exception_line(stderr) == "rank 3 exited with code -9, Signal 9 (SIGKILL) received by PID 4242 and " \
                                      "printed no exception"
+    bare = "\n".join(["[rank0]:     raise AssertionError", "[rank0]: AssertionError", stderr])
+    assert exception_line(bare) == "[rank0]: AssertionError"  # an exception with no message is still the rank's

@@ -132,7 +132,7 @@ def _worker(module: str, job: Path, out: Path, devices: int, timeout_s: float) -
         raise VerifyError(f"run-jax: the training run failed ({exception_line(proc.stderr)})")
 
 
-EXCEPTION = re.compile(r"^(\[rank\d+\]: )?[\w.]*(Error|Exception)\w*: \S")
+EXCEPTION = re.compile(r"^(\[rank\d+\]: )?[\w.]*(Error|Exception)\w*(: \S|\s*$)")  # a bare one: an assert
 
 
 ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+).*?traceback\s*:\s*([^\n]*)", re.S)
