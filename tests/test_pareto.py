@@ -114,7 +114,7 @@ def _pinned_optimum(problem, limit):
     # 45 pinned Pareto searches, each on every layout of the tied table: about 150 s on 2 cores
     pytest.param("2x2", "pareto", "recompute", (0.2, 0.4, 0.6, 0.8, 0.95), marks=pytest.mark.slow),
     ("4", "cp-sat", "zero", (0.1, 0.6, 0.9)),
-    ("4", "pareto", "both", (0.15, 0.5)),
+    pytest.param("4", "pareto", "both", (0.15, 0.5), marks=pytest.mark.slow),  # 144 joint assignments: 25 s
 ])
 def test_auto_matches_brute_force_over_every_assignment_of_layer_choices(mesh, oracle, decided, fractions):
     """--recompute auto / --zero auto decide none / selective / full recompute and the ZeRO stage

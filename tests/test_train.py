@@ -62,6 +62,7 @@ def test_exact_plan_on_four_gloo_processes_trains_like_one_process_and_sends_the
     assert total.predicted > 0 and total.rel_error < 0.05
 
 
+@pytest.mark.slow  # 8 gloo processes, about 20 s on 2 cores
 def test_greedy_plan_on_2x4_sends_the_model_bytes_on_every_axis(graph):
     """The cases DTensor's own redistribute gets wrong for the model: shard-to-shard (all-to-all, a
     gloo fallback), Partial over both axes (hierarchical) and dims split over both axes (gathered
