@@ -78,3 +78,31 @@ def test_constraints_are_named_after_their_family():
     built = build_model(problem, memory_limit=80e9, lower_bound=1)
     names = {c.name.split("[")[0] for c in built.model.proto.constraints}
     assert names == {"exactly_one", "marginal_src", "marginal_dst", "memory", "bound"}
+
+
+def test_a_build_that_passes_the_deadline_stops_and_returns_the_greedy_plan(monkeypatch):
+    """Building is Python (CP-SAT's limit cannot stop it): it checks the deadline per edge."""
+    import time
+    import pytest
+    from planner.api import make_cluster, make_problem
+    from planner.search import solver as solver_module
+    problem = make_problem("gpt2-small", make_cluster("2x4", "a100-80g"))
+    with pytest.raises(solver_module.BuildTimeout):
+        build_model(problem, deadline=time.perf_counter())
+    monkeypatch.setattr(solver_module, "BUILD_SECONDS_PER_BOOLEAN", 0.0)  # the estimate lets the build start
+    result = solve(problem, time_limit_s=0.05)
+    assert result.status == "FEASIBLE" and result.choice == solver_module.greedy_choice(problem)
+    assert "time limit shorter than building" in result.explanation and result.search_time_s < 2.0
+
+
+def test_cp_sat_is_not_started_when_it_could_not_load_the_model_in_time(monkeypatch):
+    from planner.api import make_cluster, make_problem
+    from planner.search import solver as solver_module
+    problem = make_problem("mlp", make_cluster("2x4", "a100-80g"))
+    full = solve(problem, time_limit_s=30)
+    monkeypatch.setattr(solver_module, "LOAD_SECONDS_PER_BOOLEAN", 1e3)
+    stopped = solve(problem, time_limit_s=30)
+    assert full.status == "OPTIMAL" and stopped.status == "FEASIBLE"
+    assert stopped.explanation == "time limit reached before CP-SAT could load the model"
+    assert stopped.choice == solver_module.greedy_choice(problem) and stopped.objective >= full.objective
+    assert stopped.search_time_s < 5.0  # a 30 s limit, not waited for

@@ -48,7 +48,7 @@ and run forward and backward under torch.distributed.tensor.experimental.implici
 INPUT_PLACEMENTS (with FULLY_SHARD_MODULES: plain tensors, each rank its batch block). Or:
     planner run-torch --plan {{this file}} --nproc {nproc} --steps 5
 """
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import Partial, Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 MODULE = {module!r}  # planner import-torch spec of the nn.Module
@@ -67,6 +67,11 @@ PARAM_PLACEMENTS = {{{placements}
 MODULE_INPUT_PLACEMENTS = {{{module_inputs}
 }}
 OUTPUT_PLACEMENTS = {{{outputs}
+}}
+# parameters whose gradient is Partial over several mesh dims: reduced as the plan prices it (a
+# reduce-scatter on the inner dims, the all-reduce on the outer, all-gathers back), one placement
+# change per step; DTensor would all-reduce the whole buffer once per mesh dim
+GRADIENT_STEPS = {{{gradient_steps}
 }}
 # ZeRO-3: FSDP2's fully_shard on these blocks, then the root, over FULLY_SHARD_DIM_NAMES (several:
 # flattened); the other mesh dims are tensor parallel (the styles and placements above are theirs,
@@ -135,7 +140,18 @@ def _tensor_parallel(model, mesh):
         model.get_submodule(fqn).register_forward_hook(
             lambda module, args, out, placements=placements:
                 out.redistribute(mesh, placements) if isinstance(out, DTensor) else out)
+    for fqn, steps in GRADIENT_STEPS.items():
+        model.get_parameter(fqn).register_hook(lambda grad, steps=steps: _walk(grad, mesh, steps))
     return model
+
+
+def _walk(grad, mesh, steps):
+    """The gradient through the planned steps (left to DTensor if it is not in the first one)."""
+    if tuple(grad.placements) != steps[0]:
+        return grad
+    for placements in steps[1:]:
+        grad = grad.redistribute(mesh, placements)
+    return grad
 '''
 
 
@@ -156,6 +172,7 @@ class ModulePlan:
     fully_shard_dims: tuple[str, ...] = ()  # ZeRO-3: the mesh axes FSDP2 shards on
     outputs: tuple[tuple[str, str], ...] = ()  # (module path, placements its output is redistributed to)
     module_inputs: tuple[tuple[str, str], ...] = ()  # (module path, placements its input is redistributed to)
+    gradient_steps: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (parameter path, placements of each step)
 
     def render(self) -> str:
         """The plan as a Python file."""
@@ -163,17 +180,19 @@ class ModulePlan:
         placements = "".join(f"\n    {name!r}: {value}," for name, value in self.placements)
         outputs = "".join(f"\n    {name!r}: {value}," for name, value in self.outputs)
         module_inputs = "".join(f"\n    {name!r}: {value}," for name, value in self.module_inputs)
+        gradient_steps = "".join(f"\n    {name!r}: ({', '.join(steps)})," for name, steps in self.gradient_steps)
         return TEMPLATE.format(title=self.title, module=self.module, loss=self.loss, names=self.axis_names,
                                shape=self.mesh_shape, styles=styles, placements=placements, inputs=self.inputs,
                                predicted=dict(self.predicted), nproc=math.prod(self.mesh_shape), fully_shard=self.fully_shard,
                                fully_shard_dims=self.fully_shard_dims,
-                               outputs=outputs, module_inputs=module_inputs)
+                               outputs=outputs, module_inputs=module_inputs, gradient_steps=gradient_steps)
 
 
-def _source(layout) -> str:
-    """Placements source text of a layout (one placement per mesh dim)."""
-    from planner.cost.strategy import PARTIAL, REPLICATE
-    parts = ["Replicate()" if p in (REPLICATE, PARTIAL) else f"Shard({p})" for p in layout]
+def _source(layout, partial: bool = False) -> str:
+    """Placements source text of a layout (one placement per mesh dim; Partial kept if ``partial``)."""
+    from planner.cost.strategy import GRAD_PARTIAL, PARTIAL, REPLICATE
+    parts = ["Partial()" if partial and p in (PARTIAL, GRAD_PARTIAL) else "Replicate()" if p in (REPLICATE, PARTIAL)
+             else f"Shard({p})" for p in layout]
     return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
 
 
@@ -229,10 +248,46 @@ def module_plan(graph, strategies: dict, mesh, spec: str, loss: str, title: str,
     rows, _ = compare(predicted_collectives(graph, strategies, mesh, settings), [], dict(zip(mesh.names, mesh.shape)))
     predicted = tuple((row.axes, round(row.predicted, 1)) for row in rows if row.axes != "total")
     module_inputs, outputs = _module_layouts(graph, exported, set(styles), shared) if tp_axes else ({}, {})
+    gradient_steps = _gradient_steps(graph, exported, params, shared, set(styles))
     return ModulePlan(spec, loss, tuple(mesh.names), tuple(mesh.shape), tuple(sorted(styles.items())),
                       tuple(placements), inputs, predicted, title, fully_shard=blocks if fsdp_axes else (),
                       fully_shard_dims=tuple(mesh.names[ax] for ax in fsdp_axes),
-                      outputs=tuple(sorted(outputs.items())), module_inputs=tuple(sorted(module_inputs.items())))
+                      outputs=tuple(sorted(outputs.items())), module_inputs=tuple(sorted(module_inputs.items())),
+                      gradient_steps=gradient_steps)
+
+
+def _gradient_steps(graph, exported, params: dict, shared: set, styled: set) -> tuple:
+    """Per parameter read once, in its own layout, whose gradient the plan reduces over two or more
+    mesh axes: the placements of the cost model's hierarchical all-reduce (``hierarchical_steps``:
+    reduce-scatters on the inner axes over the largest local dim that divides, the all-reduce on the
+    outer axis, all-gathers back), as source text, from the Partial gradient to the parameter's layout."""
+    from planner.cost.collectives import hierarchical_steps
+    from planner.cost.strategy import GRAD_PARTIAL, REPLICATE, forward_layout
+    mesh_shape, leaves = exported.mesh_shape, dict(exported.leaves)
+    reads: dict[str, list] = {}
+    for op, slot, layout in exported.inputs:
+        reads.setdefault(graph.operator(op).inputs[slot].tensor, []).append(layout)
+    out = []
+    for fqn in sorted(params):
+        layouts = reads.get(fqn, ())
+        if fqn not in leaves or fqn in shared or fqn.rpartition(".")[0] in styled or len(layouts) != 1:
+            continue
+        read = layouts[0]
+        axes = [ax for ax, p in enumerate(read) if p == GRAD_PARTIAL and mesh_shape[ax] > 1]
+        if len(axes) < 2 or forward_layout(read) != leaves[fqn]:
+            continue
+        shape, inner = graph.tensor(fqn).shape, math.prod(mesh_shape[ax] for ax in axes[1:])
+        local = [n // math.prod(mesh_shape[ax] for ax, p in enumerate(read) if p == d) for d, n in enumerate(shape)]
+        dims = [d for d in range(len(shape)) if local[d] % inner == 0]
+        if not dims:
+            continue
+        dim, current = max(dims, key=lambda d: (local[d], -d)), list(read)
+        steps = [_source(current, partial=True)]
+        for kind, ax, _ in hierarchical_steps(axes, mesh_shape):
+            current[ax] = dim if kind == "reduce_scatter" else REPLICATE
+            steps.append(_source(current, partial=True))
+        out.append((fqn, tuple(steps)))
+    return tuple(out)
 
 
 def _fully_shard_axes(graph, exported) -> tuple[int, ...]:
