@@ -12,6 +12,7 @@ pytest.importorskip("transformers")
 
 from planner import api  # noqa: E402
 from planner.cli import main  # noqa: E402
+from planner.errors import SettingsError  # noqa: E402
 from planner.engines.export import export_plan  # noqa: E402
 from planner.engines.torch_module_worker import load_plan_file  # noqa: E402
 
@@ -243,9 +244,17 @@ def test_pipelining_plan_trains_like_one_process(root):
     """The exported stages on 4 gloo processes (torch.distributed.pipelining, 1F1B, gradients summed over
     micro-batches, replicas and the tied copies): 3 steps equal one process within 1e-4."""
     from planner.engines.train_torch import train_module_plan
+    from planner.engines.verify import compare
     _, path = _pipeline_file(root, "dp")
     run = train_module_plan(str(path), 4, steps=3)
     assert run.max_rel_diff < 1e-4 and run.losses[-1] < run.losses[0]
+    counted = {row.axes: row.compiled for row in compare([], list(run.transfers), {"pp": 2, "dp": 2, "tied": 2})[0]}
+    predicted = load_plan_file(str(path)).PREDICTED_BYTES
+    assert counted["tied"] == predicted["tied"]
+    # GPT-2's attention mask, (2, 1, 64, 64) float32 per replica's micro-batch, sent on with the activation
+    assert counted["pp"] == predicted["pp"] + 1 * 2 * 2 * (2 * 64 * 64 * 4)
+    # the module reduces the whole position table (1,024 rows) where the plan reduces the 64 rows read
+    assert 0 < counted["dp"] - predicted["dp"] <= (1024 - 64) * 256 * 4
 
 
 @pytest.mark.slow
@@ -290,3 +299,56 @@ def test_data_parallel_gradients_on_two_axes_send_the_plans_node_bytes(root):
     predicted = load_plan_file(str(path)).PREDICTED_BYTES["node"]
     rows = {row.axes: row.compiled for row in compare([], list(run.transfers), {"node": 2, "gpu": 4})[0]}
     assert abs(rows["node"] - predicted) <= 0.2 * predicted, (rows["node"], predicted)
+
+
+def test_interleaved_chunks_deal_each_stages_blocks():
+    """Chunk j of the model is run j // p of stage j % p: 2 stages of 2 blocks, 2 chunks each -> one block
+    per chunk, device 0 holding blocks 0 and 2; uneven stages deal their remainder to the first runs."""
+    from planner.engines.torch_pipelining import chunk_starts
+    assert chunk_starts([2], 4, 1) == (2,)  # one chunk per device: the plan's cuts
+    assert chunk_starts([2], 4, 2) == (1, 2, 3)
+    assert chunk_starts([3], 6, 2) == (2, 4, 5)  # runs [2, 1] and [2, 1]: chunks 0,1,0,1 hold 2,2,1,1 blocks
+    assert chunk_starts([2, 5], 7, 2) == (1, 3, 4, 5, 6)  # stages of 2, 3, 2 blocks: runs [1,1], [2,1], [1,1]
+    with pytest.raises(SettingsError, match="interleaved:2 .* 1 block"):
+        chunk_starts([1], 4, 2)
+
+
+GPT2_4 = "hf:gpt2:layers=4,hidden=256,heads=4,seq=64,vocab=512,batch=8"
+
+
+def _interleaved_file(root: Path) -> tuple[int, Path]:
+    graph, plan, out = root / "gpt2-l4-graph.json", root / "il.json", root / "il.py"
+    if not graph.exists():
+        assert main(["import-torch", GPT2_4, "--loss", "cross_entropy", "--json", str(graph), "-q"]) == 0
+    assert main(["plan", "--model", str(graph), "--mesh", "2", "--pipeline", "auto", "--pp", "2", "--method", "dp",
+                 "--schedule", "interleaved:2", "--num-microbatches", "2", "--dtype", "fp32", "--optimizer", "sgd",
+                 "--json", str(plan), "-q"]) == 0
+    return main(["export", "--plan", str(plan), "--target", "torch", "--out", str(out), "-q"]), out
+
+
+def test_interleaved_plan_exports_model_chunks(root):
+    """4 chunks of one block on 2 ranks; the predicted sends by hand: 3 chunk boundaries x 2 micro-batches
+    x (the activation forward + its gradient back), a (4, 64, 256) float32 block each; the tied table's
+    two copies (512 x 256 float32) all-reduced between 2 ranks: 2 (n - 1) / n = 1 buffer each."""
+    code, path = _interleaved_file(root)
+    plan = load_plan_file(str(path))
+    assert code == 0 and plan.SCHEDULE == "Interleaved1F1B" and plan.CHUNKS == 2 and plan.STAGES == 2
+    assert plan.SPLIT_POINTS == ("transformer.h.1", "transformer.h.2", "transformer.h.3")
+    activation = 4 * 64 * 256 * 4
+    assert plan.PREDICTED_BYTES == {"pp": 3 * 2 * 2 * activation, "dp": 0.0, "tied": 2 * 512 * 256 * 4}
+
+
+@pytest.mark.slow
+def test_interleaved_pipelining_plan_trains_like_one_process(root):
+    """ScheduleInterleaved1F1B over 2 ranks of 2 chunks each (4 stages of one block), 3 steps = one process."""
+    from planner.engines.train_torch import train_module_plan
+    from planner.engines.verify import compare
+    _, path = _interleaved_file(root)
+    run = train_module_plan(str(path), 2, steps=3)
+    assert run.max_rel_diff < 1e-4 and run.losses[-1] < run.losses[0]
+    counted = {row.axes: row.compiled for row in compare([], list(run.transfers), {"pp": 2, "dp": 1, "tied": 2})[0]}
+    predicted = load_plan_file(str(path)).PREDICTED_BYTES
+    assert counted["tied"] == predicted["tied"]
+    # the sends are the plan's, plus GPT-2's attention mask (4, 1, 64, 64) float32, which the first chunk
+    # makes and every boundary hands on (and its gradient back): 3 boundaries x 2 micro-batches x 2
+    assert counted["pp"] == predicted["pp"] + 3 * 2 * 2 * (4 * 64 * 64 * 4)

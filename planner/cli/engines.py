@@ -149,7 +149,7 @@ def _train_module(args: argparse.Namespace) -> int:
     run = train_module_plan(args.plan, nproc, steps=args.steps, lr=args.lr, seed=args.seed)
     sizes = dict(zip(plan.MESH_DIM_NAMES, plan.MESH_SHAPE))
     from planner.engines.verify import compare
-    rows, _ = compare([], list(run.transfers), sizes)
+    rows, _ = compare([], list(run.transfers), {**sizes, "tied": 2})  # tied: a copy on each end stage
     counted = {row.axes: row.compiled for row in rows}
     lines = [f"plan {args.plan}: {plan.MODULE} on {nproc} {run.platform} processes "
              f"({', '.join(f'{k}={v}' for k, v in sizes.items())}), "
@@ -159,11 +159,12 @@ def _train_module(args: argparse.Namespace) -> int:
     lines += [f"{k:4d} {a:16.6f} {b:16.6f} {abs(a - b) / max(abs(b), 1e-30):10.2e}"
               for k, (a, b) in enumerate(zip(run.losses, run.reference))]
     lines.append(f"max relative difference {run.max_rel_diff:.2e} (tolerance {args.tolerance:g})")
-    if hasattr(plan, "PREDICTED_BYTES"):  # a pipelining file's stages send point-to-point (not counted)
+    if hasattr(plan, "PREDICTED_BYTES"):  # (a pipelining file: one device of each pipeline rank, summed)
         lines.append("bytes sent per device in one step, cost model (the plan's edges) vs CommDebugMode counted "
                      "(the engine's own choices between the exported placements):")
+        axes = list(dict.fromkeys([*plan.MESH_DIM_NAMES, *plan.PREDICTED_BYTES]))
         lines += [f"  {axis:12s} {float(plan.PREDICTED_BYTES.get(axis, 0.0)):14,.0f} {counted.get(axis, 0.0):14,.0f}"
-                  for axis in plan.MESH_DIM_NAMES]
+                  for axis in axes]
     _emit("\n".join(lines), args)
     if run.max_rel_diff > args.tolerance:
         print("planner: run-torch: losses differ from the one-process run beyond the tolerance", file=sys.stderr)
@@ -174,7 +175,8 @@ def _train_module(args: argparse.Namespace) -> int:
 def _kind_of(plan) -> str:
     if hasattr(plan, "SPLIT_POINTS"):
         inside = f", DTensor on {plan.TENSOR_PARALLEL} devices per stage" if getattr(plan, "TENSOR_PARALLEL", 1) > 1 else ""
-        return (f"torch.distributed.pipelining ({plan.SCHEDULE}, {plan.NUM_MICROBATCHES} micro-batches per "
+        chunks = f", {plan.CHUNKS} model chunks per device" if getattr(plan, "CHUNKS", 1) > 1 else ""
+        return (f"torch.distributed.pipelining ({plan.SCHEDULE}{chunks}, {plan.NUM_MICROBATCHES} micro-batches per "
                 f"replica{inside})")
     if not getattr(plan, "FULLY_SHARD_MODULES", ()):
         return "parallelize_module + DTensor"

@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = load_plan_file(job["plan"])
     dist.init_process_group("gloo")
     if hasattr(plan, "SPLIT_POINTS"):  # torch.distributed.pipelining stages (export of a 3D plan)
-        from planner.engines.torch_pipelining import run_worker
+        from planner.engines.pipelining_worker import run_worker
         run_worker(plan, job, out_path)
         dist.barrier()
         dist.destroy_process_group()

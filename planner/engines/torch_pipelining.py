@@ -2,11 +2,13 @@
 Python file that cuts the module into ``torch.distributed.pipelining`` stages at the plan's cuts and
 runs them with its schedule, each stage replicated over its data-parallel devices.
 
-The file holds ``SPLIT_POINTS`` (the block that begins each stage after the first, a
+The file holds ``SPLIT_POINTS`` (the block that begins each model chunk after the first, a
 ``SplitPoint.BEGINNING``), ``STAGES``, ``DATA_PARALLEL`` (devices per stage: each replica runs the
 pipeline on its share of the batch, and the replicas' gradients are summed once per step),
-``NUM_MICROBATCHES``, ``SCHEDULE`` (``GPipe`` or ``1F1B``), ``TIED`` (parameters two stages hold a
-copy of, whose gradients are summed between the copies), ``build_stage`` and ``schedule``.
+``NUM_MICROBATCHES``, ``SCHEDULE`` (``GPipe``, ``1F1B`` or ``Interleaved1F1B``), ``CHUNKS`` (model
+chunks per device: interleaved:v cuts the module into stages x v chunks, chunk j on pipeline rank
+j % stages, each device holding its stage's share of the blocks), ``TIED`` (parameters two stages hold
+a copy of, whose gradients are summed between the copies), ``build_stages`` and ``schedule``.
 ``planner run-torch --plan FILE.py`` trains it (``torch_module_worker``).
 
 A stage plan that splits parameters on one stage-mesh axis (tensor parallelism inside a stage) adds
@@ -21,7 +23,6 @@ batch and a parameter.
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 from planner.errors import SettingsError
@@ -37,10 +38,14 @@ MODULE = {module!r}  # planner import-torch spec of the nn.Module
 LOSS = {loss!r}
 STAGES = {stages}
 DATA_PARALLEL = {dp}  # devices per stage: each replica pipelines its share of the batch
-SPLIT_POINTS = {split_points!r}  # the block that begins each stage after the first
+SPLIT_POINTS = {split_points!r}  # the block that begins each model chunk after the first
+CHUNKS = {chunks}  # model chunks per device (interleaved 1F1B): chunk j runs on pipeline rank j % STAGES
 NUM_MICROBATCHES = {count}  # per replica
 SCHEDULE = {schedule!r}
 TIED = {tied!r}  # (owner, alias): a parameter two stages hold a copy of
+# bytes one device of each pipeline rank sends per step, summed, as the 3D cost model charges the plan
+# (per mesh dim of this file; "tied": the all-reduce of the tied copies)
+PREDICTED_BYTES = {predicted!r}
 TENSOR_PARALLEL = {tp}  # devices that split one stage's parameters (1: none)
 MESH_DIM_NAMES = ("pp", "dp", "tp") if TENSOR_PARALLEL > 1 else ("pp", "dp")
 MESH_SHAPE = (STAGES, DATA_PARALLEL, TENSOR_PARALLEL) if TENSOR_PARALLEL > 1 else (STAGES, DATA_PARALLEL)
@@ -64,12 +69,65 @@ class Logits(torch.nn.Module):
         return getattr(out, "logits", out)
 
 
-def build_stage(model, microbatch_inputs, stage_index, pp_group):
-    """This rank's PipelineStage: the module traced and cut at SPLIT_POINTS."""
+def build_stages(model, microbatch_inputs, pp_rank, pp_group):
+    """This rank's PipelineStages (its CHUNKS model chunks): the module traced and cut at SPLIT_POINTS."""
     from torch.distributed.pipelining import SplitPoint, pipeline
     pipe = pipeline(Logits(model), mb_args=tuple(microbatch_inputs),
                     split_spec={{"m." + name: SplitPoint.BEGINNING for name in SPLIT_POINTS}})
-    return pipe.build_stage(stage_index, torch.device("cpu"), group=pp_group)
+    forward_skips(pipe.split_gm)
+    return [pipe.build_stage(pp_rank + chunk * STAGES, torch.device("cpu"), group=pp_group) for chunk in range(CHUNKS)]
+
+
+def forward_skips(split_gm):
+    """A value a stage reads from a stage before its predecessor (GPT-2's attention mask, made by the
+    first stage and read by every block) is handed on by each stage in between: the multi-stage
+    runtime only sends between adjacent stages."""
+    import operator
+    graph = split_gm.graph
+    calls = [node for node in graph.nodes if node.op == "call_module" and node.target.startswith("submod_")]
+    made, relayed = {{call: k for k, call in enumerate(calls)}}, {{}}
+
+    def maker(node):
+        if node.op == "call_function" and node.target is operator.getitem:
+            node = node.args[0]
+        return made.get(node)
+    for k, call in enumerate(calls):
+        for arg in list(dict.fromkeys(a for a in call.args if isinstance(a, torch.fx.Node))):
+            if maker(arg) is None or maker(arg) >= k - 1:
+                continue
+            value = arg
+            for between in calls[maker(arg) + 1:k]:
+                if (value, between) not in relayed:  # once per value and stage, whoever reads it later
+                    relayed[value, between] = _hand_on(split_gm, between, value)
+                    made[relayed[value, between]] = made[between]
+                value = relayed[value, between]
+            call.replace_input_with(arg, value)
+    split_gm.recompile()
+
+
+def _hand_on(split_gm, call, value):
+    """``call``'s stage returns ``value`` as its last output (taking it as its last input, unless it
+    reads it already)."""
+    import operator
+    graph, sub = split_gm.graph, split_gm.get_submodule(call.target)
+    inputs = [node for node in sub.graph.nodes if node.op == "placeholder"]
+    if value in call.args:
+        handed = inputs[call.args.index(value)]
+    else:
+        with sub.graph.inserting_after(inputs[-1]):
+            handed = sub.graph.placeholder(f"handed_{{len(call.args)}}")
+        call.args = call.args + (value,)
+    out = next(node for node in sub.graph.nodes if node.op == "output")
+    single = not isinstance(out.args[0], (tuple, list))
+    outputs = ((out.args[0],) if single else tuple(out.args[0])) + (handed,)
+    out.args = (outputs,)
+    sub.recompile()
+    if single:  # its readers took the stage's one output: now its first
+        with graph.inserting_after(call):
+            first = graph.call_function(operator.getitem, (call, 0))
+        call.replace_all_uses_with(first, delete_user_cb=lambda user: user is not first)
+    with graph.inserting_after(call):
+        return graph.call_function(operator.getitem, (call, len(outputs) - 1))
 
 
 def parallelize_stage(stage, tp_mesh):
@@ -112,26 +170,28 @@ def _has(module, fqn):
         return False
 
 
-def schedule(stage, loss_fn):
-    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
+def schedule(stages, loss_fn):
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
     # the loss is a sum over the batch: gradients are summed over micro-batches, not averaged
-    return (ScheduleGPipe if SCHEDULE == "GPipe" else Schedule1F1B)(stage, NUM_MICROBATCHES, loss_fn=loss_fn,
+    if SCHEDULE == "Interleaved1F1B":
+        return ScheduleInterleaved1F1B(stages, NUM_MICROBATCHES, loss_fn=loss_fn, scale_grads=False)
+    return (ScheduleGPipe if SCHEDULE == "GPipe" else Schedule1F1B)(stages[0], NUM_MICROBATCHES, loss_fn=loss_fn,
                                                                     scale_grads=False)
 '''
 
 
 def pipelining_plan(data: dict, micro, spec: str, loss: str, title: str) -> str:
     """The file's text for a 3D plan ``data`` (plan JSON) of a graph imported from ``spec``; ``micro``
-    is the graph at the micro-batch size. Refuses interleaved schedules and stage plans that are
-    neither data parallel nor tensor parallel on one axis."""
+    is the graph at the micro-batch size (``interleaved:v``: ``chunk_starts``). Refuses stage plans
+    that are neither data parallel nor tensor parallel on one axis."""
     from planner.cluster.mesh import parse_mesh
     from planner.cluster.profiles import get_profile
     from planner.engines.export import export_plan
     from planner.engines.torch_module import _module_layouts, _module_params, _project, _source
+    from planner.pipeline.schedule import parse_schedule
     pipe, operators = data["pipeline"], data["operators"]
-    schedule = {"gpipe": "GPipe", "1f1b": "1F1B"}.get(str(pipe.get("schedule")).lower())
-    if schedule is None:
-        raise SettingsError(f"--target torch: schedule {pipe.get('schedule')!r} is not exported (GPipe, 1F1B)")
+    kind, chunks = parse_schedule(str(pipe.get("schedule")).lower())
+    schedule = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B"}[kind]
     mesh = parse_mesh(pipe["stage_mesh"], get_profile("symbolic"))
     axes = tuple(operators[0]["strategy"]) if operators else ()
     strategies = {o["name"]: tuple(o["strategy"].get(a) for a in axes) for o in operators}
@@ -153,10 +213,59 @@ def pipelining_plan(data: dict, micro, spec: str, loss: str, title: str) -> str:
 
     def rows(table: dict) -> str:
         return "".join(f"\n    {name!r}: {value}," for name, value in sorted(table.items()))
-    return TEMPLATE.format(title=title, module=spec, loss=loss, stages=int(pipe["stages"]), dp=dp,
-                           split_points=tuple(blocks[cut] for cut in pipe["cuts"]), count=int(pipe["num_microbatches"]),
+    starts = chunk_starts([int(c) for c in pipe["cuts"]], len(blocks), chunks)
+    chunk_of = {o["name"]: _chunk(micro.operator(o["name"]).layer, int(o["stage"]), starts) for o in operators}
+    predicted = predicted_bytes(micro, chunk_of, strategies, mesh, tp_axes, len(starts) + 1,
+                                int(pipe["num_microbatches"]))
+    return TEMPLATE.format(predicted=predicted, title=title, module=spec, loss=loss, stages=int(pipe["stages"]), dp=dp, chunks=chunks,
+                           split_points=tuple(blocks[start] for start in starts), count=int(pipe["num_microbatches"]),
                            schedule=schedule, tied=tied, nproc=int(pipe["stages"]) * math.prod(mesh.shape), tp=tp,
                            placements=rows(placements), module_inputs=rows(module_inputs), outputs=rows(outputs))
+
+
+def chunk_starts(cuts: list[int], blocks: int, chunks: int) -> tuple[int, ...]:
+    """The block that begins each model chunk after the first. Stage k's blocks (the plan's cuts) are
+    dealt into ``chunks`` near-equal runs; chunk j of the model is run r = j // p of stage k = j % p
+    (Megatron-LM's interleaving), so device k holds stage k's share of the blocks, as the time model
+    has it. One chunk per device: the plan's cuts. Refused: a stage with fewer blocks than chunks."""
+    bounds = [0, *cuts, blocks]
+    sizes = [bounds[k + 1] - bounds[k] for k in range(len(bounds) - 1)]
+    if min(sizes) < chunks:
+        raise SettingsError(f"--target torch: interleaved:{chunks} deals each stage's blocks into {chunks} model "
+                            f"chunks; a stage of this plan has {min(sizes)} block(s)")
+    runs = [[n // chunks + (1 if r < n % chunks else 0) for r in range(chunks)] for n in sizes]
+    out, at = [], 0
+    for r in range(chunks):
+        for k in range(len(sizes)):
+            at += runs[k][r]
+            out.append(at)
+    return tuple(out[:-1])
+
+
+def _chunk(layer: int | None, stage: int, starts: tuple[int, ...]) -> int:
+    """The model chunk of an operator: by its block, else (embedding, head) the first or the last."""
+    import bisect
+    if layer is None:
+        return 0 if stage == 0 else len(starts)
+    return bisect.bisect_right(starts, layer)
+
+
+def predicted_bytes(micro, chunk_of: dict, strategies: dict, mesh, tp_axes: tuple[int, ...], chunks: int,
+                    num_microbatches: int) -> dict[str, float]:
+    """``verify.predicted_pipeline_collectives`` over the model chunks (every chunk boundary a send),
+    as bytes each device sends (``verify.compare``), the stage mesh's axes named as the file's mesh
+    dims: ``tp`` the tensor-parallel axis, ``dp`` the others (flattened); ``pp`` and ``tied``."""
+    from planner.engines.torch_pipeline import stages_reading
+    from planner.engines.verify import compare, predicted_pipeline_collectives
+    transfers = predicted_pipeline_collectives(micro, chunk_of, strategies, mesh, chunks, num_microbatches)
+    copies = max((len(s) for s in stages_reading(micro, chunk_of).values()), default=1)
+    rows, _ = compare(transfers, [], {**dict(zip(mesh.names, mesh.shape)), "pp": chunks, "tied": copies})
+    dims = {**{name: "tp" if ax in tp_axes else "dp" for ax, name in enumerate(mesh.names)}, "pp": "pp", "tied": "tied"}
+    out = {"pp": 0.0, "dp": 0.0, **({"tp": 0.0} if tp_axes else {}), "tied": 0.0}
+    for row in rows:
+        if row.axes in dims:
+            out[dims[row.axes]] += round(row.predicted, 1)
+    return out
 
 
 def _tensor_parallel_axes(micro, exported) -> tuple[int, ...]:
@@ -176,100 +285,3 @@ def _tensor_parallel_axes(micro, exported) -> tuple[int, ...]:
                             "batch and parameters, which a pipelining stage cannot run; planner run-torch --plan "
                             "PLAN.json runs it as planned")
     return tuple(split)
-
-
-def run_worker(plan, job: dict, out_path: str) -> None:
-    """One torchrun rank of an exported pipelining plan: stage ``rank // DATA_PARALLEL``, replica
-    ``rank % DATA_PARALLEL``; SGD steps with the plan's schedule, the replicas' and the tied copies'
-    gradients summed once per step. Rank 0 writes the per-step losses (summed over replicas)."""
-    import torch
-    import torch.distributed as dist
-    import torch.nn.functional as F
-    from torch.distributed.device_mesh import init_device_mesh
-
-    from planner.engines.torch_module_worker import _model_and_batch
-    tensor_parallel = getattr(plan, "TENSOR_PARALLEL", 1)
-    mesh = init_device_mesh("cpu", tuple(plan.MESH_SHAPE), mesh_dim_names=tuple(plan.MESH_DIM_NAMES))
-    stage_index, replica = mesh.get_local_rank("pp"), mesh.get_local_rank("dp")
-    model, batch, generator = _model_and_batch(plan, job["seed"])
-    with torch.no_grad():
-        shape = plan.Logits(model)(*[value[:1] for value in batch]).shape
-    labels = torch.randint(0, shape[-1], (batch[0].shape[0],) + tuple(shape[1:-1]), generator=generator)
-    share = batch[0].shape[0] // plan.DATA_PARALLEL
-    rows = slice(replica * share, (replica + 1) * share)
-    inputs, targets = [value[rows] for value in batch], labels[rows]
-    micro = share // plan.NUM_MICROBATCHES
-    stage = plan.build_stage(model, [value[:micro] for value in inputs], stage_index, mesh.get_group("pp"))
-    context = contextlib.nullcontext
-    if tensor_parallel > 1:
-        from torch.distributed.tensor.experimental import implicit_replication
-        plan.parallelize_stage(stage, mesh["tp"])
-        context = implicit_replication
-    counts = tensor_parallel == 1 or mesh.get_local_rank("tp") == 0  # one loss per replica
-
-    def loss_fn(out, target):
-        if plan.LOSS == "sum":
-            return out.sum()
-        return F.cross_entropy(out.reshape(-1, out.shape[-1]), target.reshape(-1), reduction="sum")
-    schedule = plan.schedule(stage, loss_fn)
-    tied = _tied_groups(plan, stage, dist)
-    last = stage_index == plan.STAGES - 1
-    losses = []
-    for _ in range(job["steps"]):
-        mine: list = []
-        with context():
-            if stage_index == 0:
-                schedule.step(*inputs, target=targets if last else None, losses=mine if last else None)
-            elif last:
-                schedule.step(target=targets, losses=mine)
-            else:
-                schedule.step()
-        _update(stage, tied, mesh.get_group("dp"), job["lr"])
-        total = torch.tensor(float(sum(float(v) for v in mine)) if counts else 0.0)
-        dist.all_reduce(total)
-        losses.append(float(total))
-    if dist.get_rank() == 0:
-        from planner.outputs import write_json
-        write_json(out_path, {"losses": losses, "transfers": [], "backend": "gloo"})
-
-
-def _update(stage, tied: list, dp_group, lr: float) -> None:
-    """SGD on the stage's parameters: gradients summed over the replicas (a tensor-parallel shard
-    with its peers) and between tied copies (whole: the copies' layouts may differ), then applied."""
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.tensor import DTensor, distribute_tensor
-    params = dict(stage.submod.named_parameters())
-    with torch.no_grad():
-        for value in params.values():
-            if value.grad is not None:
-                dist.all_reduce(value.grad.to_local() if isinstance(value.grad, DTensor) else value.grad, group=dp_group)
-        for name, group in tied:
-            grad = params[name].grad
-            whole = grad.full_tensor() if isinstance(grad, DTensor) else grad
-            dist.all_reduce(whole, group=group)
-            if isinstance(grad, DTensor):
-                params[name].grad = distribute_tensor(whole, grad.device_mesh, grad.placements)
-        for value in params.values():
-            if value.grad is not None:
-                value -= lr * value.grad
-                value.grad = None
-
-
-def _tied_groups(plan, stage, dist) -> list:
-    """(this stage's name of a tied copy, the group of the ranks holding its copies at this replica)."""
-    names = {name for name, _ in stage.submod.named_parameters()}
-    held = [[f"m.{n}" for pair in plan.TIED for n in pair if f"m.{n}" in names]]
-    every: list = [None] * dist.get_world_size()
-    dist.all_gather_object(every, held[0])
-    out = []
-    width = plan.DATA_PARALLEL * getattr(plan, "TENSOR_PARALLEL", 1)  # ranks of one stage: (replica, tp peer)
-    for owner, alias in plan.TIED:
-        for replica in range(width):
-            ranks = [r for r in range(dist.get_world_size()) if r % width == replica
-                     and {f"m.{owner}", f"m.{alias}"} & set(every[r])]
-            group = dist.new_group(ranks) if len(ranks) > 1 else None
-            mine = [n for n in (f"m.{owner}", f"m.{alias}") if n in names]
-            if group is not None and dist.get_rank() in ranks and mine:
-                out.append((mine[0], group))
-    return out

@@ -48,8 +48,10 @@ def _group_name(value) -> str | None:
     return torch.distributed.ProcessGroup.unbox(value).group_name
 
 
-def counting_mode(axis_of_group: dict):
-    """``CommDebugMode`` that also records (kind, mesh axes, n bytes) of every collective it counts."""
+def counting_mode(axis_of_group: dict, track_modules: bool = True):
+    """``CommDebugMode`` that also records (kind, mesh axes, n bytes) of every collective it counts.
+    ``track_modules=False``: without CommDebugMode's per-module tracker, whose forward hooks fail on
+    the modules ``torch.distributed.pipelining`` unflattens (an empty parent list)."""
     import torch
     from torch.distributed.tensor.debug import CommDebugMode
 
@@ -60,6 +62,8 @@ def counting_mode(axis_of_group: dict):
             super().__init__()
             self.transfers = []
             self.fallback = []  # gloo's all-gathers that stand for an all-to-all (torch_edges)
+            if not track_modules:
+                self.advanced_module_tracker = _GlobalOnly()
 
         def as_all_to_all(self, count_from: int, nbytes: float) -> None:
             """The collectives recorded since ``count_from`` were DTensor's CPU fallback for one
@@ -92,6 +96,22 @@ def counting_mode(axis_of_group: dict):
                     self.transfers.append((kind, axis_of_group[group][0], float(n)))
             return out
     return Counting()
+
+
+class _GlobalOnly:
+    """CommDebugMode's module tracker reduced to what its dispatch reads: every count is "Global"."""
+
+    name, is_bw, activation_checkpointing = "Global", False, False
+    module_parents_dict = {"Global": set()}
+    module_helper_dict: dict = {}
+    module_parameters_dict: dict = {}
+    sharding_dict: dict = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *args):
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:
