@@ -25,7 +25,8 @@ model's edges; ``planner run-torch --plan PLAN.json`` runs every edge as the pla
   whole, which is where the cost model shards a ZeRO-3 parameter (several: flattened, not HSDP). The
   other axes (one at most) are tensor parallel: the styles, placements and hooks above on that
   sub-mesh first, then FSDP2 on top (torchtitan's FSDP + TP). The inputs are each rank's batch block.
-3D plans are exported as ``torch.distributed.pipelining`` stages (``planner.engines.torch_pipelining``).
+The layouts at the module's boundaries are worked out in ``planner.engines.module_layouts``. 3D plans are
+exported as ``torch.distributed.pipelining`` stages (``planner.engines.torch_pipelining``).
 Not exported (refused with a one-line reason): ZeRO-3 plans with no such axis, with tensor
 parallelism on two axes, or splitting an activation on a data-parallel axis other than by its batch;
 plans whose graph was not imported from a module.
@@ -36,6 +37,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from planner.engines.module_layouts import (gradient_steps, input_layout, module_layouts, module_params,
+                                           placements_source, project, styles_of, tied_embeddings)
 from planner.errors import SettingsError
 
 TEMPLATE = '''"""PyTorch plan from planner: {title}.
@@ -180,36 +183,12 @@ class ModulePlan:
         placements = "".join(f"\n    {name!r}: {value}," for name, value in self.placements)
         outputs = "".join(f"\n    {name!r}: {value}," for name, value in self.outputs)
         module_inputs = "".join(f"\n    {name!r}: {value}," for name, value in self.module_inputs)
-        gradient_steps = "".join(f"\n    {name!r}: ({', '.join(steps)})," for name, steps in self.gradient_steps)
+        walks = "".join(f"\n    {name!r}: ({', '.join(steps)})," for name, steps in self.gradient_steps)
         return TEMPLATE.format(title=self.title, module=self.module, loss=self.loss, names=self.axis_names,
                                shape=self.mesh_shape, styles=styles, placements=placements, inputs=self.inputs,
                                predicted=dict(self.predicted), nproc=math.prod(self.mesh_shape), fully_shard=self.fully_shard,
                                fully_shard_dims=self.fully_shard_dims,
-                               outputs=outputs, module_inputs=module_inputs, gradient_steps=gradient_steps)
-
-
-def _source(layout, partial: bool = False) -> str:
-    """Placements source text of a layout (one placement per mesh dim; Partial kept if ``partial``)."""
-    from planner.cost.strategy import GRAD_PARTIAL, PARTIAL, REPLICATE
-    parts = ["Partial()" if partial and p in (PARTIAL, GRAD_PARTIAL) else "Replicate()" if p in (REPLICATE, PARTIAL)
-             else f"Shard({p})" for p in layout]
-    return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
-
-
-def _module_params(spec: str):
-    """The module's parameters built on the meta device: path -> (shape, owner path of the shared tensor)."""
-    import torch
-
-    from planner.engines.torch_presets import build_spec
-    with torch.device("meta"):
-        module, _, _ = build_spec(spec)
-    first, out = {}, {}
-    for fqn, param in module.named_parameters(remove_duplicate=False):
-        out[fqn] = (tuple(param.shape), first.setdefault(id(param), fqn))
-    linear = {name for name, sub in module.named_modules() if isinstance(sub, torch.nn.Linear)}
-    blocks = tuple(f"{name}.{child}" for name, sub in module.named_modules() if isinstance(sub, torch.nn.ModuleList)
-                   for child, _ in sub.named_children())
-    return out, linear, blocks
+                               outputs=outputs, module_inputs=module_inputs, gradient_steps=walks)
 
 
 def module_plan(graph, strategies: dict, mesh, spec: str, loss: str, title: str, zero=0) -> ModulePlan:
@@ -222,72 +201,39 @@ def module_plan(graph, strategies: dict, mesh, spec: str, loss: str, title: str,
     if zero not in (0, 1, 2, 3):
         raise SettingsError(f"--target torch: ZeRO stages per layer (zero {zero!r}) are not exported")
     exported = export_plan(graph, strategies, mesh)
-    params, linear, blocks = _module_params(spec)
+    params, linear, blocks, tables = module_params(spec)
     missing = sorted(t.name for t in graph.tensors if t.role == "param" and t.name not in params)
     if missing:
         raise SettingsError(f"--module: {spec} has no parameter {missing[0]!r} of the plan's graph "
                             f"({len(missing)} missing): export the plan of a graph imported from this module")
     fsdp_axes = _fully_shard_axes(graph, exported) if zero == 3 else ()
     tp_axes = tuple(ax for ax in range(len(mesh.shape)) if ax not in fsdp_axes)
-    inputs = _source(_input_layout(graph, dict(exported.leaves), len(mesh.shape)))
-    exported = _project(exported, tp_axes)  # the styles, placements and hooks: the tensor-parallel sub-mesh
+    inputs = placements_source(input_layout(graph, dict(exported.leaves), len(mesh.shape)))
+    exported = project(exported, tp_axes)  # the styles, placements and hooks: the tensor-parallel sub-mesh
     leaves = dict(exported.leaves)
     by_owner = {owner: fqn for fqn, (_, owner) in params.items() if fqn in leaves}
     # every path of a tensor two modules share (a tied embedding: the owner and its alias); a style
     # would distribute the alias on its own and untie it
     owners = {owner for fqn, (_, owner) in params.items() if fqn != owner}
     shared = owners | {fqn for fqn, (_, owner) in params.items() if owner in owners}
-    styles = _styles(graph, exported, linear, shared, leaves) if len(tp_axes) == 1 else {}
+    styles = styles_of(graph, exported, linear, shared, leaves) if len(tp_axes) == 1 else {}
     placements = []
     for fqn, (_, owner) in sorted(params.items()):
         ir_name = fqn if fqn in leaves else by_owner.get(owner)
         if fqn.rpartition(".")[0] in styles or ir_name is None or not tp_axes:
             continue
-        placements.append((fqn, _source(leaves[ir_name])))
+        placements.append((fqn, placements_source(leaves[ir_name])))
     settings = TrainingSettings(dtype="fp32", optimizer="sgd", zero=3 if fsdp_axes else 0, recompute=False)
     rows, _ = compare(predicted_collectives(graph, strategies, mesh, settings), [], dict(zip(mesh.names, mesh.shape)))
     predicted = tuple((row.axes, round(row.predicted, 1)) for row in rows if row.axes != "total")
-    module_inputs, outputs = _module_layouts(graph, exported, set(styles), shared) if tp_axes else ({}, {})
-    gradient_steps = _gradient_steps(graph, exported, params, shared, set(styles))
+    embeddings = tied_embeddings(params, tables, shared)
+    module_inputs, outputs = module_layouts(graph, exported, set(styles), shared, embeddings) if tp_axes else ({}, {})
+    walks = gradient_steps(graph, exported, params, shared, set(styles))
     return ModulePlan(spec, loss, tuple(mesh.names), tuple(mesh.shape), tuple(sorted(styles.items())),
                       tuple(placements), inputs, predicted, title, fully_shard=blocks if fsdp_axes else (),
                       fully_shard_dims=tuple(mesh.names[ax] for ax in fsdp_axes),
                       outputs=tuple(sorted(outputs.items())), module_inputs=tuple(sorted(module_inputs.items())),
-                      gradient_steps=gradient_steps)
-
-
-def _gradient_steps(graph, exported, params: dict, shared: set, styled: set) -> tuple:
-    """Per parameter read once, in its own layout, whose gradient the plan reduces over two or more
-    mesh axes: the placements of the cost model's hierarchical all-reduce (``hierarchical_steps``:
-    reduce-scatters on the inner axes over the largest local dim that divides, the all-reduce on the
-    outer axis, all-gathers back), as source text, from the Partial gradient to the parameter's layout."""
-    from planner.cost.collectives import hierarchical_steps
-    from planner.cost.strategy import GRAD_PARTIAL, REPLICATE, forward_layout
-    mesh_shape, leaves = exported.mesh_shape, dict(exported.leaves)
-    reads: dict[str, list] = {}
-    for op, slot, layout in exported.inputs:
-        reads.setdefault(graph.operator(op).inputs[slot].tensor, []).append(layout)
-    out = []
-    for fqn in sorted(params):
-        layouts = reads.get(fqn, ())
-        if fqn not in leaves or fqn in shared or fqn.rpartition(".")[0] in styled or len(layouts) != 1:
-            continue
-        read = layouts[0]
-        axes = [ax for ax, p in enumerate(read) if p == GRAD_PARTIAL and mesh_shape[ax] > 1]
-        if len(axes) < 2 or forward_layout(read) != leaves[fqn]:
-            continue
-        shape, inner = graph.tensor(fqn).shape, math.prod(mesh_shape[ax] for ax in axes[1:])
-        local = [n // math.prod(mesh_shape[ax] for ax, p in enumerate(read) if p == d) for d, n in enumerate(shape)]
-        dims = [d for d in range(len(shape)) if local[d] % inner == 0]
-        if not dims:
-            continue
-        dim, current = max(dims, key=lambda d: (local[d], -d)), list(read)
-        steps = [_source(current, partial=True)]
-        for kind, ax, _ in hierarchical_steps(axes, mesh_shape):
-            current[ax] = dim if kind == "reduce_scatter" else REPLICATE
-            steps.append(_source(current, partial=True))
-        out.append((fqn, tuple(steps)))
-    return tuple(out)
+                      gradient_steps=walks)
 
 
 def _fully_shard_axes(graph, exported) -> tuple[int, ...]:
@@ -296,7 +242,7 @@ def _fully_shard_axes(graph, exported) -> tuple[int, ...]:
     or an activation split there on another dim than its batch."""
     from planner.cost.strategy import GRAD_PARTIAL, PARTIAL, REPLICATE
     leaves = dict(exported.leaves)
-    batch = _input_layout(graph, leaves, len(exported.mesh_shape))
+    batch = input_layout(graph, leaves, len(exported.mesh_shape))
     axes = tuple(ax for ax in range(len(exported.mesh_shape)) if batch[ax] == 0 and all(
         layout[ax] == REPLICATE for name, layout in leaves.items() if graph.tensor(name).role == "param"))
     if not axes:
@@ -314,82 +260,3 @@ def _fully_shard_axes(graph, exported) -> tuple[int, ...]:
                                 "which FSDP2 cannot run")
     return axes
 
-
-def _project(exported, axes: tuple[int, ...]):
-    """The plan's layouts on the mesh axes ``axes`` only (the tensor-parallel sub-mesh)."""
-    from dataclasses import replace
-
-    def on(layout):
-        return tuple(layout[ax] for ax in axes)
-    return replace(exported, axis_names=tuple(exported.axis_names[ax] for ax in axes),
-                   mesh_shape=tuple(exported.mesh_shape[ax] for ax in axes),
-                   leaves=tuple((name, on(layout)) for name, layout in exported.leaves),
-                   inputs=tuple((op, slot, on(layout)) for op, slot, layout in exported.inputs),
-                   outputs=tuple((op, slot, on(layout)) for op, slot, layout in exported.outputs))
-
-
-def _module_layouts(graph, exported, styled: set, shared: set) -> tuple[dict[str, str], dict[str, str]]:
-    """Per weight module without a style (GPT-2's Conv1D, a Linear no style fits): the layout the plan
-    reads its input in, and the one its output's readers all take (past the module's own reshapes),
-    as placements source: (inputs, outputs)."""
-    from planner.cost.strategy import PARTIAL, forward_layout
-    inputs = {(op, slot): layout for op, slot, layout in exported.inputs}
-    readers: dict[str, list] = {}
-    producer = {o.tensor: op for op in graph.operators for o in op.outputs}
-    for op in graph.operators:
-        for slot, operand in enumerate(op.inputs):
-            readers.setdefault(operand.tensor, []).append((op, slot))
-    ins, outs = {}, {}
-    for op in graph.operators:
-        weight = next((o.tensor for o in op.inputs[1:] if o.tensor.endswith(".weight")
-                       and graph.tensor(o.tensor).role == "param"), None)
-        module = weight[: -len(".weight")] if weight else None
-        if module is None or module in styled or weight in shared or len(readers[weight]) != 1:
-            continue
-        first, tensor = op, op.inputs[0].tensor
-        if tensor in producer and producer[tensor].kind == "reshape" and len(readers[tensor]) == 1:
-            first = producer[tensor]  # the module flattens its input itself (Conv1D's view)
-        read = forward_layout(inputs[(first.name, 0)])
-        if graph.tensor(first.inputs[0].tensor).role == "activation":
-            ins[module] = _source(read)
-        tensor = op.outputs[0].tensor
-        while len(readers.get(tensor, ())) == 1 and readers[tensor][0][0].kind == "reshape":
-            tensor = readers[tensor][0][0].outputs[0].tensor
-        layouts = {forward_layout(inputs[(reader.name, slot)]) for reader, slot in readers.get(tensor, ())}
-        if len(layouts) == 1 and PARTIAL not in next(iter(layouts)):
-            outs[module] = _source(next(iter(layouts)))
-    return ins, outs
-
-
-def _input_layout(graph, leaves: dict, naxes: int):
-    """Batch split of the module's inputs: where the plan splits the labels' (else the first data's) dim 0."""
-    from planner.cost.strategy import REPLICATE
-    data = [t.name for t in graph.tensors if t.role == "data" and t.name in leaves]
-    name = "labels" if "labels" in data else (data[0] if data else None)
-    if name is None:
-        return (REPLICATE,) * naxes
-    return tuple(0 if p == 0 else REPLICATE for p in leaves[name])
-
-
-def _styles(graph, exported, linear: set, shared: set, leaves: dict) -> dict[str, str]:
-    """Colwise / rowwise styles for the nn.Linear layers whose layouts are a style's (1-D mesh)."""
-    from planner.cost.strategy import PARTIAL, REPLICATE, forward_layout
-    inputs = {(op, slot): layout for op, slot, layout in exported.inputs}
-    outputs = {(op, slot): layout for op, slot, layout in exported.outputs}
-    styles = {}
-    for op in graph.operators:
-        names = [operand.tensor for operand in op.inputs]
-        module = next((n[: -len(".weight")] for n in names if n.endswith(".weight") and n[: -len(".weight")] in linear), None)
-        if module is None or f"{module}.weight" in shared or graph.tensor(names[0]).role == "param":
-            continue
-        weight = leaves[f"{module}.weight"][0]
-        x = forward_layout(inputs[(op.name, 0)])[0]
-        out = outputs[(op.name, 0)][0]
-        x_last, out_last = len(graph.tensor(names[0]).shape) - 1, len(graph.tensor(op.outputs[0].tensor).shape) - 1
-        if weight == 0 and x == REPLICATE and out == out_last:
-            styles[module] = ("ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), "
-                              "use_local_output=False)")
-        elif weight == 1 and x == x_last and out in (REPLICATE, PARTIAL):
-            styles[module] = ("RowwiseParallel(input_layouts=Shard(-1), output_layouts=Replicate(), "
-                              "use_local_output=False)")
-    return styles

@@ -187,7 +187,7 @@ def pipelining_plan(data: dict, micro, spec: str, loss: str, title: str) -> str:
     from planner.cluster.mesh import parse_mesh
     from planner.cluster.profiles import get_profile
     from planner.engines.export import export_plan
-    from planner.engines.torch_module import _module_layouts, _module_params, _project, _source
+    from planner.engines.module_layouts import module_layouts, module_params, placements_source, project, tied_embeddings
     from planner.pipeline.schedule import parse_schedule
     pipe, operators = data["pipeline"], data["operators"]
     kind, chunks = parse_schedule(str(pipe.get("schedule")).lower())
@@ -197,17 +197,18 @@ def pipelining_plan(data: dict, micro, spec: str, loss: str, title: str) -> str:
     strategies = {o["name"]: tuple(o["strategy"].get(a) for a in axes) for o in operators}
     exported = export_plan(micro, strategies, mesh)
     tp_axes = _tensor_parallel_axes(micro, exported)
-    params, _, blocks = _module_params(spec)
+    params, _, blocks, tables = module_params(spec)
     layers = {op.layer for op in micro.operators if op.layer is not None}
     if len(blocks) != len(layers):
         raise SettingsError(f"--target torch: {spec} has {len(blocks)} blocks, the plan's graph {len(layers)} layers")
     tied = tuple(sorted((owner, fqn) for fqn, (_, owner) in params.items() if fqn != owner))
     placements, module_inputs, outputs = {}, {}, {}
     if tp_axes:
-        stage_plan = _project(exported, tp_axes)
+        stage_plan = project(exported, tp_axes)
         leaves = dict(stage_plan.leaves)
-        placements = {fqn: _source(leaves[fqn]) for fqn in sorted(params) if fqn in leaves}
-        module_inputs, outputs = _module_layouts(micro, stage_plan, set(), {n for pair in tied for n in pair})
+        placements = {fqn: placements_source(leaves[fqn]) for fqn in sorted(params) if fqn in leaves}
+        shared = {n for pair in tied for n in pair}
+        module_inputs, outputs = module_layouts(micro, stage_plan, set(), shared, tied_embeddings(params, tables, shared))
     tp = mesh.shape[tp_axes[0]] if tp_axes else 1
     dp = math.prod(mesh.shape) // tp
 
@@ -272,14 +273,14 @@ def _tensor_parallel_axes(micro, exported) -> tuple[int, ...]:
     """The stage-mesh axis that splits parameters (none: the stages are data parallel); refused:
     two such axes, or one that also splits the batch."""
     from planner.cost.strategy import REPLICATE
-    from planner.engines.torch_module import _input_layout
+    from planner.engines.module_layouts import input_layout
     leaves = dict(exported.leaves)
     split = [ax for ax in range(len(exported.mesh_shape)) if any(
         layout[ax] != REPLICATE for name, layout in leaves.items() if micro.tensor(name).role == "param")]
     if len(split) > 1:
         raise SettingsError("--target torch: a pipeline plan's stages are exported with tensor parallelism on one "
                             f"stage-mesh axis; this plan splits parameters on {len(split)}")
-    batch = _input_layout(micro, leaves, len(exported.mesh_shape))
+    batch = input_layout(micro, leaves, len(exported.mesh_shape))
     if split and batch[split[0]] == 0:
         raise SettingsError(f"--target torch: stage-mesh axis {exported.axis_names[split[0]]!r} splits both the "
                             "batch and parameters, which a pipelining stage cannot run; planner run-torch --plan "
