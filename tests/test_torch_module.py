@@ -32,6 +32,12 @@ def _exported(root: Path, spec: str, mesh: str, tag: str, target: str = "torch",
     return out
 
 
+def _counted(run, sizes: dict) -> dict:
+    """Bytes each device sent in the run's counted step, per mesh axis (and "total")."""
+    from planner.engines.verify import compare
+    return {row.axes: row.compiled for row in compare([], list(run.transfers), sizes)[0]}
+
+
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
     return tmp_path_factory.mktemp("module_plans")
@@ -175,8 +181,7 @@ def test_zero3_megatron_plan_trains_like_one_process(root):
     plan = load_plan_file(str(path))
     run = train_module_plan(str(path), 8, steps=3)
     assert run.max_rel_diff < 1e-4 and run.losses[-1] < run.losses[0]
-    from planner.engines.verify import compare
-    counted = {row.axes: row.compiled for row in compare([], list(run.transfers), {"node": 2, "gpu": 4})[0]}
+    counted = _counted(run, {"node": 2, "gpu": 4})
     assert abs(counted["gpu"] / dict(plan.PREDICTED_BYTES)["gpu"] - 1) < 0.05
     node = [(kind, n) for kind, axes, n in run.transfers if tuple(axes) == ("node",)]
     gathered = sum(n for kind, n in node if kind == "all_gather")
@@ -244,11 +249,10 @@ def test_pipelining_plan_trains_like_one_process(root):
     """The exported stages on 4 gloo processes (torch.distributed.pipelining, 1F1B, gradients summed over
     micro-batches, replicas and the tied copies): 3 steps equal one process within 1e-4."""
     from planner.engines.train_torch import train_module_plan
-    from planner.engines.verify import compare
     _, path = _pipeline_file(root, "dp")
     run = train_module_plan(str(path), 4, steps=3)
     assert run.max_rel_diff < 1e-4 and run.losses[-1] < run.losses[0]
-    counted = {row.axes: row.compiled for row in compare([], list(run.transfers), {"pp": 2, "dp": 2, "tied": 2})[0]}
+    counted = _counted(run, {"pp": 2, "dp": 2, "tied": 2})
     predicted = load_plan_file(str(path)).PREDICTED_BYTES
     assert counted["tied"] == predicted["tied"]
     # GPT-2's attention mask, (2, 1, 64, 64) float32 per replica's micro-batch, sent on with the activation
@@ -292,12 +296,11 @@ def test_data_parallel_gradients_on_two_axes_send_the_plans_node_bytes(root):
     rest is the tied table (summed over its reads, then left to DTensor) and the position table,
     whose 64 used rows' activation gradient DTensor reduces instead of the 1024-row table's."""
     from planner.engines.train_torch import train_module_plan
-    from planner.engines.verify import compare
     path = _exported(root, GPT2, "2x4", "gpt2-dp", method="dp")
     run = train_module_plan(str(path), 8, steps=2)
     assert run.max_rel_diff < 1e-4
     predicted = load_plan_file(str(path)).PREDICTED_BYTES["node"]
-    rows = {row.axes: row.compiled for row in compare([], list(run.transfers), {"node": 2, "gpu": 4})[0]}
+    rows = _counted(run, {"node": 2, "gpu": 4})
     assert abs(rows["node"] - predicted) <= 0.2 * predicted, (rows["node"], predicted)
 
 
@@ -342,11 +345,10 @@ def test_interleaved_plan_exports_model_chunks(root):
 def test_interleaved_pipelining_plan_trains_like_one_process(root):
     """ScheduleInterleaved1F1B over 2 ranks of 2 chunks each (4 stages of one block), 3 steps = one process."""
     from planner.engines.train_torch import train_module_plan
-    from planner.engines.verify import compare
     _, path = _interleaved_file(root)
     run = train_module_plan(str(path), 2, steps=3)
     assert run.max_rel_diff < 1e-4 and run.losses[-1] < run.losses[0]
-    counted = {row.axes: row.compiled for row in compare([], list(run.transfers), {"pp": 2, "dp": 1, "tied": 2})[0]}
+    counted = _counted(run, {"pp": 2, "dp": 1, "tied": 2})
     predicted = load_plan_file(str(path)).PREDICTED_BYTES
     assert counted["tied"] == predicted["tied"]
     # the sends are the plan's, plus GPT-2's attention mask (4, 1, 64, 64) float32, which the first chunk
@@ -373,11 +375,10 @@ def test_megatron_on_two_axes_through_the_module_sends_the_plans_tensor_parallel
     stream at every LayerNorm); node within 15%, the rest the tied table (its two reads' gradients
     summed, then reduced whole on node, where the plan reduces each read's vocabulary shard)."""
     from planner.engines.train_torch import train_module_plan
-    from planner.engines.verify import compare
     path = _exported(root, GPT2, "2x4", "gpt2-meg2x4", method="megatron")
     run = train_module_plan(str(path), 8, steps=2)
     assert run.max_rel_diff < 1e-4
     predicted = load_plan_file(str(path)).PREDICTED_BYTES
-    rows = {row.axes: row.compiled for row in compare([], list(run.transfers), {"node": 2, "gpu": 4})[0]}
+    rows = _counted(run, {"node": 2, "gpu": 4})
     assert abs(rows["gpu"] - predicted["gpu"]) <= 0.01 * predicted["gpu"], (rows, predicted)
     assert abs(rows["node"] - predicted["node"]) <= 0.15 * predicted["node"], (rows, predicted)

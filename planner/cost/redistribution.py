@@ -214,3 +214,20 @@ def edge_seconds(shape: tuple[int, ...], elem_bytes: int, producer_layout: Layou
                                    scaled(numel * elem_bytes / factor, chain))
             by_kind[kind] = by_kind.get(kind, 0.0) + t
     return sum(by_kind.values())
+
+
+def hierarchical_layouts(shape: Sequence[int], before: Layout, axes: Sequence[int],
+                         mesh_shape: Sequence[int]) -> list[Layout] | None:
+    """The layouts a hierarchical all-reduce over ``axes`` (outer first, sizes > 1) passes through, one
+    axis changed per step (``hierarchical_steps``): reduce-scatters on the inner axes over the largest
+    local dim that divides, the all-reduce on the outer axis, all-gathers back. None: no dim divides."""
+    inner = math.prod(mesh_shape[ax] for ax in axes[1:])
+    local = [n // math.prod(mesh_shape[ax] for ax, p in enumerate(before) if p == d) for d, n in enumerate(shape)]
+    dims = [d for d in range(len(shape)) if local[d] % inner == 0]
+    if not dims:
+        return None
+    dim, current, out = max(dims, key=lambda d: (local[d], -d)), list(before), []
+    for kind, ax, _ in hierarchical_steps(axes, mesh_shape):
+        current[ax] = dim if kind == "reduce_scatter" else REPLICATE
+        out.append(tuple(current))
+    return out

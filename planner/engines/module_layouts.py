@@ -6,8 +6,6 @@ put their inputs and outputs in, and the gradient walks of parameters reduced ov
 
 from __future__ import annotations
 
-import math
-
 
 def placements_source(layout, partial: bool = False) -> str:
     """Placements source text of a layout (one placement per mesh dim; Partial kept if ``partial``)."""
@@ -42,8 +40,8 @@ def gradient_steps(graph, exported, params: dict, shared: set, styled: set) -> t
     mesh axes: the placements of the cost model's hierarchical all-reduce (``hierarchical_steps``:
     reduce-scatters on the inner axes over the largest local dim that divides, the all-reduce on the
     outer axis, all-gathers back), as source text, from the Partial gradient to the parameter's layout."""
-    from planner.cost.collectives import hierarchical_steps
-    from planner.cost.strategy import GRAD_PARTIAL, REPLICATE, forward_layout
+    from planner.cost.redistribution import hierarchical_layouts
+    from planner.cost.strategy import GRAD_PARTIAL, forward_layout
     mesh_shape, leaves = exported.mesh_shape, dict(exported.leaves)
     reads: dict[str, list] = {}
     for op, slot, layout in exported.inputs:
@@ -57,16 +55,10 @@ def gradient_steps(graph, exported, params: dict, shared: set, styled: set) -> t
         axes = [ax for ax, p in enumerate(read) if p == GRAD_PARTIAL and mesh_shape[ax] > 1]
         if len(axes) < 2 or forward_layout(read) != leaves[fqn]:
             continue
-        shape, inner = graph.tensor(fqn).shape, math.prod(mesh_shape[ax] for ax in axes[1:])
-        local = [n // math.prod(mesh_shape[ax] for ax, p in enumerate(read) if p == d) for d, n in enumerate(shape)]
-        dims = [d for d in range(len(shape)) if local[d] % inner == 0]
-        if not dims:
+        walk = hierarchical_layouts(graph.tensor(fqn).shape, read, axes, mesh_shape)
+        if walk is None:
             continue
-        dim, current = max(dims, key=lambda d: (local[d], -d)), list(read)
-        steps = [placements_source(current, partial=True)]
-        for kind, ax, _ in hierarchical_steps(axes, mesh_shape):
-            current[ax] = dim if kind == "reduce_scatter" else REPLICATE
-            steps.append(placements_source(current, partial=True))
+        steps = [placements_source(layout, partial=True) for layout in [read, *walk]]
         out.append((fqn, tuple(steps)))
     return tuple(out)
 

@@ -32,8 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
-from planner.cost.collectives import hierarchical_steps
-from planner.cost.redistribution import redistribution_steps
+from planner.cost.redistribution import hierarchical_layouts, redistribution_steps
 from planner.cost.strategy import (GRAD_PARTIAL, PARTIAL, REPLICATE, forward_layout, gradient_layout,
                                    gradient_target)
 
@@ -125,17 +124,11 @@ class PlannedEdge:
 
     def _hierarchical(self, value, step):
         axes = [a for a in step.axes if self.mesh_shape[a] > 1]
-        inner = math.prod(self.mesh_shape[a] for a in axes[1:])
-        local = [n // math.prod(self.mesh_shape[a] for a, p in enumerate(step.before) if p == d)
-                 for d, n in enumerate(self.shape)]
-        dims = [d for d in range(len(self.shape)) if local[d] % inner == 0]
-        if not dims:  # nothing divides: DTensor's own order (bytes then differ from the model's)
+        walk = hierarchical_layouts(self.shape, step.before, axes, self.mesh_shape)
+        if walk is None:  # nothing divides: DTensor's own order (bytes then differ from the model's)
             return value.redistribute(self.mesh, placements(step.after))
-        dim = max(dims, key=lambda d: (local[d], -d))
-        current = list(step.before)
-        for kind, ax, _ in hierarchical_steps(axes, self.mesh_shape):
-            current[ax] = dim if kind == "reduce_scatter" else REPLICATE
-            value = value.redistribute(self.mesh, placements(tuple(current)))
+        for layout in walk:
+            value = value.redistribute(self.mesh, placements(layout))
         return value
 
     def _all_to_all(self, value, step):

@@ -208,10 +208,7 @@ def _too_short(problem: Problem, memory_limit: float | None, hint, lower_bound, 
     """The time limit cannot even cover building the model: the greedy plan, with the separable bound."""
     choice = tuple(hint) if hint is not None else greedy_choice(problem, memory_limit)
     why = f"time limit shorter than building the CP-SAT model (about {build_seconds(problem):.0f} s): greedy plan"
-    if choice is None or (memory_limit is not None and problem.memory(choice) > memory_limit):
-        return SolveResult("UNKNOWN", None, None, None, time.perf_counter() - start, 0, why)
-    return SolveResult("FEASIBLE", problem.objective(choice), max(separable_bound(problem), lower_bound or 0), choice,
-                       time.perf_counter() - start, 0, why)
+    return _hint_result(problem, memory_limit, choice, max(separable_bound(problem), lower_bound or 0), start, 0, why)
 
 
 def _hint_result(problem: Problem, memory_limit: float | None, hint: Sequence[int], bound: int, start: float,
