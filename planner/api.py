@@ -19,7 +19,7 @@ from planner.search.baselines import data_parallel, drec_cost, greedy, megatron
 from planner.search.sapp import sapp
 from planner.cluster.mesh import Mesh, parse_mesh
 from planner.cluster.profiles import DEFAULT_HARDWARE_CSV, MachineProfile, get_profile
-from planner.plans import Plan, make_plan, read_plan_file, strategies_from_choice, strategies_from_mapping
+from planner.plans import Plan, failed, make_plan, read_plan_file, strategies_from_choice, strategies_from_mapping
 from planner.cost.problem import Problem, build_problem
 from planner.search.exact import MAX_WHOLE_PROGRAM, Progress, program_size, solve_exact
 from planner.search.solver import solve
@@ -118,18 +118,19 @@ def _search(problem: Problem, memory_limit: float | None, method: str, time_limi
     else:
         size = program_size(problem)
         if size > MAX_WHOLE_PROGRAM:
-            return _failed_plan(problem, method, "UNKNOWN", time.perf_counter() - start, memory_limit,
-                                f"whole-graph program too large to build ({size} Booleans > {MAX_WHOLE_PROGRAM})",
-                                ("whole-graph integer program not attempted",))
+            return failed(problem, method=method, status="UNKNOWN", search_time_s=time.perf_counter() - start,
+                          memory_limit=memory_limit, notes=("whole-graph integer program not attempted",),
+                          explanation=f"whole-graph program too large to build ({size} Booleans > {MAX_WHOLE_PROGRAM})")
         result, notes = solve(problem, memory_limit, time_limit_s, seed), ("whole-graph integer program",)
     if result.choice is None:
-        return _failed_plan(problem, method, result.status, time.perf_counter() - start, memory_limit,
-                            result.explanation, notes)
+        return failed(problem, method=method, status=result.status, search_time_s=time.perf_counter() - start,
+                      memory_limit=memory_limit, explanation=result.explanation, notes=notes)
     if result.layer_recompute or result.layer_zero:  # chosen per layer: cost the plan under that choice
         problem = build_problem(problem.graph, problem.mesh, problem.profile,
                                 replace(problem.settings, layer_recompute=result.layer_recompute,
                                         layer_zero=result.layer_zero), problem.unit_s)
-        if problem.objective(result.choice) != result.objective or problem.memory(result.choice) > memory_limit:
+        if problem.objective(result.choice) != result.objective or (memory_limit is not None
+                                                               and problem.memory(result.choice) > memory_limit):
             raise RuntimeError("per-layer choice: the plan under its per-layer settings costs "
                                f"{problem.objective(result.choice)}, the search found {result.objective}")
     return make_plan(problem, strategies_from_choice(problem, result.choice), method=method, status=result.status,
@@ -137,19 +138,17 @@ def _search(problem: Problem, memory_limit: float | None, method: str, time_limi
                      explanation=result.explanation, bound=result.bound)
 
 
-def _failed_plan(problem: Problem, method: str, status: str, elapsed: float, memory_limit: float | None,
-                 explanation: str, notes: tuple[str, ...] = ()) -> Plan:
-    """No plan was found: report the replicated plan's figures with the failing status."""
-    replicated = tuple(tuple(None for _ in problem.mesh.axes) for _ in problem.ops)
-    return make_plan(problem, replicated, method=method, status=status, memory_limit=memory_limit,
-                     search_time_s=elapsed, explanation=explanation, notes=notes)
-
-
-def evaluate(model: str | Graph, mesh: str | Mesh, device: str | MachineProfile = "a100-80g", *,
+def evaluate(model: str | Graph, mesh: str | Mesh | None = None, device: str | MachineProfile = "a100-80g", *,
              assignment: dict | None = None, tp: int | None = None, dp: int | None = None, pp: int = 1,
              batch: int | None = None, seq: int | None = None, memory: float | None = None,
              settings: TrainingSettings | None = None, hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV) -> Plan:
-    """Cost a user plan: an ``{op: {axis: dim}}`` assignment, or Megatron degrees ``tp`` x ``dp``."""
+    """Cost a user plan: an ``{op: {axis: dim}}`` assignment on ``mesh``, or Megatron degrees ``tp``
+    x ``dp`` (then the mesh is ``dp=D,tp=T`` and ``mesh`` must not be given, as on the CLI)."""
+    if assignment is None and mesh is not None:
+        raise SettingsError("--mesh: not with --tp/--dp/--pp (the mesh is pp=P,dp=D,tp=T); give an assignment "
+                            "to cost a plan on a mesh of your own")
+    if assignment is not None and mesh is None:
+        raise SettingsError("--mesh: required with an assignment")
     if assignment is None:
         if pp != 1:
             raise SettingsError("--pp: pipeline degrees > 1 are evaluated by the pipeline planner (`planner pipeline`)")

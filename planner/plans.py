@@ -17,6 +17,8 @@ from planner.errors import PlannerError, SettingsError
 from planner.cost.problem import Problem
 from planner.cost.strategy import Strategy, enumerate_strategies
 
+FAILED = ("INFEASIBLE", "UNKNOWN")  # statuses of a search that found no plan
+
 
 @dataclass(frozen=True, slots=True)
 class OpAssignment:
@@ -28,19 +30,23 @@ class OpAssignment:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """A costed plan. ``objective`` is in integer units of ``unit_s`` seconds."""
+    """A costed plan. ``objective`` is in integer units of ``unit_s`` seconds.
+
+    A failed search (``INFEASIBLE``, ``UNKNOWN``: see ``failed``) has no plan: its objective, times
+    and memory are ``None`` (null in JSON, empty in CSV) and it has no operators; only the status
+    and the ``explanation`` say what happened."""
 
     model: str
     method: str
     status: str
-    objective: int
+    objective: int | None
     unit_s: float
-    estimated_step_time_s: float
-    compute_s: float
-    comm_s: float
+    estimated_step_time_s: float | None
+    compute_s: float | None
+    comm_s: float | None
     comm_by_kind_s: tuple[tuple[str, float], ...]
     comm_by_axis_s: tuple[tuple[str, float], ...]
-    memory_per_device_bytes: float
+    memory_per_device_bytes: float | None
     memory_breakdown: tuple[tuple[str, float], ...]
     memory_limit_bytes: float | None
     mesh: str
@@ -52,7 +58,7 @@ class Plan:
     explanation: str = ""
     choice: tuple[int, ...] = field(default=(), compare=False, repr=False)
     bound: int | None = None  # proven lower bound on the objective (exact methods)
-    hidden_s: float = 0.0  # communication that runs behind compute (step time = compute + comm - hidden)
+    hidden_s: float | None = 0.0  # communication behind compute (step time = compute + comm - hidden)
     comm_by_kind_axis_s: tuple[tuple[str, str, float], ...] = ()  # (collective kind, mesh axis, seconds)
 
     @property
@@ -65,7 +71,14 @@ class Plan:
         return 100.0 * (self.objective - self.bound) / max(1, self.bound)
 
     @property
-    def fits_memory(self) -> bool:
+    def found(self) -> bool:
+        """Whether the search found a plan (a failed one carries only its status and reason)."""
+        return self.status not in FAILED
+
+    @property
+    def fits_memory(self) -> bool | None:
+        if self.memory_per_device_bytes is None:
+            return None
         return self.memory_limit_bytes is None or self.memory_per_device_bytes <= self.memory_limit_bytes
 
     def strategy_of(self, op_name: str) -> dict[str, str | None]:
@@ -102,6 +115,19 @@ class Plan:
         return row
 
 
+def failed(problem: Problem, *, method: str, status: str, search_time_s: float, memory_limit: float | None,
+           explanation: str, notes: Sequence[str] = ()) -> Plan:
+    """The result of a search that found no plan: no objective, time, memory or operators."""
+    if status not in FAILED:
+        raise ValueError(f"failed: status must be one of {', '.join(FAILED)}, got {status!r}")
+    return Plan(model=problem.graph.name, method=method, status=status, objective=None, unit_s=problem.unit_s,
+                estimated_step_time_s=None, compute_s=None, comm_s=None, comm_by_kind_s=(), comm_by_axis_s=(),
+                hidden_s=None, memory_per_device_bytes=None, memory_breakdown=(), memory_limit_bytes=memory_limit,
+                mesh=problem.mesh.spec, device=problem.profile.name,
+                settings=tuple(problem.settings.to_dict().items()), operators=(), search_time_s=search_time_s,
+                notes=tuple(notes), explanation=explanation)
+
+
 def strategies_from_choice(problem: Problem, choice: Sequence[int]) -> tuple[Strategy, ...]:
     return tuple(t.strategies[c] for t, c in zip(problem.ops, choice))
 
@@ -127,9 +153,10 @@ def make_plan(problem: Problem, strategies: Sequence[Strategy], *, method: str, 
               search_time_s: float = 0.0, memory_limit: float | None = None, notes: Sequence[str] = (),
               explanation: str = "", bound: int | None = None) -> Plan:
     """Cost an assignment of strategies (one per operator, in the problem's order) into a Plan."""
+    if status in FAILED:
+        raise ValueError(f"make_plan: a {status} search has no plan to cost (use plans.failed)")
     objective, record = integer_objective(problem, strategies)
-    if status not in ("INFEASIBLE", "UNKNOWN"):  # a failed search reports a placeholder plan: no remark on it
-        notes = tuple(notes) + _unused_mesh_note(problem, strategies, status == "OPTIMAL")
+    notes = tuple(notes) + _unused_mesh_note(problem, strategies, status == "OPTIMAL")
     times = breakdown(record, problem.mesh, problem.profile)
     mem = record.memory
     axes = problem.mesh.names

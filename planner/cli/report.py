@@ -23,7 +23,12 @@ def format_plan(plan: Plan) -> str:
     gap = plan.gap_percent
     proof = "" if plan.status in ("OPTIMAL", "INFEASIBLE", "UNKNOWN") else (
         f" (proven gap {gap:.2f}% to the bound {plan.bound})" if gap is not None else " (no bound: gap unknown)")
-    lines = [f"model {plan.model} on mesh {plan.mesh} ({plan.device}), method {plan.method}: {plan.status}{proof}",
+    head = f"model {plan.model} on mesh {plan.mesh} ({plan.device}), method {plan.method}: {plan.status}{proof}"
+    if not plan.found:  # no plan: the status and the reason only
+        return "\n".join([head, "no plan found", f"search time {plan.search_time_s:.2f} s"]
+                         + [f"note: {note}" for note in plan.notes]
+                         + ([f"why: {plan.explanation}"] if plan.explanation else []))
+    lines = [head,
              f"estimated step time {plan.estimated_step_time_s * 1e3:.3f} ms "
              f"(compute {plan.compute_s * 1e3:.3f} ms, communication {plan.comm_s * 1e3:.3f} ms, of which "
              f"{plan.hidden_s * 1e3:.3f} ms behind compute); "

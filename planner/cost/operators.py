@@ -7,8 +7,10 @@ saved activations as ``_saved_activation`` keeps them (sequence parallelism: 1/t
 re-gather in the backward pass); splitting a normalised dim all-reduces the
 statistics in both passes; a parameter whose op splits a dim absent from it gets a Partial
 gradient, all-reduced per use (tied weights: once per consumer, as XLA does) (reduce-scatter + all-gather under ZeRO >= 1, a second
-all-gather under ZeRO-3). Parameter collectives are issued per gradient bucket (latency paid
-per bucket, a tensor charged its share) and, with overlap, hidden behind the operator's own
+all-gather under ZeRO-3). Parameter collectives are issued per gradient bucket
+(``bucket_share``: tensors packed into buckets of ``bucket_bytes``, a tensor larger than a bucket is
+one collective of its own, latency paid once per collective, as DDP, FSDP2 and Megatron's
+distributed optimizer issue them) and, with overlap, hidden behind the operator's own
 compute: hidden = min(gradient reduction, backward compute) (+ min(ZeRO-3 gather, forward) under
 ``full``). Charging each operator max(0, comm - its compute) keeps every term a constant of
 (operator, strategy), so the program stays linear and the decomposition exact; for a stack of
@@ -205,6 +207,20 @@ def _hidden_seconds(param_comm: list[Collective], fwd_s: float, bwd_s: float, me
     return gathers, min(spent["grad"], bwd_s - min(spent["bwd"], bwd_s))
 
 
+def bucket_share(tensor_bytes: float, bucket_bytes: float) -> float:
+    """The collectives one parameter tensor issues under gradient buckets of ``bucket_bytes``.
+
+    DDP (``bucket_cap_mb``), FSDP2 and Megatron-LM's distributed optimizer pack tensors into a
+    bucket until it holds ``bucket_bytes``; a tensor at least that large is a bucket, and one
+    collective, of its own. Latency is paid once per collective, so a small tensor pays its share
+    ``tensor_bytes / bucket_bytes`` of one bucket's latency and a large one exactly one collective's
+    (slicing it into bucket-sized pieces would charge latency the engines never pay). 0 bytes: one
+    collective per tensor."""
+    if bucket_bytes <= 0:
+        return 1.0
+    return min(1.0, tensor_bytes / bucket_bytes)
+
+
 def _param_cost(numel: float, layout: Layout, mesh_shape: tuple[int, ...], settings: TrainingSettings,
                 info: OperandInfo) -> tuple[list[Collective], Memory, float]:
     """A parameter's collectives (bucketed), its memory and the HBM bytes of its optimizer step."""
@@ -228,8 +244,9 @@ def _param_cost(numel: float, layout: Layout, mesh_shape: tuple[int, ...], setti
                 comm.append(Collective("opt", "all_gather", ax, buffer))
             buffer /= mesh_shape[ax]
             grad_buffer /= mesh_shape[ax]
-    if settings.bucket_bytes > 0:  # one collective per bucket: this tensor's share of the latency
-        comm = [replace(c, count=(grad_nbytes if c.phase == "grad" else nbytes) / settings.bucket_bytes) for c in comm]
+    if settings.bucket_bytes > 0:
+        comm = [replace(c, count=bucket_share(grad_nbytes if c.phase == "grad" else nbytes,
+                                              settings.bucket_bytes)) for c in comm]
     if not info.counts_memory:
         return comm, Memory(), 0.0
     dp = math.prod(mesh_shape[ax] for ax in dp_axes)

@@ -35,7 +35,8 @@ import numpy as np
 
 from planner.search.decompose import Segment, group_blocks, product_block, segment_network, split_segments
 from planner.search.fronts import FrontTooLarge
-from planner.search.pareto import Dominated, ParetoResult, pareto_search
+from planner.search.pareto import Dominated, ParetoResult, lagrangian_bound, pareto_search
+from planner.search.prices import priced_bound
 from planner.cost.problem import Problem
 from planner.cost.settings import AUTO
 from planner.search.layer_modes import LayerOptions, layer_modes, layer_options, least_memory
@@ -143,7 +144,7 @@ def solve_exact(problem: Problem, memory_limit: float | None = None, time_limit_
     if problem.ties:
         # shared by the conditions: what a segment the ties do not touch costs is worked out once
         memo: dict = {"reduced": {}, "variants": {}, "fronts": {}}
-        relax = None if problem.settings.zero == AUTO else (lambda untied, by: _relaxed(untied, memo["reduced"], by))
+        relax = lambda untied, by: _relaxed(untied, memory_limit, memo, by)  # noqa: E731
         # one process: a worker pool per condition would start processes where an interrupt can land
         result, notes = solve_tied(problem, memory_limit, time_limit_s, seed, lambda untied, limit, incumbent:
                                    _solve_untied(untied, memory_limit, limit, seed, 1, progress, memo, incumbent), relax)
@@ -151,16 +152,29 @@ def solve_exact(problem: Problem, memory_limit: float | None = None, time_limit_
     return _solve_untied(problem, memory_limit, time_limit_s, seed, jobs, progress)
 
 
-def _relaxed(problem: Problem, reduced: dict, deadline: float) -> float:
-    """The unconstrained optimum: a lower bound when memory binds (recompute only adds time)."""
+def _relaxed(problem: Problem, memory_limit: float | None, memo: dict, deadline: float) -> float:
+    """A lower bound on the problem's optimum that orders and prunes the tied-layout conditions:
+    the unconstrained optimum (recompute only adds time; not under ZeRO 'auto', where a stage may
+    save time), and when memory binds the Lagrangian bound of the Pareto tables, which the exact
+    search reuses. -inf past ``deadline``."""
     segments = split_segments(problem)
+    bound = -math.inf
     if len(segments) <= 1 or time.perf_counter() >= deadline:
-        return -math.inf
+        return bound
     try:
-        costs = [t.cost.astype(np.float64) for t in problem.ops]
-        return solve_unary(problem, segments, costs, reduced=reduced, deadline=deadline).value
-    except TimeoutError:
-        return -math.inf
+        if problem.settings.zero != AUTO:
+            costs = [t.cost.astype(np.float64) for t in problem.ops]
+            free = solve_unary(problem, segments, costs, reduced=memo["reduced"], deadline=deadline)
+            bound = free.value
+            if memory_limit is None or problem.memory(free.choice) <= memory_limit:
+                return bound  # it fits: the optimum itself (recompute 'auto' keeps it: recompute adds time)
+        if memory_limit is None:
+            return bound
+        options = layer_options(problem, segments, memo)
+        return max(bound, lagrangian_bound(problem, segments, memory_limit, deadline, variants=options.variants,
+                                           units=options.units, tables=memo["fronts"]))
+    except (TimeoutError, FrontTooLarge):
+        return bound
 
 
 def _solve_untied(problem: Problem, memory_limit: float | None, time_limit_s: float, seed: int, jobs: int,
@@ -270,7 +284,7 @@ def _lagrangian(problem: Problem, segments: Sequence[Segment], memory_limit: flo
         for i, s in enumerate(sol.choice):
             seen[i].add(s)
         memory = problem.memory(sol.choice)
-        bound = max(bound, sol.value - lam * memory_limit)
+        bound = max(bound, priced_bound(sol.value, lam * memory_limit, len(problem.ops) + len(problem.edges)))
         if memory <= memory_limit:
             value = problem.objective(sol.choice)
             if best is None or value < best[0]:

@@ -36,6 +36,7 @@ import numpy as np
 
 from planner.cost.problem import Problem
 from planner.search.decompose import Segment, segment_network
+from planner.search.prices import lagrangian, suffix
 from planner.search.fronts import (FrontTooLarge, Node, add, block_offsets, chain_end, collapse, column, explain, leaf,
                                    mode_chain, outer, pick, series, transpose, union, unit_edges)
 
@@ -161,19 +162,9 @@ def pareto_search(problem: Problem, segments: Sequence[Segment], memory_limit: f
     ``Dominated`` when no plan here beats the incumbent and ``TimeoutError`` past ``deadline``."""
     start = time.perf_counter()
     options = [problem, *variants]
-    known = tables if tables is not None else {}
-    tables: list[dict[str, Node]] = [{} for _ in options]
-    for seg in segments:
-        for k, (table, option) in enumerate(zip(tables, options)):
-            if seg.key not in table:
-                if (k, cap, seg.key) not in known:
-                    known[(k, cap, seg.key)] = segment_front_table(option, seg, cap)
-                    _check(deadline)
-                table[seg.key] = known[(k, cap, seg.key)]
-    by_mode = [[table[s.key] for s in segments] for table in tables]
-    chain = by_mode[0] if not variants else mode_chain(by_mode, units, [s.key for s in segments])
+    by_mode, chain = _chain(options, segments, cap, units, tables, deadline)
     limit = float(memory_limit)
-    lam, upper, bound = _lagrangian(chain, limit, deadline)
+    lam, upper, bound = lagrangian(chain, limit, lambda: _check(deadline))
     if incumbent is not None and bound > incumbent:
         raise Dominated(f"its Lagrangian bound {bound:.0f} exceeds the plan in hand ({incumbent:.0f})")
     upper = min(upper, incumbent if incumbent is not None else math.inf)
@@ -192,76 +183,39 @@ def pareto_search(problem: Problem, segments: Sequence[Segment], memory_limit: f
     memory = sum(int(t.memory[c]) for t, c in zip(tables_of, chosen))
     if memory > memory_limit or objective != int(round(best)):
         raise RuntimeError(f"Pareto master: the plan costs {objective} with {memory} bytes, its label {best}")
-    widest = max(t.cost.shape[-1] for table in tables for t in table.values())
+    widest = max(t.cost.shape[-1] for tables_of_mode in by_mode for t in tables_of_mode)
     return ParetoResult(objective, memory, tuple(choice), widest, max(b[0].shape[1] for b in back),
                         int(math.ceil(bound - 1e-6)), time.perf_counter() - start, tuple(modes))
+
+
+def lagrangian_bound(problem: Problem, segments: Sequence[Segment], memory_limit: float,
+                     deadline: float | None = None, cap: int = FRONT_CAP, variants: Sequence[Problem] = (),
+                     units: Sequence[int] = (), tables: dict | None = None) -> float:
+    """A lower bound on ``pareto_search``'s optimum: the best Lagrangian bound of its chain,
+    max over prices lam of (least cost + lam * memory) - lam * limit (the same tables, so the
+    tables it builds serve the search after it). Raises as ``pareto_search`` does."""
+    _, chain = _chain([problem, *variants], segments, cap, units, tables, deadline)
+    return lagrangian(chain, float(memory_limit), lambda: _check(deadline))[2]
+
+
+def _chain(options: Sequence[Problem], segments: Sequence[Segment], cap: int, units: Sequence[int],
+           known: dict | None, deadline: float | None) -> tuple[list[list[Node]], list[Node]]:
+    """Each option's front table per segment (kept in ``known`` by (option, cap, segment key)),
+    and the chain the master walks (the modes side by side when there are several options)."""
+    known = known if known is not None else {}
+    for seg in segments:
+        for k, option in enumerate(options):
+            if (k, cap, seg.key) not in known:
+                known[(k, cap, seg.key)] = segment_front_table(option, seg, cap)
+                _check(deadline)
+    by_mode = [[known[(k, cap, s.key)] for s in segments] for k in range(len(options))]
+    chain = by_mode[0] if len(options) == 1 else mode_chain(by_mode, units, [s.key for s in segments])
+    return by_mode, chain
 
 
 def _check(deadline: float | None) -> None:
     if deadline is not None and time.perf_counter() > deadline:
         raise TimeoutError("the time limit ended the Pareto search")
-
-
-def _scalar(table: Node, lam: float) -> tuple[np.ndarray, np.ndarray]:
-    """Per (entry, exit): least cost + lam * memory over the front, and the point reaching it."""
-    value = table.cost + (lam * table.mem if lam else 0.0)
-    value = np.where(np.isfinite(table.cost), value, np.inf)
-    point = value.argmin(axis=-1)
-    return np.take_along_axis(value, point[..., None], axis=-1)[..., 0], point
-
-
-def _suffix(chain: Sequence[Node], lam: float | None) -> list[np.ndarray]:
-    """Per boundary k and state: least cost (+ lam * memory; lam None: least memory) to finish."""
-    out, seen = [np.zeros(chain[-1].shape[1])], {}
-    for table in reversed(chain):
-        if id(table) not in seen:  # the repeated layers share their tables
-            seen[id(table)] = table.mem.min(axis=-1) if lam is None else _scalar(table, lam)[0]
-        weights = seen[id(table)]
-        out.append((weights + out[-1][None, :]).min(axis=1))
-    return out[::-1]
-
-
-def _lagrangian(chain: Sequence[Node], limit: float, deadline: float | None) -> tuple[float, float, float]:
-    """(lam of the best bound, cost of the best fitting plan found (UB), the best Lagrangian bound)."""
-    best_cost, best_bound, best_lam = math.inf, -math.inf, 0.0
-
-    def at(lam: float) -> bool:
-        nonlocal best_cost, best_bound, best_lam
-        distinct = {id(t): t for t in chain}  # the repeated layers share their tables
-        scalar = {key: _scalar(t, lam) for key, t in distinct.items()}
-        weights = [scalar[id(t)] for t in chain]
-        vector, args = np.zeros(1), []
-        for value, _ in weights:
-            total = vector[:, None] + value
-            args.append(total.argmin(axis=0))
-            vector = total.min(axis=0)
-        state, cost, mem = 0, 0.0, 0.0
-        for (value, point), table, arg in zip(reversed(weights), reversed(chain), reversed(args)):
-            prev = int(arg[state])
-            cost += table.cost[prev, state, point[prev, state]]
-            mem += table.mem[prev, state, point[prev, state]]
-            state = prev
-        if float(vector[0]) - lam * limit > best_bound:
-            best_bound, best_lam = float(vector[0]) - lam * limit, lam
-        if mem <= limit:
-            best_cost = min(best_cost, cost)
-            return True
-        return False
-
-    scale = max(1.0, sum(float(np.nanmax(np.where(np.isfinite(t.cost), t.cost, 0))) for t in chain)) / \
-        max(1.0, sum(float(np.nanmax(np.where(np.isfinite(t.mem), t.mem, 0))) for t in chain))
-    low, high = 0.0, scale
-    if not at(0.0):
-        for _ in range(60):
-            _check(deadline)
-            if at(high):
-                break
-            low, high = high, high * 4
-        for _ in range(40):
-            _check(deadline)
-            mid = 0.5 * (low + high)
-            low, high = (low, mid) if at(mid) else (mid, high)
-    return best_lam, best_cost, best_bound
 
 
 def _master(chain: Sequence[Node], limit: float, lam: float, upper: float, label_cap: int,
@@ -270,8 +224,8 @@ def _master(chain: Sequence[Node], limit: float, lam: float, upper: float, label
     cost. With ``beam`` each boundary state keeps only that many labels, those of least bound:
     a fast heuristic whose plan still fits (it gives the exact pass its upper bound)."""
     prices = list(dict.fromkeys((lam, 0.0, lam / 2, 2 * lam, lam / 4, 4 * lam)))  # the strongest first
-    least_memory = _suffix(chain, None)
-    priced = {price: _suffix(chain, price) for price in prices}
+    least_memory = suffix(chain, None)
+    priced = {price: suffix(chain, price) for price in prices}
     slack = 1.0 + 1e-9 * abs(upper) if upper < math.inf else math.inf  # float rounding, in objective units
     cost, mem = np.zeros((1, 1)), np.zeros((1, 1))
     back = []

@@ -28,7 +28,7 @@ from planner.cost.problem import EdgeTable, OpTable, Problem
 from planner.search.solver import SolveResult, separable_bound, solve
 
 MAX_CONDITIONS = 64
-RELAX_SHARE = 0.1  # of the time limit: the conditions' relaxations, which order and prune them
+RELAX_SHARE = 0.2  # of the time limit: the conditions' relaxations, which order and prune them
 
 
 def owner_groups(problem: Problem) -> dict[int, dict[tuple, list[int]]]:
@@ -103,11 +103,13 @@ def solve_tied(problem: Problem, memory_limit: float | None, time_limit_s: float
             if left <= 0:  # out of time: the rest stay unsettled
                 left_over.append(k)
                 continue
-            share = left / (2 * (len(pending) - n)) if sweep == 0 else left / (len(pending) - n)
+            # the first condition (least bound) most likely holds the optimum, whose cost prunes the
+            # rest: it gets half the time; a condition that is settled early returns its share
+            share = left / 2 if sweep == 0 and n == 0 else left / (len(pending) - n)
             if not search.attempt(k, max(share, 1e-3), solve_untied):
                 left_over.append(k)
         pending = left_over
-    return search.result(time.perf_counter() - start, bool(pending))
+    return search.result(time.perf_counter() - start, tuple(pending))
 
 
 class _Conditions:
@@ -117,7 +119,9 @@ class _Conditions:
         self.problem, self.combos, self.owners = problem, combos, owners
         self.chosen = [{owner: layouts for owner, (layouts, _) in zip(owners, combo)} for combo in combos]
         self.lower = [relax(conditioned(problem, c), deadline) if relax else -math.inf for c in self.chosen]
-        self.best, self.bounds, self.notes, self.refused, self.pruned = None, {}, (), None, 0
+        self.best, self.bounds, self.refused, self.pruned = None, {}, None, 0
+        self.notes: dict[int, tuple[str, ...]] = {}  # per condition, what its latest attempt said
+        self.best_k: int | None = None
 
     def attempt(self, k: int, limit: float, solve_untied) -> bool:
         """Solve condition k within ``limit`` seconds; whether it is settled (optimal, infeasible, dominated)."""
@@ -127,7 +131,7 @@ class _Conditions:
             return True
         untied = conditioned(self.problem, self.chosen[k])
         result, said = solve_untied(untied, limit, None if best is None else best.objective)
-        self.notes += tuple(note for note in said if all(note[:40] != seen[:40] for seen in self.notes))
+        self.notes[k] = tuple(said)
         if result.status == "DOMINATED":
             self.pruned += 1
             return True
@@ -138,13 +142,20 @@ class _Conditions:
             kept = {owner: strategies for owner, (_, strategies) in zip(self.owners, self.combos[k])}
             candidate = _lift(self.problem, result, kept)
             if best is None or candidate.objective < best.objective:
-                self.best = candidate
+                self.best, self.best_k = candidate, k
         self.bounds[k] = result.bound if result.bound is not None else max(self.lower[k], separable_bound(untied))
         return result.status == "OPTIMAL"
 
-    def result(self, elapsed: float, unsettled: bool) -> tuple[SolveResult, tuple[str, ...]]:
-        notes = self.notes + (f"tied parameters: conditioned on {len(self.combos)} layout(s) of their owners"
-                              + (f", {self.pruned} proven no better than the best" if self.pruned else ""),)
+    def result(self, elapsed: float, unsettled: tuple[int, ...]) -> tuple[SolveResult, tuple[str, ...]]:
+        """The best plan over the conditions. Its notes say how the best condition was solved (and,
+        unless every condition is settled, what stopped the unsettled ones): a condition settled
+        later says nothing of the time limit an earlier attempt ran into."""
+        told = ((self.best_k,) + tuple(unsettled)) if self.best_k is not None else tuple(sorted(self.notes))
+        notes: tuple[str, ...] = ()
+        for k in told:
+            notes += tuple(note for note in self.notes.get(k, ()) if all(note[:40] != seen[:40] for seen in notes))
+        notes += (f"tied parameters: conditioned on {len(self.combos)} layout(s) of their owners"
+                  + (f", {self.pruned} proven no better than the best" if self.pruned else ""),)
         if self.best is None:
             if not unsettled and self.refused is not None:
                 return replace(self.refused, search_time_s=elapsed), notes
