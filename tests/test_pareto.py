@@ -60,12 +60,15 @@ def test_small_gpt_under_memory_limits_matches_the_whole_program(mesh):
     problem = make_problem(GPT, make_cluster(mesh, "a100-80g"))
     free, _ = solve_exact(problem, None)
     low, high = min_memory(problem), problem.memory(free.choice)
-    mixed = 0
+    mixed, by_pareto = 0, 0
     for fraction in (0.05, 0.2, 0.35, 0.5, 0.65, 0.8, 0.95):
         limit = int(low + fraction * (high - low))
         result, notes = solve_exact(problem, limit, time_limit_s=60)
         whole = solve(problem, limit, time_limit_s=60)
-        assert result.status == "OPTIMAL" and any("Pareto" in n for n in notes)
+        # the notes tell how the winning layout of the tied table was solved: near the top, its
+        # unconstrained plan may fit (no Pareto master needed there)
+        by_pareto += any("Pareto" in n for n in notes)
+        assert result.status == "OPTIMAL"
         assert whole.status == "OPTIMAL" and whole.objective == result.objective
         assert problem.memory(result.choice) <= limit
         per_layer = {}
@@ -74,6 +77,7 @@ def test_small_gpt_under_memory_limits_matches_the_whole_program(mesh):
                 per_layer.setdefault(table.op.layer, []).append(table.strategies[c])
         mixed += len({tuple(v) for v in per_layer.values()}) > 1
     assert mixed >= 1, "some limit is met only by giving identical layers different plans"
+    assert by_pareto >= 5
 
 
 def test_segment_front_table_holds_the_unconstrained_optimum():
