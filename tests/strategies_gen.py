@@ -3,7 +3,7 @@
 from hypothesis import strategies as st
 
 from planner.cluster.mesh import MeshAxis, Mesh
-from planner.cluster.profiles import SYMBOLIC
+from planner.cluster.profiles import MachineProfile
 from planner.ir.ops import GraphBuilder
 
 SIZES = (2, 4, 8)
@@ -52,5 +52,16 @@ def graphs(draw, min_ops=2, max_ops=7):
 
 
 def profiles():
-    from planner.cluster.profiles import MachineProfile
-    return st.sampled_from((SYMBOLIC, MachineProfile("test", 1e12, 1e12, 100e9, 10e9, 8)))
+    """Profiles where compute costs time (under SYMBOLIC, replicating everything costs 0)."""
+    return st.sampled_from((COMPUTE_BOUND, MachineProfile("test", 1e12, 1e12, 100e9, 10e9, 8)))
+
+
+# Compute costs time here (10^9 FLOP/s: a 8x8x8 matmul takes 1 us, a ring step 1-8 us), so the
+# random optima split something; under SYMBOLIC (no compute weight) replicating all costs 0.
+COMPUTE_BOUND = MachineProfile("compute-bound", peak_flops=1e9, memory_bytes=1e12, intra_node_bandwidth=100e9,
+                               inter_node_bandwidth=10e9, gpus_per_node=8, kernel_launch_s=0.0)
+
+
+def sharded(problem, choice) -> bool:
+    """Whether a plan splits at least one operator (a non-trivial optimum)."""
+    return any(any(d is not None for d in t.strategies[c]) for t, c in zip(problem.ops, choice))

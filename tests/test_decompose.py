@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, seed
+from hypothesis import HealthCheck, assume, given, settings, seed
 from hypothesis import strategies as st
 
 from planner import make_cluster, make_problem
@@ -16,6 +16,7 @@ from planner.plans import make_plan, strategies_from_choice
 from planner.cost.problem import build_problem
 from planner.search.brute import brute_force
 from planner.search.solver import min_memory, solve
+from strategies_gen import COMPUTE_BOUND, sharded
 
 MATRIX = [("mlp", "8"), ("transformer-block", "2x4"), ("gpt2-small", "8"), ("resnet50", "8"), ("moe-gpt", "8"),
           ("bert-base", "8"), ("vgg16", "2x4"), ("gpt:layers=2,hidden=256,heads=4,seq=128,vocab=1024", "2x4")]
@@ -78,18 +79,25 @@ def chain_graphs(draw):
     return gb.build()
 
 
+def check_chain(graph, two_axes, exact=solve_exact) -> None:
+    """The decomposition's optimum equals brute force on a random chain whose optimum shards."""
+    axes = (MeshAxis("a", 2, 1e9, 0.0),) + ((MeshAxis("b", 2, 4e9, 1e-6),) if two_axes else ())
+    problem = build_problem(graph, Mesh(axes), COMPUTE_BOUND)
+    if np.prod([len(t.strategies) for t in problem.ops], dtype=float) > 3e5:
+        problem = build_problem(graph, Mesh(axes[:1]), COMPUTE_BOUND)
+    assume(np.prod([len(t.strategies) for t in problem.ops], dtype=float) <= 2e6)
+    best, best_choice = brute_force(problem)
+    assume(sharded(problem, best_choice))  # a planner that never shards cannot pass
+    result, _ = exact(problem)
+    assert result.objective == best
+    assert problem.objective(result.choice) == best
+
+
 @seed(42)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(graph=chain_graphs(), two_axes=st.booleans())
 def test_random_chains_match_brute_force(graph, two_axes):
-    axes = (MeshAxis("a", 2, 1e9, 0.0),) + ((MeshAxis("b", 2, 4e9, 1e-6),) if two_axes else ())
-    problem = build_problem(graph, Mesh(axes), SYMBOLIC)
-    if np.prod([len(t.strategies) for t in problem.ops], dtype=float) > 3e6:
-        problem = build_problem(graph, Mesh(axes[:1]), SYMBOLIC)
-    best, _ = brute_force(problem)
-    result, _ = solve_exact(problem)
-    assert result.objective == best
-    assert problem.objective(result.choice) == best
+    check_chain(graph, two_axes)
 
 
 def test_power_and_bracketing_agree_with_plain_products():

@@ -9,7 +9,7 @@ from planner.plans import make_plan, strategies_from_choice
 from planner.cost.problem import build_problem
 from planner.search.brute import brute_force
 from planner.search.solver import build_model, solve
-from strategies_gen import graphs, meshes, profiles
+from strategies_gen import COMPUTE_BOUND, graphs, meshes, profiles, sharded
 
 MAX_COMBINATIONS = 2_000_000
 
@@ -18,16 +18,16 @@ def _small(problem):
     return np.prod([len(t.strategies) for t in problem.ops], dtype=np.float64) <= MAX_COMBINATIONS
 
 
-@seed(20261130)
-@settings(max_examples=220, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-@given(graph=graphs(), mesh=meshes(), profile=profiles(), zero=st.sampled_from((0, 1, 3)))
-def test_solver_equals_brute_force(graph, mesh, profile, zero):
+def check_solver(graph, mesh, profile, zero, search=solve) -> None:
+    """CP-SAT's optimum equals brute force, and re-costs to itself, on optima that shard."""
     problem = build_problem(graph, mesh, profile, TrainingSettings(zero=zero))
     if not _small(problem):
         mesh = mesh.sub_mesh(mesh.shape[:1])
         problem = build_problem(graph, mesh, profile, TrainingSettings(zero=zero))
-    best, _ = brute_force(problem)
-    result = solve(problem, time_limit_s=30)
+    assume(_small(problem))
+    best, best_choice = brute_force(problem)
+    assume(sharded(problem, best_choice))  # a planner that never shards cannot pass
+    result = search(problem, time_limit_s=30)
     assert result.status == "OPTIMAL"
     assert result.objective == best
     assert problem.objective(result.choice) == best
@@ -35,21 +35,34 @@ def test_solver_equals_brute_force(graph, mesh, profile, zero):
     assert plan.objective == best
 
 
-@seed(7)
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(graph=graphs(max_ops=5), mesh=meshes(max_axes=2), fraction=st.floats(0.0, 1.0))
-def test_solver_equals_brute_force_under_a_memory_limit(graph, mesh, fraction):
-    from planner.cluster.profiles import SYMBOLIC
-    problem = build_problem(graph, mesh, SYMBOLIC)
+def check_solver_under_memory(graph, mesh, fraction, search=solve) -> None:
+    """Under a memory limit between the least and the most memory: brute force's optimum, within it."""
+    problem = build_problem(graph, mesh, COMPUTE_BOUND)
     assume(_small(problem))  # counted by hypothesis: too many discards fail the test instead of passing it
     low = sum(int(t.memory.min()) for t in problem.ops)
     high = sum(int(t.memory.max()) for t in problem.ops)
     limit = low + fraction * (high - low)
     expected = brute_force(problem, memory_limit=limit)
-    result = solve(problem, memory_limit=limit, time_limit_s=30)
+    free = brute_force(problem)
+    assume(problem.memory(free[1]) > limit)  # the limit binds: ignoring it cannot pass
+    result = search(problem, memory_limit=limit, time_limit_s=30)
     assert result.status == "OPTIMAL"
     assert result.objective == expected[0]
     assert problem.memory(result.choice) <= limit
+
+
+@seed(20261130)
+@settings(max_examples=220, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(graph=graphs(), mesh=meshes(), profile=profiles(), zero=st.sampled_from((0, 1, 3)))
+def test_solver_equals_brute_force(graph, mesh, profile, zero):
+    check_solver(graph, mesh, profile, zero)
+
+
+@seed(7)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(graph=graphs(max_ops=5), mesh=meshes(max_axes=2), fraction=st.floats(0.0, 1.0))
+def test_solver_equals_brute_force_under_a_memory_limit(graph, mesh, fraction):
+    check_solver_under_memory(graph, mesh, fraction)
 
 
 def test_infeasible_memory_is_explained(a100):

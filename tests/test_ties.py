@@ -5,11 +5,10 @@ force and the whole-graph program, which holds the tie as an ordinary pairwise t
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import HealthCheck, given, seed, settings, strategies as st
+from hypothesis import HealthCheck, assume, given, seed, settings, strategies as st
 
 from planner.api import make_cluster, make_problem
 from planner.cluster.mesh import Mesh, MeshAxis
-from planner.cluster.profiles import SYMBOLIC
 from planner.cost.problem import build_problem
 from planner.cost.strategy import GRAD_PARTIAL, REPLICATE
 from planner.cost.terms import tie_cost
@@ -18,6 +17,7 @@ from planner.plans import integer_objective
 from planner.search.brute import brute_force
 from planner.search.exact import solve_exact
 from planner.search.solver import solve
+from strategies_gen import COMPUTE_BOUND, sharded
 
 TINY_GPT = "gpt:layers=2,hidden=64,heads=4,seq=32,vocab=128"
 
@@ -67,21 +67,28 @@ def tied_chains(draw):
     return gb.build()
 
 
+def check_tied_chain(graph, two_axes, slow_second, exact=solve_exact) -> None:
+    """Exact search with a tie equals brute force and the whole program, on optima that shard."""
+    axes = (MeshAxis("a", 2, 25e9, 1e-6),) + ((MeshAxis("b", 2, 1e9 if slow_second else 100e9, 0.0),)
+                                              if two_axes else ())
+    problem = build_problem(graph, Mesh(axes), COMPUTE_BOUND)
+    if np.prod([len(t.strategies) for t in problem.ops], dtype=float) > 3e5:
+        problem = build_problem(graph, Mesh(axes[:1]), COMPUTE_BOUND)
+    assume(np.prod([len(t.strategies) for t in problem.ops], dtype=float) <= 2e6)
+    assert len(problem.ties) == 1
+    best, best_choice = brute_force(problem)
+    assume(sharded(problem, best_choice))  # a planner that never shards cannot pass
+    result, _ = exact(problem)
+    assert result.status == "OPTIMAL" and result.objective == best == problem.objective(result.choice)
+    whole = solve(problem, time_limit_s=60)
+    assert whole.status == "OPTIMAL" and whole.objective == best
+
+
 @seed(7)
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(graph=tied_chains(), two_axes=st.booleans(), slow_second=st.booleans())
 def test_tied_chains_match_brute_force_and_the_whole_program(graph, two_axes, slow_second):
-    axes = (MeshAxis("a", 2, 25e9, 1e-6),) + ((MeshAxis("b", 2, 1e9 if slow_second else 100e9, 0.0),)
-                                              if two_axes else ())
-    problem = build_problem(graph, Mesh(axes), SYMBOLIC)
-    if np.prod([len(t.strategies) for t in problem.ops], dtype=float) > 3e6:
-        problem = build_problem(graph, Mesh(axes[:1]), SYMBOLIC)
-    assert len(problem.ties) == 1
-    best, _ = brute_force(problem)
-    result, _ = solve_exact(problem)
-    assert result.status == "OPTIMAL" and result.objective == best == problem.objective(result.choice)
-    whole = solve(problem, time_limit_s=60)
-    assert whole.status == "OPTIMAL" and whole.objective == best
+    check_tied_chain(graph, two_axes, slow_second)
 
 
 def test_tiny_gpt_exact_equals_the_whole_program_on_two_meshes():
