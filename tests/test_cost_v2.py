@@ -263,3 +263,26 @@ def test_tied_embedding_copy_and_recompute_working_set_in_the_layer_chain(a100):
     # the last layer keeps its input and (with the head joined to it) the final norm's input
     assert full["activation_memory"][1] == 2 * 4 * 128 * 256 * 2
     assert full["working_memory"][1] > 10 * full["activation_memory"][1]
+
+
+def test_a_tensor_that_skips_a_stage_is_sent_at_every_boundary_it_crosses(a100):
+    """An encoder output made in layer 0 and read in layers 1 and 2 (T5's cross-attention) is handed
+    on by the stage between, as the runners and `verify` send it: the boundary after layer 1 carries
+    it with layer 1's own output (it was charged after layer 0 only: half the bytes there)."""
+    from planner.ir.crossing import crossing_tensors
+    from planner.pipeline.layer_costs import cost_layers
+    gb = GraphBuilder("skip")
+    x = gb.data("x", (8, 64))
+    gb.layer = 0
+    enc = gb.op("relu", "encoder", "bk->bk", [x])
+    gb.layer = 1
+    h1 = gb.op("relu", "decoder1", "bk->bk", [enc])
+    gb.layer = 2
+    gb.op("add", "decoder2", "bk,bk->bk", [h1, enc])
+    graph = gb.build()
+    position = {op.name: op.layer for op in graph.operators}
+    assert crossing_tensors(graph, position, 3) == [["encoder"], ["decoder1", "encoder"]]
+    mesh = parse_mesh("4", a100)
+    out = cost_layers(graph, mesh, a100, TrainingSettings(), {op.name: (None,) for op in graph.operators})
+    one = 8 * 64 * 2 / 4  # bf16, each of the 4 ranks holding it replicated sends 1/4
+    assert list(out["out_bytes"]) == [one, 2 * one, 0.0]

@@ -66,7 +66,8 @@ def run_3d(job: dict) -> dict:
     from planner.cluster.mesh import Mesh as PlannerMesh, MeshAxis
     from planner.engines.export import export_plan
     from planner.engines.interpret import random_feeds
-    from planner.engines.torch_pipeline import crossing_tensors, stage_plan
+    from planner.engines.torch_pipeline import stage_plan
+    from planner.ir.crossing import crossing_tensors
     from planner.engines.xla import plain_step
     full, micro, stage_of = stage_plan(job)
     names, shape, p = tuple(job["axis_names"]), tuple(job["mesh_shape"]), int(job["stages"])

@@ -19,24 +19,14 @@ from pathlib import Path
 
 import numpy as np
 
+from planner.ir.crossing import crossing_tensors
+
 
 def stage_plan(job):
     from planner.ir.graph_json import graph_from_dict
     full, micro = graph_from_dict(job["graph"]), graph_from_dict(job["micro_graph"])
     stage_of = {name: int(k) for name, k in job["stage_of"].items()}
     return full, micro, stage_of
-
-
-def crossing_tensors(micro, stage_of, p: int) -> list[list[str]]:
-    """Per boundary k (stage k -> k+1): activations made at or before stage k and read after it."""
-    made = {o.tensor: stage_of[op.name] for op in micro.operators for o in op.outputs}
-    read_after = [set() for _ in range(p)]
-    for op in micro.operators:
-        for o in op.inputs:
-            if o.tensor in made:
-                for k in range(made[o.tensor], stage_of[op.name]):
-                    read_after[k].add(o.tensor)
-    return [sorted(names) for names in read_after[:-1]]
 
 
 def stages_reading(graph, stage_of: dict[str, int]) -> dict[str, set[int]]:

@@ -96,7 +96,8 @@ def predicted_pipeline_collectives(micro: Graph, stage_of: dict[str, int], strat
     per micro-batch (``p2p`` on ``pp``, a device's share by ``send_split``), and the all-reduce of
     the copies of a parameter read on several stages (``tied``)."""
     from planner.engines.export import export_plan
-    from planner.engines.torch_pipeline import crossing_tensors, stages_reading
+    from planner.engines.torch_pipeline import stages_reading
+    from planner.ir.crossing import crossing_tensors
     from planner.pipeline.layer_costs import send_split
     chosen = [strategies[op.name] for op in micro.operators]
     terms = plan_terms(micro, mesh, SYMBOLIC, settings, chosen)

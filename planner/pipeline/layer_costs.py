@@ -15,10 +15,11 @@ from planner.cluster.mesh import Mesh, MeshAxis
 from planner.cluster.profiles import MachineProfile
 from planner.cost.operators import op_cost, operand_infos, output_layouts, signature_ids
 from planner.cost.records import CostRecord, breakdown, seconds, sum_records
-from planner.cost.settings import TrainingSettings
+from planner.cost.settings import INTEGER_BYTES, TrainingSettings
 from planner.cost.strategy import REPLICATE, Strategy, divides
 from planner.cost.terms import plan_terms
 from planner.errors import SettingsError
+from planner.ir.crossing import crossing_tensors
 from planner.ir.graph import Graph
 from planner.pipeline.schedule import LayerChain
 
@@ -51,16 +52,9 @@ def cost_layers(graph: Graph, mesh: Mesh, profile: MachineProfile, settings: Tra
     per_layer: list[list] = [[] for _ in range(n)]
     for i, record in enumerate(terms.ops):
         per_layer[layer[i]].append(record)
-    out_bytes, sent = np.zeros(n), set()
     for src, dst, slot, record in terms.edges:
         per_layer[layer[dst]].append(record)
-        operand = graph.operators[dst].inputs[slot]
-        if layer[src] < layer[dst] and operand.tensor not in sent:  # sent once per boundary, not per consumer
-            sent.add(operand.tensor)
-            info = infos[graph.operators[dst].name][slot]
-            k = next(k for k, o in enumerate(graph.operators[src].outputs) if o.tensor == operand.tensor)
-            layout = output_layouts(graph.operators[src], chosen[src])[k]
-            out_bytes[layer[src]] += math.prod(info.shape) * info.elem_bytes / send_split(layout, mesh)
+    out_bytes = _crossing_bytes(graph, mesh, settings, chosen, layer, n)
     summed: dict[tuple[int, ...], CostRecord] = {}  # identical layers hold the same (cached) term objects
     records = []
     for layer_terms in per_layer:
@@ -82,6 +76,23 @@ def cost_layers(graph: Graph, mesh: Mesh, profile: MachineProfile, settings: Tra
         "working_memory": _working_memory(graph, mesh, profile, settings, chosen, terms.ops, layer, n),
         "tied": _tied_parameters(graph, mesh, profile, settings, chosen, infos, terms.ops, layer),
     }
+
+
+def _crossing_bytes(graph: Graph, mesh: Mesh, settings: TrainingSettings, chosen, layer: list[int],
+                    n: int) -> np.ndarray:
+    """Per layer l, the bytes per device sent at a stage boundary after it: every tensor that
+    crosses it (``planner.ir.crossing``: made at or before l, read after l; a tensor that skips
+    stages is handed on at each boundary, as the runners send it), split by ``send_split``."""
+    out = np.zeros(n)
+    made = {o.tensor: (i, k) for i, op in enumerate(graph.operators) for k, o in enumerate(op.outputs)}
+    position = {op.name: layer[i] for i, op in enumerate(graph.operators)}
+    elem = {t.name: (INTEGER_BYTES if t.integer else settings.elem_bytes) for t in graph.tensors}
+    for boundary, names in enumerate(crossing_tensors(graph, position, n)):
+        for name in names:
+            i, k = made[name]
+            layout = output_layouts(graph.operators[i], chosen[i])[k]
+            out[boundary] += math.prod(graph.tensor(name).shape) * elem[name] / send_split(layout, mesh)
+    return out
 
 
 def _working_memory(graph: Graph, mesh: Mesh, profile: MachineProfile, settings: TrainingSettings, chosen,
