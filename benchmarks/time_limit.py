@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the experiments package
+from experiments.common import with_provenance  # noqa: E402
 from planner import GraphBuilder
 from planner.ir.graph_json import save_graph
 from planner.outputs import write_csv
@@ -85,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             for limit in (float(x) for x in args.limits.split(",")):
                 rows.append(run(case, limit, tmp, startup))
                 print(json.dumps(rows[-1]), flush=True)
-    write_csv(args.out, rows)
+    write_csv(args.out, with_provenance(rows, "benchmarks/time_limit.py", args))
     print("all within T + max(1 s, 10%):", all(r["within"] for r in rows))
     return 0 if all(r["within"] for r in rows) else 1
 

@@ -17,6 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the experiments package
+from experiments.common import with_provenance  # noqa: E402
 from planner import model_names
 from planner.outputs import write_csv
 
@@ -57,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             row = run_one(model, args.mesh, args.timeout, Path(tmp))
             rows.append(row)
             print(json.dumps(row), flush=True)
-    write_csv(args.out, rows)
+    write_csv(args.out, with_provenance(rows, "benchmarks/verify_memory.py", args))
     ok = all(r["outcome"] in ("completed", "refused", "mismatch") and r.get("peak_rss_gb", 0) < 8
              and (r["outcome"] != "refused" or r["wall_s"] <= 5) for r in rows)
     print(f"{sum(r['outcome'] == 'completed' for r in rows)} completed, "

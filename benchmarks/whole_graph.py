@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 import time
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the experiments package
+from experiments.common import with_provenance  # noqa: E402
 from planner import make_cluster, make_problem
 from planner.outputs import write_csv
 from planner.search.solver import solve
@@ -35,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
                      "booleans": result.num_booleans, "build_time_s": round(build_s, 3),
                      "search_time_s": round(result.search_time_s, 3)})
         print(rows[-1], flush=True)
-    write_csv(args.out, rows)
+    write_csv(args.out, with_provenance(rows, "benchmarks/whole_graph.py", args))
     return 0
 
 

@@ -6,6 +6,9 @@ from __future__ import annotations
 import argparse
 import io
 import math
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -24,8 +27,41 @@ def add_output_options(parser: argparse.ArgumentParser, default_out: str) -> Non
 
 
 def results_table(args: argparse.Namespace, keys: tuple[str, ...]) -> ResultsTable:
-    """The CSV of this run; written atomically after every configuration."""
-    return ResultsTable(args.out, keys, resume=args.resume)
+    """The CSV of this run; written atomically after every configuration. Every row records its
+    provenance: the commit it was computed at and the command that reproduces it (every option
+    spelled out, defaults included)."""
+    spec = sys._getframe(1).f_globals.get("__spec__")  # the calling script, also under python -m
+    module = spec.name if spec is not None else "experiments"
+    return ResultsTable(args.out, keys, resume=args.resume,
+                        provenance={"commit": source_commit(), "command": command_line(module, args)})
+
+
+def command_line(module: str, args: argparse.Namespace) -> str:
+    """``python -m MODULE`` with every parsed option (the run's exact configuration)."""
+    words = ["python", "-m", module]
+    for name, value in vars(args).items():
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            words.append(flag)
+        elif value is False:
+            words.extend([f"--no-{flag[2:]}"] if name == "plot" else [])
+        elif value is not None:
+            words.extend([flag, shlex.quote(str(value))])
+    return " ".join(words)
+
+
+def source_commit() -> str:
+    """The commit the code was at (``+dirty`` when the package, experiments or benchmarks differ from
+    it; ``unknown`` outside a git checkout)."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "planner", "experiments", "benchmarks"],
+                               cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
 
 
 def png_path(args: argparse.Namespace) -> str | None:
@@ -74,9 +110,11 @@ class ResultsTable:
     ``done(key)`` tells which configurations to skip; ``key_columns`` name the configuration.
     """
 
-    def __init__(self, path: Path | str, key_columns: Iterable[str], resume: bool = False) -> None:
+    def __init__(self, path: Path | str, key_columns: Iterable[str], resume: bool = False,
+                 provenance: Mapping[str, str] | None = None) -> None:
         self.path = Path(path)
         self.key_columns = tuple(key_columns)
+        self.provenance = dict(provenance or {})  # added to each new row (commit, command)
         self.rows: list[dict] = []
         if resume and self.path.exists():
             frame = pd.read_csv(self.path, keep_default_na=False, na_values=[""])
@@ -94,6 +132,12 @@ class ResultsTable:
     def add(self, rows: Iterable[Mapping[str, Any]]) -> None:
         """Append rows (one configuration's worth) and rewrite the file atomically."""
         for row in rows:
-            self.rows.append(dict(row))
+            self.rows.append({**dict(row), **self.provenance})
             self._done.add(self._key(row))
         write_csv(self.path, self.rows)
+
+
+def with_provenance(rows: Iterable[Mapping[str, Any]], script: str, args: argparse.Namespace) -> list[dict]:
+    """A benchmark's rows with the commit and the command (``python SCRIPT`` and every option)."""
+    command = f"python {script}" + command_line("", args).removeprefix("python -m ")
+    return [{**dict(row), "commit": source_commit(), "command": command} for row in rows]
