@@ -23,6 +23,11 @@ def test_smallest_setting_writes_csv_and_png(tmp_path, name):
     assert importlib.import_module(f"experiments.{name}").main(["--smallest", "--out", str(out)]) == 0
     frame = pd.read_csv(out)
     assert len(frame) > 0 and "status" in frame.columns
+    # provenance: the commit the rows were computed at and the command that reproduces them
+    head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    assert set(frame["commit"]) == {frame["commit"][0]} and str(frame["commit"][0]).startswith(head.stdout.strip())
+    command = str(frame["command"][0])
+    assert command.startswith(f"python -m experiments.{name} ") and "--smallest" in command and str(out) in command
     pytest.importorskip("matplotlib")
     assert out.with_suffix(".png").stat().st_size > 1000
 

@@ -71,8 +71,9 @@ def _add_common(p: argparse.ArgumentParser, model_required: bool = True) -> None
                    help="communication behind compute: grad = gradient reduction behind the backward pass (DDP, "
                         "Megatron), full = also ZeRO-3 gathers prefetched (FSDP); default full")
     p.add_argument("--bucket-mb", type=_non_negative, metavar="MB",
-                   help="gradient bucket size in MiB: collective latency is paid per bucket (default 25, as DDP; "
-                        "0: one collective per parameter tensor)")
+                   help="gradient bucket size in MiB: smaller tensors share a bucket's collective, a larger "
+                        "tensor is one collective of its own, latency paid once per collective (default 25, as "
+                        "DDP; 0: one collective per parameter tensor)")
     p.add_argument("--fp32-grads", action="store_const", const=True,
                    help="keep gradients in fp32 (Megatron's main gradients: 18 bytes per parameter with Adam)")
     p.add_argument("--json", help="write the plan as JSON here")

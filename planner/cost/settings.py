@@ -16,7 +16,7 @@ OVERLAP = ("none", "grad", "full")
 RECOMPUTE = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
 AUTO = "auto"  # recompute / ZeRO decided per layer by the exact search (``layer_recompute``, ``layer_zero``)
-# PyTorch DDP's default bucket_cap_mb (25 MiB): the latency of a gradient collective is paid per bucket.
+# PyTorch DDP's default bucket_cap_mb (25 MiB): small tensors share a bucket's collective latency.
 DEFAULT_BUCKET_BYTES = 25 * 2**20
 
 
@@ -38,8 +38,9 @@ class TrainingSettings:
 
     ``overlap``: which communication runs behind compute (``none``; ``grad``: gradient reduction
     behind the backward pass, as DDP and Megatron do; ``full``: also ZeRO-3's parameter gathers,
-    prefetched as FSDP does). ``bucket_bytes``: gradient collectives are issued per bucket of this
-    many bytes (0: one per parameter tensor). ``fp32_grads``: gradients are kept in fp32 (Megatron's
+    prefetched as FSDP does). ``bucket_bytes``: parameter tensors share collectives in buckets of
+    this many bytes, a larger tensor is one collective of its own (0: one per parameter tensor;
+    ``planner.cost.operators.bucket_share``). ``fp32_grads``: gradients are kept in fp32 (Megatron's
     main gradients: 4 bytes, 18 bytes per parameter with Adam under mixed precision)."""
 
     dtype: str = "bf16"
