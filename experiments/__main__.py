@@ -1,6 +1,7 @@
 """Regenerate every results table and plot: ``python -m experiments all [--quick] [--resume]``.
 
-``python -m experiments NAME [options]`` runs one script (same as ``python -m experiments.NAME``).
+``python -m experiments NAME [options]`` runs one script (same as ``python -m experiments.NAME``);
+``python -m experiments check`` re-runs a slice of each and compares it with the committed rows.
 The quick setting finishes in under 10 minutes on 2 cores; the full setting is what results/ holds.
 """
 
@@ -19,7 +20,7 @@ SCRIPTS = ("fidelity", "portability", "smsg_models", "verify", "exact_vs_heurist
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in SCRIPTS:
+    if argv and argv[0] in SCRIPTS + ("check",):
         return importlib.import_module(f"experiments.{argv[0]}").main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m experiments", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
