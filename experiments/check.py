@@ -127,7 +127,10 @@ def _same(a, b, rel: float) -> bool:
 def _close(a, b, tolerance: float) -> bool:
     if _missing(a) or _missing(b):
         return _missing(a) and _missing(b)
-    return abs(float(a) - float(b)) <= tolerance
+    try:
+        return abs(float(a) - float(b)) <= tolerance
+    except (TypeError, ValueError):  # a label (the predicted best configuration): equal or not
+        return str(a) == str(b)
 
 
 def times(fresh: pd.DataFrame, committed: pd.DataFrame, keys: list[str]) -> str:

@@ -18,6 +18,11 @@ from planner.outputs import write_bytes, write_csv
 
 
 
+def gib(nbytes: float | None) -> float | None:
+    """Bytes in GiB; None (a failed search's memory) stays None: an empty cell, never a number."""
+    return None if nbytes is None else nbytes / 2**30
+
+
 def add_output_options(parser: argparse.ArgumentParser, default_out: str) -> None:
     parser.add_argument("--out", default=default_out, help=f"results CSV (default {default_out})")
     parser.add_argument("--resume", action="store_true",

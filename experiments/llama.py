@@ -17,7 +17,7 @@ import sys
 import time
 
 import planner
-from experiments.common import add_output_options, png_path, pyplot, results_table, run, write_png
+from experiments.common import gib, add_output_options, png_path, pyplot, results_table, run, write_png
 from experiments.portability import degrees
 
 METHODS = ("exact", "sapp", "drec-cost", "megatron", "dp", "zero")
@@ -30,7 +30,7 @@ def intra_rows(model: str, mesh: str, methods: tuple[str, ...]) -> list[dict]:
     return [{"part": "intra", "model": r["model"], "devices": planner.make_cluster(mesh, "h100-80g").mesh.num_devices,
              "mesh": r["mesh"], "method": r["method"], "status": r["status"], "objective": r["objective"],
              "iteration_time_s": r["estimated_step_time_s"], "gap_percent": r["gap_percent"],
-             "max_memory_gib": r["memory_per_device_bytes"] / 2**30, "fits_memory": r["fits_memory"],
+             "max_memory_gib": gib(r["memory_per_device_bytes"]), "fits_memory": r["fits_memory"],
              "search_time_s": r["search_time_s"]} for r in rows]
 
 

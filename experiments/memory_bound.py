@@ -21,7 +21,7 @@ import sys
 import time
 
 import planner
-from experiments.common import add_output_options, png_path, pyplot, results_table, run, write_png
+from experiments.common import gib, add_output_options, png_path, pyplot, results_table, run, write_png
 
 GPT3 = "gpt:layers={},hidden=12288,heads=96,seq=2048,vocab=51200"
 MESHES = "8,2x4,8x8,4x8x8"
@@ -53,7 +53,7 @@ def run_row(model: str, mesh: str, decide: str, args: argparse.Namespace) -> dic
     sizes = next((SIZES.search(n) for n in plan.notes if SIZES.search(n)), None)
     row.update(status=plan.status, search_time_s=plan.search_time_s, wall_time_s=time.perf_counter() - start,
                objective=plan.objective, estimated_step_time_s=plan.estimated_step_time_s,
-               memory_gib=plan.memory_per_device_bytes / 2**30, memory_limit_gib=(plan.memory_limit_bytes or 0) / 2**30,
+               memory_gib=gib(plan.memory_per_device_bytes), memory_limit_gib=(plan.memory_limit_bytes or 0) / 2**30,
                memory_binds=binds, front_points=int(sizes.group(1)) if sizes else None,
                labels=int(sizes.group(2)) if sizes else None, notes=" | ".join(plan.notes),
                layer_recompute=dict(plan.settings).get("layer_recompute", ""),
