@@ -85,3 +85,17 @@ def test_killed_experiment_leaves_a_complete_csv_and_resumes(tmp_path):
     subprocess.run(cmd[:-2] + ["--out", str(fresh)], cwd=ROOT, check=True, capture_output=True, timeout=600)
     reference = pd.read_csv(fresh)
     pd.testing.assert_series_equal(after["objective"], reference["objective"])  # resume changes nothing
+
+
+def test_check_passes_on_the_committed_rows_and_fails_on_an_edited_objective(tmp_path):
+    """`python -m experiments check` re-runs a slice and compares it with results/: the committed
+    rows agree with the code, and one objective edited by hand is caught."""
+    from experiments import check
+    committed = pd.read_csv(ROOT / "results" / "sapp_scaling.csv")
+    (tmp_path / "sapp_scaling.csv").write_text(committed.to_csv(index=False))
+    assert check.main(["--only", "sapp_scaling", "--results", str(tmp_path)]) == 0
+    edited = committed.copy()
+    row = edited.index[(edited["layers"] == 12) & (edited["devices"] == 8)][0]
+    edited.loc[row, "objective"] = int(edited.loc[row, "objective"]) + 1
+    (tmp_path / "sapp_scaling.csv").write_text(edited.to_csv(index=False))
+    assert check.main(["--only", "sapp_scaling", "--results", str(tmp_path)]) == 1
