@@ -181,7 +181,19 @@ def train_check(path: Path) -> str:
                                + "; ".join(f"{what.get(e, e)} {c}" for e, c in sorted(close.items())) + ".")
 
 
-TABLES = (("TRAIN_CHECK_TABLE", train_check, "train_check.csv"), ("SCALING_TABLE", scaling, "scaling.csv"), ("LLAMA_TABLE", llama, "llama.csv"), ("SAPP_SCALING_TABLE", sapp_scaling, "sapp_scaling.csv"), ("HEURISTIC_TABLE", heuristics, "exact_vs_heuristic.csv"),
+def pictures(path: Path) -> str:
+    """The pictures' checks and the 175B 3D plan's headline figures, as one paragraph."""
+    d = pd.read_csv(path).set_index("case")
+    big, small = d.loc["gpt3-175b-3d"], d.loc["gpt2-small-2x4"]
+    return (f"`results/pictures.csv`: GPT-3 175B on `{big['mesh']}`, {int(big['gantt_blocks'])} of "
+            f"{int(big['expected_blocks'])} blocks, drawn peak memory {big['drawn_memory_bytes'] / 2**30:.2f} GiB "
+            f"against the plan's {big['memory_bytes'] / 2**30:.2f} GiB ({int(big['stages'])} stages, "
+            f"{int(big['num_microbatches'])} micro-batches, {big['schedule']}, {big['step_time_s']:.2f} s per "
+            f"iteration); gpt2-small on 2x4: drawn step {small['drawn_step_time_s'] * 1e3:.3f} ms against the "
+            f"plan's {small['step_time_s'] * 1e3:.3f} ms.")
+
+
+TABLES = (("PICTURES_TEXT", pictures, "pictures.csv"), ("TRAIN_CHECK_TABLE", train_check, "train_check.csv"), ("SCALING_TABLE", scaling, "scaling.csv"), ("LLAMA_TABLE", llama, "llama.csv"), ("SAPP_SCALING_TABLE", sapp_scaling, "sapp_scaling.csv"), ("HEURISTIC_TABLE", heuristics, "exact_vs_heuristic.csv"),
           ("PIPELINE_TABLE", pipeline, "pipeline.csv"), ("FIDELITY_TABLE", fidelity, "fidelity.csv"),
           ("PORTABILITY_TABLE", portability, "portability.csv"), ("SMSG_TABLE", smsg_models, "smsg_models.csv"), ("VERIFY_TABLE", verify, "verify.csv"))
 

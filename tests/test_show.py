@@ -36,9 +36,10 @@ def plans(tmp_path_factory) -> dict[str, Path]:
         "zoo": _plan(tmp, "zoo.json", "--model", "gpt2-small", "--mesh", "2x4"),
         "3d": _plan(tmp, "p3.json", "--model", GPT, "--mesh", "4x2", "--batch", "16", "--pipeline", "auto", "--pp", "2",
                     "--num-microbatches", "4"),
-        "3d-recompute": _plan(tmp, "p3r.json", "--model", GPT, "--mesh", "4x2", "--batch", "16", "--pipeline", "auto",
-                              "--pp", "4", "--num-microbatches", "8", "--recompute", "full", "--schedule", "interleaved:2",
-                              "--cuts", "1,2,3"),
+        # interleaved:2 on 4 stages: two layers per stage, one per chunk (a stage needs a layer per chunk)
+        "3d-recompute": _plan(tmp, "p3r.json", "--model", GPT.replace("layers=4", "layers=8"), "--mesh", "4x2",
+                              "--batch", "16", "--pipeline", "auto", "--pp", "4", "--num-microbatches", "8",
+                              "--recompute", "full", "--schedule", "interleaved:2", "--cuts", "2,4,6"),
     }
 
 

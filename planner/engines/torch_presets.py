@@ -12,14 +12,29 @@ from __future__ import annotations
 from planner.engines.torch_import import TorchImportError
 
 
-def _options(text: str, where: str) -> dict[str, int]:
+def _options(text: str, where: str, known: tuple[str, ...]) -> dict[str, int]:
+    """``key=value,...`` with each key one of ``known``, given once, and a positive integer value."""
     out = {}
     for part in filter(None, text.split(",")):
         key, _, value = part.partition("=")
+        key = key.strip()
+        if key not in known:
+            raise TorchImportError(f"{where}: unknown option {key!r} (known: {', '.join(known)})")
+        if key in out:
+            raise TorchImportError(f"{where}: option {key!r} given twice")
         if not value.isdigit() or int(value) < 1:
             raise TorchImportError(f"{where}: option {part!r} must be key=positive integer")
-        out[key.strip()] = int(value)
+        out[key] = int(value)
     return out
+
+
+GPT2_OPTIONS = ("layers", "hidden", "heads", "seq", "vocab", "batch")
+RESNET_OPTIONS = ("batch", "image", "classes")
+
+
+def preset_options(model: str) -> tuple[str, ...]:
+    """The option keys an ``hf:MODEL`` preset takes (empty for an unknown preset)."""
+    return {"gpt2": GPT2_OPTIONS, "resnet50": RESNET_OPTIONS}.get(model) or tuple(SMALL.get(model, ()))
 
 
 def build_spec(spec: str):
@@ -32,7 +47,8 @@ def build_spec(spec: str):
     if family == "hf":
         model, _, opts = rest.partition(":")
         where = f"import-torch {spec}"
-        o = _options(opts, where)
+        known = preset_options(model)
+        o = _options(opts, where, known) if known else {}
         if model == "gpt2":
             from transformers import GPT2Config, GPT2LMHeadModel
             seq = o.get("seq", 1024)
@@ -143,7 +159,7 @@ def imported_loader(path: str, seq: int | None = None):
         raise SettingsError(f"--model: {path}: pipeline planning re-builds the model per micro-batch: give a zoo "
                             "model or a graph that import-torch wrote from an hf: preset")
     family, model, opts = (spec.split(":", 2) + [""])[:3]
-    base = _options(opts, f"--model {path}")
+    base = _options(opts, f"--model {path}", preset_options(model))
 
     def load(batch: int):
         options = {**base, "batch": batch, **({"seq": seq} if seq else {})}

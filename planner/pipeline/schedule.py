@@ -42,13 +42,13 @@ DEFAULT_CHUNKS = 2
 
 def parse_schedule(schedule: str) -> tuple[str, int]:
     """(name, chunks per device) of ``gpipe``, ``1f1b``, ``interleaved`` or ``interleaved:v``."""
-    name, _, chunks = str(schedule).partition(":")
-    if name not in SCHEDULES or (chunks and name != "interleaved"):
+    name, colon, chunks = str(schedule).partition(":")
+    if name not in SCHEDULES or (colon and name != "interleaved"):
         raise SettingsError(f"--schedule: must be one of {', '.join(SCHEDULES)} (interleaved:v for v chunks), "
                             f"got {schedule!r}")
     if name != "interleaved":
         return name, 1
-    if chunks and (not chunks.isdigit() or int(chunks) < 2):
+    if colon and (not chunks.isascii() or not chunks.isdigit() or len(chunks) > 6 or int(chunks) < 2):
         raise SettingsError(f"--schedule: interleaved:v needs v >= 2 chunks per device, got {schedule!r}")
     return name, int(chunks) if chunks else DEFAULT_CHUNKS
 

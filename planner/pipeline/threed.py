@@ -34,7 +34,7 @@ from planner.ir.graph import Graph
 from planner.cluster.mesh import Mesh
 from planner.cluster.profiles import MachineProfile
 from planner.pipeline.layer_costs import layer_of, plan_valid, model_chain
-from planner.pipeline.schedule import Evaluator, LayerChain, PipelinePlan
+from planner.pipeline.schedule import Evaluator, LayerChain, PipelinePlan, parse_schedule
 from planner.pipeline.timeline import StageDetail, stage_details
 from planner.pipeline.search import METHODS, given_cuts, stage_breakdown
 from planner.cost.problem import Problem, build_problem
@@ -141,8 +141,9 @@ def plan_pipeline(load: Callable[[int], Graph], mesh: Mesh, profile: MachineProf
     graph = load(batch)
     layers = max(layer_of(graph)) + 1
     outer = mesh.axes[0].size
-    degrees = degrees or [p for p in divisors(outer) if p <= layers]
-    _check_choices(degrees, counts, outer, layers, batch, cuts)
+    chunks = parse_schedule(schedule)[1]  # interleaved:v: every stage holds v chunks of >= 1 layer
+    degrees = degrees or [p for p in divisors(outer) if p * chunks <= layers]
+    _check_choices(degrees, counts, outer, layers, batch, cuts, chunks)
     counts = counts or divisors(batch)
     best, first, rows = None, None, []
     for done, p in enumerate(degrees):
@@ -175,11 +176,17 @@ def plan_pipeline(load: Callable[[int], Graph], mesh: Mesh, profile: MachineProf
     return replace(best, candidates=tuple(rows), search_time_s=time.perf_counter() - start)
 
 
-def _check_choices(degrees, counts, outer: int, layers: int, batch: int, cuts) -> None:
+def _check_choices(degrees, counts, outer: int, layers: int, batch: int, cuts, chunks: int = 1) -> None:
     for p in degrees:
         if outer % p or p > layers:
             raise SettingsError(f"--pp: {p} stages must divide the outermost mesh axis ({outer}) and be at most "
                                 f"the number of layers ({layers})")
+        if p * chunks > layers:
+            raise SettingsError(f"--schedule: interleaved:{chunks} on {p} stages needs at least {chunks} layers "
+                                f"per stage ({p * chunks} > {layers} layers); choose a smaller v or fewer stages")
+    if not degrees:
+        raise SettingsError(f"--schedule: interleaved:{chunks} leaves no pipeline degree: it needs at least "
+                            f"{chunks} layers per stage ({layers} layers)")
     for count in counts or ():
         if batch % count:
             raise SettingsError(f"--num-microbatches: {count} does not divide the batch {batch}")
