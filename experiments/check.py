@@ -4,7 +4,7 @@ Each experiment (and the benchmark of the whole-graph program) is re-run on a sm
 full configuration (``SLICES``), and every re-computed row is compared with the committed row of
 the same configuration in results/:
 
-    deterministic figures (status, objective, iteration time)   equal (float round trip: 1e-9 relative)
+    deterministic figures (status, objective, iteration time)   equal (integers exactly; floats 1e-9 relative)
     fidelity errors (rel_error)                                 within 0.1 point
     search times                                                printed as new / committed (machines
                                                                 differ: never a failure)
@@ -121,6 +121,8 @@ def _same(a, b, rel: float) -> bool:
         x, y = float(a), float(b)
     except (TypeError, ValueError):
         return str(a) == str(b)
+    if x.is_integer() and y.is_integer():  # integer objectives: exactly
+        return x == y
     return x == y or abs(x - y) <= rel * max(abs(x), abs(y))
 
 
@@ -137,7 +139,8 @@ def times(fresh: pd.DataFrame, committed: pd.DataFrame, keys: list[str]) -> str:
     """Median ratio of the re-run's search times to the committed ones (for the eye, not a test)."""
     if "search_time_s" not in fresh.columns or "search_time_s" not in committed.columns:
         return ""
-    joined = fresh.merge(committed, on=keys, suffixes=("", "_committed"))
+    as_text = lambda frame: frame.assign(**{k: frame[k].astype(str) for k in keys})  # noqa: E731
+    joined = as_text(fresh).merge(as_text(committed), on=keys, suffixes=("", "_committed"))
     ratio = (joined["search_time_s"] / joined["search_time_s_committed"]).replace([math.inf], math.nan).dropna()
     return f"; search time x{ratio.median():.2f} of the committed (median of {len(ratio)})" if len(ratio) else ""
 

@@ -95,7 +95,8 @@ def test_check_passes_on_the_committed_rows_and_fails_on_an_edited_objective(tmp
     (tmp_path / "sapp_scaling.csv").write_text(committed.to_csv(index=False))
     assert check.main(["--only", "sapp_scaling", "--results", str(tmp_path)]) == 0
     edited = committed.copy()
-    row = edited.index[(edited["layers"] == 12) & (edited["devices"] == 8)][0]
-    edited.loc[row, "objective"] = int(edited.loc[row, "objective"]) + 1
+    rows = (edited["layers"] == 12) & (edited["devices"] == 8)
+    assert rows.any()
+    edited.loc[rows, "objective"] = edited.loc[rows, "objective"].astype(int) + 1
     (tmp_path / "sapp_scaling.csv").write_text(edited.to_csv(index=False))
     assert check.main(["--only", "sapp_scaling", "--results", str(tmp_path)]) == 1
