@@ -57,8 +57,9 @@ def run_cli(words: list[str]) -> dict:
         data = json.loads(out.read_text())
     if "pipeline" in data:
         pipe = data["pipeline"]
-        return {"status": data.get("intra_status", ""), "figure": pipe["iteration_time_s"],
-                "unit": "iteration s", "wall_s": round(wall, 2), "detail": f"{pipe['stages']} stages"}
+        return {"status": data["status"], "figure": data["iteration_time_s"], "unit": "iteration s",
+                "wall_s": round(wall, 2), "detail": f"{pipe['stages']} stages x {pipe['stage_mesh']}, "
+                f"{pipe['num_microbatches']} micro-batches of {pipe['micro_batch']}"}
     return {"status": data["status"], "figure": data["objective"], "unit": "objective ns", "wall_s": round(wall, 2),
             "detail": f"{(data.get('memory_per_device_bytes') or 0) / 2**30:.2f} GiB"}
 

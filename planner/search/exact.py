@@ -35,7 +35,7 @@ import numpy as np
 
 from planner.search.decompose import Segment, group_blocks, product_block, segment_network, split_segments
 from planner.search.fronts import FrontTooLarge
-from planner.search.pareto import Dominated, ParetoResult, lagrangian_bound, pareto_search
+from planner.search.pareto import Dominated, ParetoResult, Unproven, lagrangian_bound, pareto_search
 from planner.search.prices import priced_bound
 from planner.cost.problem import Problem
 from planner.cost.settings import AUTO
@@ -220,18 +220,25 @@ def _solve_untied(problem: Problem, memory_limit: float | None, time_limit_s: fl
         # no limit: one no plan can reach (finite, so that prices times memory stay numbers)
         limit = memory_limit if memory_limit is not None else 1.0 + max(
             sum(int(t.memory.max()) for t in p.ops) for p in (problem, *options.variants))
-        found, why = _pareto(problem, segments, limit, start + PARETO_SHARE * (deadline - start), options,
-                             memo and memo["fronts"], incumbent)
+        found, why, proven_bound = _pareto(problem, segments, limit, start + PARETO_SHARE * (deadline - start),
+                                           options, memo and memo["fronts"], incumbent)
         if why.startswith("dominated"):  # no plan here beats another condition's (planner.search.ties)
             return SolveResult("DOMINATED", None, incumbent, None, time.perf_counter() - start, 0, why), notes + (why,)
         if found is None and fits:  # the choices could not be searched: the plan without them stands
-            return SolveResult("OPTIMAL" if not options.variants else "FEASIBLE", objective, None, free.choice,
-                               time.perf_counter() - start, 0), notes + (why,)
+            return SolveResult("OPTIMAL" if not options.variants else "FEASIBLE", objective, proven_bound,
+                               free.choice, time.perf_counter() - start, 0), notes + (why,)
         if found is not None:
             why = why if not fits else why.replace("memory binds: ", "memory free: ", 1)
             recompute, zero = layer_modes(problem, segments, found.modes, options)
-            return SolveResult("OPTIMAL", found.objective, found.objective, found.choice, time.perf_counter() - start,
+            proven = proven_bound is None  # a cut master gives its beam plan and the Lagrangian bound
+            status, bound = ("OPTIMAL", found.objective) if proven else ("FEASIBLE", proven_bound)
+            return SolveResult(status, found.objective, bound, found.choice, time.perf_counter() - start,
                                0, layer_recompute=recompute, layer_zero=zero), notes + (why,)
+        if options.variants and proven_bound is not None:
+            # the Lagrangian path below would search without the per-layer choices, and its bound
+            # would be the restricted problem's: nothing proven here but the choices' own bound
+            return SolveResult("UNKNOWN", None, proven_bound, None, time.perf_counter() - start, 0, why), \
+                notes + (why,)
         if options.variants:
             why += "; choices per layer need the Pareto master: every layer runs without recompute at ZeRO stage 0"
         # its bound is the restricted problem's when layer choices exist: no proof against an incumbent then
@@ -252,20 +259,28 @@ def _whole_instead(problem: Problem, memory_limit: float | None, deadline: float
 
 def _pareto(problem: Problem, segments: Sequence[Segment], memory_limit: float, deadline: float,
             options: "LayerOptions", fronts: dict | None = None,
-            incumbent: int | None = None) -> tuple[ParetoResult | None, str]:
-    """The exact Pareto master, or None and why it stopped (fronts past their caps, the deadline,
-    'dominated' by the ``incumbent``)."""
+            incumbent: int | None = None) -> tuple[ParetoResult | None, str, int | None]:
+    """The exact Pareto master: (plan, what was done, None) when proven optimal; (a beam plan or
+    None, why the master stopped, the proven Lagrangian bound) when the master was cut; (None, why,
+    None) when the tables could not be built or another condition's plan (``incumbent``) dominates."""
     try:
         found = pareto_search(problem, segments, memory_limit, deadline, variants=options.variants,
                               units=options.units, tables=fronts, incumbent=incumbent)
     except Dominated as exc:
-        return None, f"dominated: {exc}"
+        return None, f"dominated: {exc}", None
+    except Unproven as exc:
+        chosen = options.describe() if options.variants else ""
+        if exc.plan is None:
+            return None, f"memory binds: the exact Pareto master stopped ({exc}){chosen}", exc.bound
+        gap = _gap((exc.plan.objective, ()), exc.bound)
+        return exc.plan, (f"memory binds: the exact Pareto master stopped ({exc}); the best beam pass's plan, "
+                          f"{gap} above the Lagrangian bound {exc.bound}{chosen}"), exc.bound
     except (FrontTooLarge, TimeoutError) as exc:
-        return None, f"memory binds: Pareto tables stopped ({exc}); Lagrangian pricing and CP-SAT instead"
+        return None, f"memory binds: Pareto tables stopped ({exc}); Lagrangian pricing and CP-SAT instead", None
     chosen = options.describe() if options.variants else ""
     return found, (f"memory binds: exact Pareto tables and label-setting master (fronts of up to "
                    f"{found.table_points} points, up to {found.max_labels} labels per layout; "
-                   f"Lagrangian bound {found.lagrangian_bound}){chosen}")
+                   f"Lagrangian bound {found.lagrangian_bound}){chosen}"), None
 
 
 def _lagrangian(problem: Problem, segments: Sequence[Segment], memory_limit: float, deadline: float, seed: int,

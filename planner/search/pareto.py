@@ -42,7 +42,7 @@ from planner.search.fronts import (FrontTooLarge, Node, add, block_offsets, chai
 
 FRONT_CAP = 512  # points per front in a segment table
 LABEL_CAP = 16384  # labels per boundary layout in the master
-BEAMS = (1, 8)  # labels per boundary layout in the heuristic passes that set the upper bound
+BEAMS = (1, 8, 64)  # labels per boundary layout in the heuristic passes that set the upper bound
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +134,16 @@ class Dominated(FrontTooLarge):
     """No plan of this problem costs less than the incumbent the caller gave: nothing to return."""
 
 
+class Unproven(Exception):
+    """The master was cut (caps or the deadline) after the Lagrangian bound was proven: ``plan``
+    is the best beam pass's plan (it fits, not proven optimal) or None, ``bound`` the proven
+    bound on this problem's optimum (its recompute / ZeRO choices included)."""
+
+    def __init__(self, plan: "ParetoResult | None", bound: int, why: str) -> None:
+        super().__init__(why)
+        self.plan, self.bound = plan, bound
+
+
 def segment_front_table(problem: Problem, seg: Segment, cap: int = FRONT_CAP) -> Node:
     """The [entry layout, exit layout] table of (cost, memory) fronts of one segment."""
     costs = [t.cost.astype(np.float64) for t in problem.ops]
@@ -164,17 +174,37 @@ def pareto_search(problem: Problem, segments: Sequence[Segment], memory_limit: f
     options = [problem, *variants]
     by_mode, chain = _chain(options, segments, cap, units, tables, deadline)
     limit = float(memory_limit)
-    lam, upper, bound = lagrangian(chain, limit, lambda: _check(deadline))
+    lam, upper, bound = _priced(chain, limit, deadline, tables)
     if incumbent is not None and bound > incumbent:
         raise Dominated(f"its Lagrangian bound {bound:.0f} exceeds the plan in hand ({incumbent:.0f})")
     upper = min(upper, incumbent if incumbent is not None else math.inf)
-    for beam in BEAMS:  # each heuristic pass prunes with the best plan of the one before
-        upper = min(upper, _master(chain, limit, lam, upper, label_cap, deadline, beam=beam)[2])
-    back, final, best = _master(chain, limit, lam, upper, label_cap, deadline)
+    heuristic = None  # the best beam pass: a plan that fits, kept in case the exact pass is cut
+    try:
+        # an incumbent from another condition is the upper bound already: no beam pass for it
+        for beam in BEAMS if incumbent is None else ():
+            passed = _master(chain, limit, lam, upper, label_cap, deadline, beam=beam)
+            if passed[1] is not None and passed[2] < upper:
+                upper, heuristic = passed[2], passed
+        back, final, best = _master(chain, limit, lam, upper, label_cap, deadline)
+    except (FrontTooLarge, TimeoutError) as exc:
+        plan = None if heuristic is None else _result(options, segments, by_mode, units, heuristic, memory_limit,
+                                                      bound, start)
+        raise Unproven(plan, int(math.ceil(bound - 1e-6)), str(exc)) from None
+    if final is None and heuristic is not None and best >= heuristic[2]:
+        back, final, best = heuristic  # the exact pass proved no plan beats the beam's
     if final is None and incumbent is not None and upper >= incumbent:
         raise Dominated(f"no label beats the plan in hand ({incumbent:.0f})")
     if final is None:
         raise FrontTooLarge("no label fits the memory limit")  # the caller's path reports infeasibility
+    return _result(options, segments, by_mode, units, (back, final, best), memory_limit, bound, start)
+
+
+def _result(options: Sequence[Problem], segments: Sequence[Segment], by_mode, units: Sequence[int],
+            passed: tuple, memory_limit: float, bound: float, start: float) -> ParetoResult:
+    """A master pass's plan (``options[0]`` the problem, the rest its variants), re-costed
+    operator by operator against its label."""
+    back, final, best = passed
+    problem = options[0]
     choice, modes = _recover(segments, by_mode, len(problem.ops), back, final, units)
     tables_of = [options[mode].ops[op] for seg, mode in zip(segments, modes) for op in seg.ops]
     chosen = [choice[op] for seg in segments for op in seg.ops]
@@ -195,7 +225,19 @@ def lagrangian_bound(problem: Problem, segments: Sequence[Segment], memory_limit
     max over prices lam of (least cost + lam * memory) - lam * limit (the same tables, so the
     tables it builds serve the search after it). Raises as ``pareto_search`` does."""
     _, chain = _chain([problem, *variants], segments, cap, units, tables, deadline)
-    return lagrangian(chain, float(memory_limit), lambda: _check(deadline))[2]
+    return _priced(chain, float(memory_limit), deadline, tables)[2]
+
+
+def _priced(chain: Sequence[Node], limit: float, deadline: float | None, known: dict | None) -> tuple:
+    """``lagrangian`` of the chain, kept in ``known`` beside the tables it prices (the bound that
+    orders the tied-layout conditions is the one their search starts from)."""
+    key = ("lagrangian", limit, tuple(id(t) for t in chain))
+    if known is not None and key in known:
+        return known[key][1]
+    priced = lagrangian(chain, limit, lambda: _check(deadline))
+    if known is not None:
+        known[key] = (chain, priced)  # the chain is held so that its tables' ids stay theirs
+    return priced
 
 
 def _chain(options: Sequence[Problem], segments: Sequence[Segment], cap: int, units: Sequence[int],
@@ -286,14 +328,17 @@ def _fronts_by_row(rows, cols, c, m, bound, nb: int, label_cap: int, beam: int |
     one running minimum serves every row (integers below 2^53: exact)."""
     if not len(c):
         return rows, cols, c, m, bound
-    # (state, memory) as one exact key: integers below 2^53; ties keep the candidates' given order
-    key = rows * (float(m.max()) + 1.0) + m if nb * (float(m.max()) + 1.0) < 2.0 ** 53 else None
-    order = np.lexsort((c, key)) if key is not None else np.lexsort((c, m, rows))
+    order, key = _by_state_and_memory(rows, m, c, nb)
     rows, cols, c, m, bound = rows[order], cols[order], c[order], m[order], bound[order]
     span = float(c.max() - c.min()) + 1.0
     shifted = (c - c.min()) + (nb - rows) * span
     keep = np.ones(len(c), dtype=bool)
     keep[1:] = shifted[1:] < np.minimum.accumulate(shifted)[:-1]
+    if key is not None:
+        # sorted by (state, memory, position) only: of the points kept for one (state, memory),
+        # each is cheaper than the one before, so the last is the one a sort by cost would keep
+        kept = np.flatnonzero(keep)
+        keep[kept[:-1][key[order][kept[:-1]] == key[order][kept[1:]]]] = False
     rows, cols, c, m, bound = rows[keep], cols[keep], c[keep], m[keep], bound[keep]
     counts = np.bincount(rows, minlength=nb)
     if beam is not None and counts.max() > beam:
@@ -304,6 +349,18 @@ def _fronts_by_row(rows, cols, c, m, bound, nb: int, label_cap: int, beam: int |
     elif counts.max() > label_cap:
         raise FrontTooLarge(f"{int(counts.max())} labels at one boundary layout (cap {label_cap})")
     return rows, cols, c, m, bound
+
+
+def _by_state_and_memory(rows, m, c, nb: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """An order by (state, memory, cost, position), or by (state, memory, position) and the
+    (state, memory) key when that key times the count fits an int64: one quicksort of unique
+    integers (a tenth of the two-key stable sort's time) with the same result once the caller
+    keeps the cheapest point per key."""
+    top = float(m.max()) + 1.0
+    if nb * top * len(m) < 2.0 ** 62 and nb * top < 2.0 ** 53:
+        key = rows.astype(np.int64) * int(top) + m.astype(np.int64)  # integers held exactly in float64
+        return np.argsort(key * len(m) + np.arange(len(m)), kind="quicksort"), key
+    return np.lexsort((c, m, rows)), None
 
 
 def _as_table(rows, nb: int, c, m, cols) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

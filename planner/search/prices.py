@@ -47,45 +47,78 @@ def suffix(chain: Sequence[Node], lam: float | None) -> list[np.ndarray]:
     return out[::-1]
 
 
+PRICED_ELEMENTS = 1 << 22  # table entries priced at once: prices per pass = this / the largest table
+MAX_PRICES_PER_PASS = 16
+PRECISION = 1e-9  # the bracket around the feasibility switch is split down to this relative width
+
+
+def priced_paths(chain: Sequence[Node], lams: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each price in ``lams``: the least priced total (cost + lam * memory) through the chain,
+    and the cost and memory of the path reaching it (first minimum, as a scalar pass would)."""
+    lams = np.asarray(lams, dtype=np.float64)
+    distinct = {id(t): t for t in chain}  # the repeated layers share their tables
+    priced = {}
+    for key, table in distinct.items():
+        mem = np.where(np.isfinite(table.mem), table.mem, 0.0)
+        value = np.stack([table.cost + lam * mem for lam in lams])  # [K, a, b, points]
+        value = np.where(np.isfinite(table.cost)[None], value, np.inf)
+        point = value.argmin(axis=-1)
+        priced[key] = (np.take_along_axis(value, point[..., None], axis=-1)[..., 0], point)
+    rows = np.arange(len(lams))
+    vector, args = np.zeros((len(lams), 1)), []
+    for table in chain:
+        total = vector[:, :, None] + priced[id(table)][0]
+        args.append(total.argmin(axis=1))
+        vector = total.min(axis=1)
+    state = np.zeros(len(lams), dtype=np.int64)
+    cost, mem = np.zeros(len(lams)), np.zeros(len(lams))
+    for table, arg in zip(reversed(chain), reversed(args)):
+        prev = arg[rows, state]
+        point = priced[id(table)][1][rows, prev, state]
+        cost += table.cost[prev, state, point]
+        mem += table.mem[prev, state, point]
+        state = prev
+    return vector[:, 0], cost, mem
+
+
 def lagrangian(chain: Sequence[Node], limit: float, check: Callable[[], None]) -> tuple[float, float, float]:
-    """(lam of the best bound, cost of the best fitting plan found (UB), the best Lagrangian bound)."""
-    best_cost, best_bound, best_lam = math.inf, -math.inf, 0.0
+    """(lam of the best bound, cost of the best fitting plan found (UB), the best Lagrangian bound).
 
-    def at(lam: float) -> bool:
-        nonlocal best_cost, best_bound, best_lam
-        distinct = {id(t): t for t in chain}  # the repeated layers share their tables
-        priced = {key: scalar(t, lam) for key, t in distinct.items()}
-        weights = [priced[id(t)] for t in chain]
-        vector, args = np.zeros(1), []
-        for value, _ in weights:
-            total = vector[:, None] + value
-            args.append(total.argmin(axis=0))
-            vector = total.min(axis=0)
-        state, cost, mem = 0, 0.0, 0.0
-        for (value, point), table, arg in zip(reversed(weights), reversed(chain), reversed(args)):
-            prev = int(arg[state])
-            cost += table.cost[prev, state, point[prev, state]]
-            mem += table.mem[prev, state, point[prev, state]]
-            state = prev
-        value = priced_bound(float(vector[0]), lam * limit, len(chain))
-        if value > best_bound:
-            best_bound, best_lam = value, lam
-        if mem <= limit:
-            best_cost = min(best_cost, cost)
-            return True
-        return False
+    Prices are evaluated several at a time (as many as ``PRICED_ELEMENTS`` allows for the largest
+    table): a geometric sweep (x4 steps) up to the first price whose path fits, then passes that
+    split the bracket between the last price that does not fit and the first that does, down to
+    ``PRECISION``. Every evaluated price gives a valid bound; the best is kept."""
+    best = {"cost": math.inf, "bound": -math.inf, "lam": 0.0}
 
-    scale = max(1.0, sum(float(np.nanmax(np.where(np.isfinite(t.cost), t.cost, 0))) for t in chain)) / \
-        max(1.0, sum(float(np.nanmax(np.where(np.isfinite(t.mem), t.mem, 0))) for t in chain))
-    low, high = 0.0, scale
-    if not at(0.0):
-        for _ in range(60):
+    def at(lams: np.ndarray) -> np.ndarray:
+        value, cost, mem = priced_paths(chain, lams)
+        for lam, v, c, m in zip(lams.tolist(), value.tolist(), cost.tolist(), mem.tolist()):
+            bound = priced_bound(v, lam * limit, len(chain))
+            if bound > best["bound"]:
+                best["bound"], best["lam"] = bound, lam
+            if m <= limit:
+                best["cost"] = min(best["cost"], c)
+        return mem <= limit
+
+    if not at(np.zeros(1))[0]:
+        scale = max(1.0, sum(float(np.nanmax(np.where(np.isfinite(t.cost), t.cost, 0))) for t in chain)) / \
+            max(1.0, sum(float(np.nanmax(np.where(np.isfinite(t.mem), t.mem, 0))) for t in chain))
+        largest = max(t.cost.size for t in chain)
+        per_pass = int(min(MAX_PRICES_PER_PASS, max(2, PRICED_ELEMENTS // max(1, largest))))
+        low, high = 0.0, None
+        for first in range(0, 60, per_pass):
             check()
-            if at(high):
+            lams = scale * 4.0 ** np.arange(first, min(60, first + per_pass))
+            fits = at(lams)
+            if fits.any():
+                k = int(np.argmax(fits))
+                low, high = (lams[k - 1] if k else low), lams[k]
                 break
-            low, high = high, high * 4
-        for _ in range(40):
+            low = lams[-1]
+        while high is not None and high - low > PRECISION * high:
             check()
-            mid = 0.5 * (low + high)
-            low, high = (low, mid) if at(mid) else (mid, high)
-    return best_lam, best_cost, best_bound
+            lams = low + (high - low) * np.arange(1, per_pass + 1) / (per_pass + 1)
+            fits = at(lams)
+            k = int(np.argmax(fits)) if fits.any() else len(lams)
+            low, high = (lams[k - 1] if k else low), (lams[k] if k < len(lams) else high)
+    return best["lam"], best["cost"], best["bound"]
