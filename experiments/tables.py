@@ -119,10 +119,10 @@ def smsg_models(path: Path) -> str:
 
 def verify(path: Path) -> str:
     d = pd.read_csv(path)
-    lines = ["| model | mesh | method | sharded ops | numpy max rel. error | predicted bytes | compiled bytes | total error | worst axis error |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | batch | mesh | method | sharded ops | numpy max rel. error | predicted bytes | compiled bytes "
+             "| total error | worst axis error |", "|---|---|---|---|---|---|---|---|---|---|"]
     for _, r in d.iterrows():
-        lines.append(f"| {r['model']} | {r['mesh']} | {r['method']} | {r['sharded_ops']}/{r['operators']} | "
+        lines.append(f"| {r['model']} | {r['batch']} | {r['mesh']} | {r['method']} | {r['sharded_ops']}/{r['operators']} | "
                      f"{r['numpy_max_rel_error']:.1e} | {r['predicted_bytes']:,.0f} | {r['compiled_bytes']:,.0f} | "
                      f"{100 * r['total_rel_error']:.2f}% | {100 * r['max_axis_rel_error']:.2f}% |")
     ok = (d["status"] == "OK").sum()

@@ -5,7 +5,11 @@ exact, dp and megatron plans (a100-80g costs, float32, SGD): the largest relativ
 executor against the unsharded forward, and the bytes each device sends in the compiled training
 step against the prediction, in total and per mesh axis (see `planner verify`). Needs JAX.
 
-    python -m experiments.verify [--quick] [--models ...] [--meshes 4,8,2x4] [--out results/verify.csv]
+    python -m experiments.verify [--quick] [--models ...] [--meshes 4,8,2x4] [--methods exact,dp,megatron]
+                                 [--batches 2,4,8] [--resume] [--out results/verify.csv]
+
+With --batches each model is verified at those global batches instead of its own (the exact plan
+changes with the batch). gpt2-small is the zoo's GPT-2 (12 layers, hidden 768).
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from experiments.common import add_output_options, png_path, pyplot, results_tab
 
 # model -> (zoo spec, global batch, sequence length): full and small settings
 FULL = {"mlp": ("mlp:hidden=512", 4096, None), "transformer-block": ("transformer-block:hidden=1024,heads=16", 8, 256),
-        "gpt-2layer": ("gpt:layers=2,hidden=512,heads=8,seq=256,vocab=2048", 8, None)}
+        "gpt-2layer": ("gpt:layers=2,hidden=512,heads=8,seq=256,vocab=2048", 8, None),
+        "gpt2-small": ("gpt2-small", 8, None)}
 SMALL = {"mlp": ("mlp:hidden=256", 1024, None), "transformer-block": ("transformer-block:hidden=256,heads=8", 4, 64),
          "gpt-2layer": ("gpt:layers=2,hidden=128,heads=4,seq=64,vocab=512", 8, None)}
 METHODS = ("exact", "dp", "megatron")
@@ -62,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--meshes", default="4,8,2x4")
     parser.add_argument("--quick", action="store_true", help="small sizes, meshes 4 and 2x4")
     parser.add_argument("--smallest", action="store_true", help="small mlp on 2x4, megatron only (tests)")
+    parser.add_argument("--methods", default=",".join(METHODS), help="plans to verify (default: all three)")
+    parser.add_argument("--batches", default=None,
+                        help="global batches to verify each model at (default: the model's own batch)")
     add_output_options(parser, "results/verify.csv")
     args = parser.parse_args(argv)
     try:
@@ -69,21 +77,31 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("JAX is not installed (pip install -e '.[jax]'): nothing verified")
         return 0
-    specs, methods, small = FULL, METHODS, args.quick or args.smallest
+    specs, methods, small = FULL, tuple(args.methods.split(",")), args.quick or args.smallest
     if small:
         specs, args.meshes = SMALL, "4,2x4"
     if args.smallest:
         args.models, args.meshes, methods = "mlp", "2x4", ("megatron",)
-    table = results_table(args, ("model", "mesh", "method"))
     for name in args.models.split(","):
-        for mesh in args.meshes.split(","):
-            for method in methods:
-                if table.done(model=name, mesh=mesh, method=method):
-                    continue
-                row = run_one(name, specs[name], mesh, method)
-                print({k: row[k] for k in ("model", "mesh", "method", "status", "numpy_max_rel_error",
-                                           "total_rel_error", "max_axis_rel_error", "wall_time_s")}, flush=True)
-                table.add([row])
+        if name not in specs:
+            parser.error(f"--models: unknown model {name!r} (known: {', '.join(specs)})")
+    for method in methods:
+        if method not in METHODS:
+            parser.error(f"--methods: unknown method {method!r} (known: {', '.join(METHODS)})")
+    if args.batches and not all(b.isdigit() and int(b) > 0 for b in args.batches.split(",")):
+        parser.error(f"--batches: {args.batches!r} is not a list of positive integers")
+    table = results_table(args, ("model", "mesh", "method", "batch"))
+    for name in args.models.split(","):
+        spec, own, seq = specs[name]
+        for batch in [int(b) for b in args.batches.split(",")] if args.batches else [own]:
+            for mesh in args.meshes.split(","):
+                for method in methods:
+                    if table.done(model=name, mesh=mesh, method=method, batch=batch):
+                        continue
+                    row = run_one(name, (spec, batch, seq), mesh, method)
+                    print({k: row[k] for k in ("model", "batch", "mesh", "method", "status", "numpy_max_rel_error",
+                                               "total_rel_error", "max_axis_rel_error", "wall_time_s")}, flush=True)
+                    table.add([row])
     if (png := png_path(args)):
         plot(table.rows, png)
     return 0

@@ -100,3 +100,20 @@ def test_check_passes_on_the_committed_rows_and_fails_on_an_edited_objective(tmp
     edited.loc[rows, "objective"] = edited.loc[rows, "objective"].astype(int) + 1
     (tmp_path / "sapp_scaling.csv").write_text(edited.to_csv(index=False))
     assert check.main(["--only", "sapp_scaling", "--results", str(tmp_path)]) == 1
+
+
+def test_verify_batches_and_methods_choose_the_rows(tmp_path):
+    """--batches verifies each model at those global batches, --methods restricts the plans; both
+    refuse what they do not know (exit 2)."""
+    pytest.importorskip("jax")
+    script = importlib.import_module("experiments.verify")
+    out = tmp_path / "v.csv"
+    assert script.main(["--models", "mlp", "--meshes", "4", "--methods", "megatron", "--batches", "64,128",
+                        "--no-plot", "--out", str(out)]) == 0
+    frame = pd.read_csv(out)
+    assert sorted(frame["batch"]) == [64, 128] and set(frame["method"]) == {"megatron"}
+    assert frame["predicted_bytes"].nunique() == 2  # the plans' activations scale with the batch
+    for bad in (["--methods", "sapp"], ["--batches", "0"], ["--models", "resnet"]):
+        with pytest.raises(SystemExit) as refused:
+            script.main([*bad, "--out", str(tmp_path / "x.csv")])
+        assert refused.value.code == 2

@@ -115,7 +115,9 @@ def lagrangian(chain: Sequence[Node], limit: float, check: Callable[[], None]) -
                 low, high = (lams[k - 1] if k else low), lams[k]
                 break
             low = lams[-1]
-        while high is not None and high - low > PRECISION * high:
+        # a relative width; or, when every positive price fits (low stays 0), 1e-12 of the first
+        width = 1e-12 * (high - low) if high is not None else 0.0
+        while high is not None and high - low > max(PRECISION * high, width):
             check()
             lams = low + (high - low) * np.arange(1, per_pass + 1) / (per_pass + 1)
             fits = at(lams)
