@@ -87,7 +87,7 @@ def test_one_worker_pool_serves_every_price_step(monkeypatch):
 
     monkeypatch.setattr(exact.multiprocessing, "get_context", lambda kind: Counting(real_context(kind)))
     monkeypatch.setattr(exact, "solve_unary", lambda *a, **k: steps.append(1) or real_unary(*a, **k))
-    monkeypatch.setattr(exact, "_pareto", lambda *a, **k: (None, "Pareto master off"))
+    monkeypatch.setattr(exact, "_pareto", lambda *a, **k: (None, "Pareto master off", None))
     two, _ = exact.solve_exact(problem, limit, jobs=2, time_limit_s=120)
     one, _ = exact.solve_exact(problem, limit, jobs=1, time_limit_s=120)
     assert len(steps) > 5 and pools == [2]

@@ -227,23 +227,29 @@ def _solve_untied(problem: Problem, memory_limit: float | None, time_limit_s: fl
         if found is None and fits:  # the choices could not be searched: the plan without them stands
             return SolveResult("OPTIMAL" if not options.variants else "FEASIBLE", objective, proven_bound,
                                free.choice, time.perf_counter() - start, 0), notes + (why,)
-        if found is not None:
-            why = why if not fits else why.replace("memory binds: ", "memory free: ", 1)
-            recompute, zero = layer_modes(problem, segments, found.modes, options)
-            proven = proven_bound is None  # a cut master gives its beam plan and the Lagrangian bound
-            status, bound = ("OPTIMAL", found.objective) if proven else ("FEASIBLE", proven_bound)
-            return SolveResult(status, found.objective, bound, found.choice, time.perf_counter() - start,
-                               0, layer_recompute=recompute, layer_zero=zero), notes + (why,)
-        if options.variants and proven_bound is not None:
-            # the Lagrangian path below would search without the per-layer choices, and its bound
-            # would be the restricted problem's: nothing proven here but the choices' own bound
-            return SolveResult("UNKNOWN", None, proven_bound, None, time.perf_counter() - start, 0, why), \
-                notes + (why,)
+        why = why.replace("memory binds: ", "memory free: ", 1) if fits and found is not None else why
+        if found is not None or (options.variants and proven_bound is not None):
+            return _from_pareto(problem, segments, options, found, why, proven_bound, fits, start), notes + (why,)
         if options.variants:
             why += "; choices per layer need the Pareto master: every layer runs without recompute at ZeRO stage 0"
         # its bound is the restricted problem's when layer choices exist: no proof against an incumbent then
         return _lagrangian(problem, segments, memory_limit, deadline, seed, workers, start, notes + (why,), step_s,
                            None if options.variants else incumbent)
+
+
+def _from_pareto(problem: Problem, segments: Sequence[Segment], options: "LayerOptions",
+                 found: ParetoResult | None, why: str, proven_bound: int | None, fits: bool,
+                 start: float) -> SolveResult:
+    """The Pareto master's plan: OPTIMAL when proven, FEASIBLE with the Lagrangian bound when the
+    master was cut after a beam pass; with per-layer choices and no plan, UNKNOWN with that bound
+    (the Lagrangian path would search without the choices, and its bound would be the restricted
+    problem's, no bound of this one)."""
+    if found is None:
+        return SolveResult("UNKNOWN", None, proven_bound, None, time.perf_counter() - start, 0, why)
+    recompute, zero = layer_modes(problem, segments, found.modes, options)
+    status, bound = ("OPTIMAL", found.objective) if proven_bound is None else ("FEASIBLE", proven_bound)
+    return SolveResult(status, found.objective, bound, found.choice, time.perf_counter() - start, 0,
+                       layer_recompute=recompute, layer_zero=zero)
 
 
 def _whole_instead(problem: Problem, memory_limit: float | None, deadline: float, seed: int, start: float,

@@ -36,7 +36,7 @@ import numpy as np
 
 from planner.cost.problem import Problem
 from planner.search.decompose import Segment, segment_network
-from planner.search.prices import lagrangian, suffix
+from planner.search.prices import kept_lagrangian, suffix
 from planner.search.fronts import (FrontTooLarge, Node, add, block_offsets, chain_end, collapse, column, explain, leaf,
                                    mode_chain, outer, pick, series, transpose, union, unit_edges)
 
@@ -135,9 +135,8 @@ class Dominated(FrontTooLarge):
 
 
 class Unproven(Exception):
-    """The master was cut (caps or the deadline) after the Lagrangian bound was proven: ``plan``
-    is the best beam pass's plan (it fits, not proven optimal) or None, ``bound`` the proven
-    bound on this problem's optimum (its recompute / ZeRO choices included)."""
+    """The master was cut (caps, deadline) after its Lagrangian ``bound`` was proven; ``plan``:
+    the best beam pass's (it fits, unproven) or None."""
 
     def __init__(self, plan: "ParetoResult | None", bound: int, why: str) -> None:
         super().__init__(why)
@@ -174,7 +173,7 @@ def pareto_search(problem: Problem, segments: Sequence[Segment], memory_limit: f
     options = [problem, *variants]
     by_mode, chain = _chain(options, segments, cap, units, tables, deadline)
     limit = float(memory_limit)
-    lam, upper, bound = _priced(chain, limit, deadline, tables)
+    lam, upper, bound = kept_lagrangian(chain, limit, lambda: _check(deadline), tables)
     if incumbent is not None and bound > incumbent:
         raise Dominated(f"its Lagrangian bound {bound:.0f} exceeds the plan in hand ({incumbent:.0f})")
     upper = min(upper, incumbent if incumbent is not None else math.inf)
@@ -225,19 +224,7 @@ def lagrangian_bound(problem: Problem, segments: Sequence[Segment], memory_limit
     max over prices lam of (least cost + lam * memory) - lam * limit (the same tables, so the
     tables it builds serve the search after it). Raises as ``pareto_search`` does."""
     _, chain = _chain([problem, *variants], segments, cap, units, tables, deadline)
-    return _priced(chain, float(memory_limit), deadline, tables)[2]
-
-
-def _priced(chain: Sequence[Node], limit: float, deadline: float | None, known: dict | None) -> tuple:
-    """``lagrangian`` of the chain, kept in ``known`` beside the tables it prices (the bound that
-    orders the tied-layout conditions is the one their search starts from)."""
-    key = ("lagrangian", limit, tuple(id(t) for t in chain))
-    if known is not None and key in known:
-        return known[key][1]
-    priced = lagrangian(chain, limit, lambda: _check(deadline))
-    if known is not None:
-        known[key] = (chain, priced)  # the chain is held so that its tables' ids stay theirs
-    return priced
+    return kept_lagrangian(chain, float(memory_limit), lambda: _check(deadline), tables)[2]
 
 
 def _chain(options: Sequence[Problem], segments: Sequence[Segment], cap: int, units: Sequence[int],
@@ -352,10 +339,9 @@ def _fronts_by_row(rows, cols, c, m, bound, nb: int, label_cap: int, beam: int |
 
 
 def _by_state_and_memory(rows, m, c, nb: int) -> tuple[np.ndarray, np.ndarray | None]:
-    """An order by (state, memory, cost, position), or by (state, memory, position) and the
-    (state, memory) key when that key times the count fits an int64: one quicksort of unique
-    integers (a tenth of the two-key stable sort's time) with the same result once the caller
-    keeps the cheapest point per key."""
+    """An order by (state, memory, cost, position); or by (state, memory, position) and that key,
+    one quicksort of unique int64s (a tenth of the time), when it fits: the same result once the
+    caller keeps the cheapest point per key."""
     top = float(m.max()) + 1.0
     if nb * top * len(m) < 2.0 ** 62 and nb * top < 2.0 ** 53:
         key = rows.astype(np.int64) * int(top) + m.astype(np.int64)  # integers held exactly in float64

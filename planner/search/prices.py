@@ -124,3 +124,16 @@ def lagrangian(chain: Sequence[Node], limit: float, check: Callable[[], None]) -
             k = int(np.argmax(fits)) if fits.any() else len(lams)
             low, high = (lams[k - 1] if k else low), (lams[k] if k < len(lams) else high)
     return best["lam"], best["cost"], best["bound"]
+
+
+def kept_lagrangian(chain: Sequence[Node], limit: float, check: Callable[[], None],
+                    known: dict | None) -> tuple[float, float, float]:
+    """``lagrangian`` of the chain, kept in ``known`` (the tied conditions' order and the search
+    after it price the same chain once)."""
+    key = ("lagrangian", limit, tuple(id(t) for t in chain))
+    if known is not None and key in known:
+        return known[key][1]
+    priced = lagrangian(chain, limit, check)
+    if known is not None:
+        known[key] = (chain, priced)  # the chain is held so that its tables' ids stay theirs
+    return priced
