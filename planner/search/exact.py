@@ -229,7 +229,7 @@ def _solve_untied(problem: Problem, memory_limit: float | None, time_limit_s: fl
                                free.choice, time.perf_counter() - start, 0), notes + (why,)
         why = why.replace("memory binds: ", "memory free: ", 1) if fits and found is not None else why
         if found is not None or (options.variants and proven_bound is not None):
-            return _from_pareto(problem, segments, options, found, why, proven_bound, fits, start), notes + (why,)
+            return _from_pareto(problem, segments, options, found, why, proven_bound, start), notes + (why,)
         if options.variants:
             why += "; choices per layer need the Pareto master: every layer runs without recompute at ZeRO stage 0"
         # its bound is the restricted problem's when layer choices exist: no proof against an incumbent then
@@ -238,7 +238,7 @@ def _solve_untied(problem: Problem, memory_limit: float | None, time_limit_s: fl
 
 
 def _from_pareto(problem: Problem, segments: Sequence[Segment], options: "LayerOptions",
-                 found: ParetoResult | None, why: str, proven_bound: int | None, fits: bool,
+                 found: ParetoResult | None, why: str, proven_bound: int | None,
                  start: float) -> SolveResult:
     """The Pareto master's plan: OPTIMAL when proven, FEASIBLE with the Lagrangian bound when the
     master was cut after a beam pass; with per-layer choices and no plan, UNKNOWN with that bound
