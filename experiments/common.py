@@ -110,19 +110,23 @@ def write_png(path: Path | str, figure: Any) -> None:
 class ResultsTable:
     """A results CSV written row by row, atomically, so an interrupted experiment can resume.
 
-    Every ``add`` rewrites the whole file through a temporary file and a rename: the CSV on disk is
-    always absent or complete. With ``resume=True`` the rows already in the file are kept and
-    ``done(key)`` tells which configurations to skip; ``key_columns`` name the configuration.
+    Every ``add`` rewrites ``<path>.partial`` through a temporary file and a rename; ``finish``
+    (the experiment ran to its end) moves it to ``path``. An interrupted run therefore leaves the
+    committed CSV as it was, and its rows done so far in the partial file. With ``resume=True`` the
+    rows already there (the partial file's, else the CSV's) are kept and ``done(key)`` tells which
+    configurations to skip; ``key_columns`` name the configuration.
     """
 
     def __init__(self, path: Path | str, key_columns: Iterable[str], resume: bool = False,
                  provenance: Mapping[str, str] | None = None) -> None:
         self.path = Path(path)
+        self.partial = self.path.with_name(self.path.name + ".partial")
         self.key_columns = tuple(key_columns)
         self.provenance = dict(provenance or {})  # added to each new row (commit, command)
         self.rows: list[dict] = []
-        if resume and self.path.exists():
-            frame = pd.read_csv(self.path, keep_default_na=False, na_values=[""])
+        source = self.partial if self.partial.exists() else self.path
+        if resume and source.exists():
+            frame = pd.read_csv(source, keep_default_na=False, na_values=[""])
             self.rows = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
                          for r in frame.to_dict("records")]
         self._done = {self._key(r) for r in self.rows}
@@ -135,11 +139,16 @@ class ResultsTable:
         return self._key(config) in self._done
 
     def add(self, rows: Iterable[Mapping[str, Any]]) -> None:
-        """Append rows (one configuration's worth) and rewrite the file atomically."""
+        """Append rows (one configuration's worth) and rewrite the partial file atomically."""
         for row in rows:
             self.rows.append({**dict(row), **self.provenance})
             self._done.add(self._key(row))
+        write_csv(self.partial, self.rows)
+
+    def finish(self) -> None:
+        """Every configuration is done: the rows become the CSV (atomically), the partial file goes."""
         write_csv(self.path, self.rows)
+        self.partial.unlink(missing_ok=True)
 
 
 def with_provenance(rows: Iterable[Mapping[str, Any]], script: str, args: argparse.Namespace) -> list[dict]:

@@ -86,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                 print({k: r[k] for k in ("model", "mesh", "method", "status", "gap_percent", "search_time_s")},
                       flush=True)
             table.add(group)
+    table.finish()
     if (png := png_path(args)):
         plot(table.rows, png)
     return 0

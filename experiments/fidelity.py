@@ -211,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     table.add(summary)
     for r in summary + [r for r in data if r["source"] in ("ablation", "microbatch")]:
         print(f"{r['source']:10s} {r['config']:40s} {r['value']}")
+    table.finish()
     if (png := png_path(args)):
         plot(data, png)
     return 0

@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                 row = threed_row(model, batch, devices)
                 print(row, flush=True)
                 table.add([row])
+    table.finish()
     if (png := png_path(args)):
         plot(table.rows, png)
     return 0

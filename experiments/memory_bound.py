@@ -102,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                                                "front_points", "labels", "whole_status", "objectives_equal",
                                                "layer_recompute", "layer_zero")}, flush=True)
                 table.add([row])
+    table.finish()
     if (png := png_path(args)):
         plot(table.rows, png)
     return 0

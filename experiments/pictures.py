@@ -107,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.plot:
                 write_bytes(f"{stem}.png", planner.figure_bytes(fig, "png"), "--png")
             table.add([row])
+        table.finish()
         return 0
     return run(body)
 

@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     for source, instance, build, stages, memory in configs:
         if not table.done(source=source, instance=instance):
             table.add(compare_chain(build(), stages, memory, source, instance))
+    table.finish()
     rows = table.rows
     csimd = [r for r in rows if r["method"] == "csimd" and r["source"] == "random" and r["gap_percent"] is not None]
     within = sum(r["gap_percent"] <= 1.0 for r in csimd)

@@ -110,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             table.add([row])
         if args.smallest:
             break
+    table.finish()
     if (png := png_path(args)):
         plot(table.rows, png)
     return 0

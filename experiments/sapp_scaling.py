@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
             low, high = min(sel), max(sel)
             print(f"{d} devices: time per operator at {high} layers / at {low} layers = "
                   f"{sel[high] / sel[low]:.2f}", flush=True)
+    table.finish()
     if (png := png_path(args)):
         plot(table.rows, png)
     return 0

@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                 row = run_one(n, mesh, memory, args.whole_time_limit)
                 print(row, flush=True)
                 table.add([row])
+    table.finish()
     if (png := png_path(args)):
         plot(table.rows, png)
     return 0

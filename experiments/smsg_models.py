@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     table.rows = [{k: v for k, v in r.items() if k not in ("scaling_efficiency", "reference_devices")} for r in table.rows]
     add_efficiency(table.rows)
     table.add([])  # rewrite with the efficiency column
+    table.finish()
     if (png := png_path(args)):
         plot(table.rows, png)
     return 0

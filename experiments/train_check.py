@@ -178,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                 table.add([row])
                 print({k: row[k] for k in ("mesh", "plan_source", "engine", "status", "max_loss_rel_diff",
                                            "per_axis", "wall_time_s")}, flush=True)
+        table.finish()
         path = png_path(args)
         if path:
             plot(table.rows, path)

@@ -102,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                     print({k: row[k] for k in ("model", "batch", "mesh", "method", "status", "numpy_max_rel_error",
                                                "total_rel_error", "max_axis_rel_error", "wall_time_s")}, flush=True)
                     table.add([row])
+    table.finish()
     if (png := png_path(args)):
         plot(table.rows, png)
     return 0

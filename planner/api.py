@@ -19,8 +19,9 @@ from planner.search.baselines import data_parallel, drec_cost, greedy, megatron
 from planner.search.sapp import sapp
 from planner.cluster.mesh import Mesh, parse_mesh
 from planner.cluster.profiles import DEFAULT_HARDWARE_CSV, MachineProfile, get_profile
-from planner.plans import Plan, failed, make_plan, read_plan_file, strategies_from_choice, strategies_from_mapping
+from planner.plans import Plan, failed, pipeline_fields, make_plan, read_plan_file, strategies_from_choice, strategies_from_mapping
 from planner.cost.problem import Problem, build_problem
+from planner.search.layer_modes import refuse_auto_without_layers
 from planner.search.exact import MAX_WHOLE_PROGRAM, Progress, program_size, solve_exact
 from planner.search.solver import solve
 from planner.pipeline import threed
@@ -94,6 +95,7 @@ def plan_problem(problem: Problem, memory_limit: float | None, method: str = "ex
                  seed: int = 0, jobs: int = 1, progress: Progress | None = None) -> Plan:
     """Search a plan for a built problem with one method (see ``METHODS``)."""
     start = time.perf_counter()
+    refuse_auto_without_layers(problem)
     if method == "exact" or (method == "whole" and AUTO not in (problem.settings.recompute, problem.settings.zero)):
         return _search(problem, memory_limit, method, time_limit_s, seed, jobs, progress, start)
     for option, value in (("recompute", problem.settings.recompute), ("zero", problem.settings.zero)):
@@ -156,9 +158,8 @@ def evaluate(model: str | Graph, mesh: str | Mesh | None = None, device: str | M
         mesh = f"dp={dp},tp={tp}" if tp > 1 and dp > 1 else f"{'tp' if tp > 1 else 'dp'}={tp * dp}"
     cluster = make_cluster(mesh, device, memory, hardware_csv=hardware_csv)
     problem = make_problem(model, cluster, settings, batch, seq)
-    samples = problem.graph.batch_size
-    if assignment is None and samples % (dp or 1):
-        raise SettingsError(f"--batch: the global batch {samples} is not divisible by --dp {dp}")
+    if assignment is None and problem.graph.batch_size % (dp or 1):  # (a given plan needs no batch size)
+        raise SettingsError(f"--batch: the global batch {problem.graph.batch_size} is not divisible by --dp {dp}")
     start = time.perf_counter()
     if assignment is not None:
         strategies = strategies_from_mapping(problem, assignment)
@@ -282,7 +283,7 @@ def evaluate_3d(model: str, device: str | MachineProfile = "a100-80g", *, tp: in
             sizes = "the micro-batch" if axis == "dp" else "heads, ffn or vocabulary"
             raise SettingsError(f"--{axis}: {dict(dp=dp, tp=tp)[axis]} splits nothing in {result.model} "
                                 f"(it divides none of {sizes}); choose a degree that divides them")
-    return result
+    return replace(result, notes=threed.replicated_linears(result, tp))
 
 
 def layer_chain(model: str, mesh: str | Mesh, device: str | MachineProfile = "a100-80g", *, stages: int = 4,
@@ -315,12 +316,7 @@ def evaluate_3d_file(data: dict, model: str, device: str | MachineProfile = "a10
                      seq: int | None = None, settings: TrainingSettings | None = None, memory: float | None = None,
                      hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV, where: str = "--plan") -> Plan3D:
     """Re-cost a 3D plan JSON (``planner-3d/1`` or ``/2``) through the 3D search's chain and evaluator."""
-    pipe = data["pipeline"]
-    try:
-        stages, count, schedule = int(pipe["stages"]), int(pipe["num_microbatches"]), str(pipe["schedule"])
-        cuts = tuple(int(c) for c in pipe["cuts"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise SettingsError(f"{where}: field 'pipeline' lacks or mangles {exc}") from None
+    stages, count, schedule, cuts = pipeline_fields(data["pipeline"], where)
     cluster = make_cluster(data["mesh"], device, memory, hardware_csv=hardware_csv)
     load = model_loader(model, seq)
     global_batch = resolve_model(model, batch, seq).batch_size
@@ -373,6 +369,9 @@ def export_shardings(loaded: LoadedPlan, tensor_axis: str | None = None) -> dict
     exported = export_plan(loaded.graph, loaded.strategies, loaded.mesh)
     data = exported.to_dict(loaded.graph)
     axis = tensor_axis or loaded.mesh.names[-1]
+    if axis not in loaded.mesh.names:
+        raise SettingsError(f"--tensor-axis: {axis!r} is no axis of the plan's mesh {loaded.mesh.spec} "
+                            f"(axes: {', '.join(loaded.mesh.names)})")
     data["parallelize_plan"] = {"mesh_axis": axis, "modules": linear_parallel_plan(loaded.graph, exported, axis)}
     return data
 

@@ -27,6 +27,8 @@ def atomic_write(path: Path | str, data: str | bytes, field: str = "output") -> 
     if not str(path):
         raise OutputError(f"{field}: empty path")
     try:
+        if os.path.islink(path) and not os.path.exists(path):
+            os.stat(path)  # a link that loops raises ELOOP here; a dangling one is written through
         mode = os.stat(path).st_mode if os.path.exists(path) else None  # follows symlinks
         if mode is not None and stat.S_ISDIR(mode):
             raise IsADirectoryError(errno.EISDIR, "is a directory")
@@ -40,7 +42,8 @@ def atomic_write(path: Path | str, data: str | bytes, field: str = "output") -> 
 
 
 def _replace(target: Path, raw: bytes) -> None:
-    mode = stat.S_IMODE(target.stat().st_mode) if target.exists() else 0o666 & ~_umask()
+    # the permission bits only: a rewritten file never keeps a setuid, setgid or sticky bit
+    mode = stat.S_IMODE(target.stat().st_mode) & 0o777 if target.exists() else 0o666 & ~_umask()
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:

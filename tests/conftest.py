@@ -15,3 +15,8 @@ def a100():
 @pytest.fixture(scope="session")
 def reference_dir():
     return REFERENCE
+
+
+def pytest_addoption(parser):
+    parser.addoption("--fuzz-scale", type=int, default=1,
+                     help="multiply the generated cases of tests/test_fuzz.py (default 1: about 200; CI: 10)")

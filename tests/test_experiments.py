@@ -66,16 +66,18 @@ def _rows(path: Path) -> int:
 def test_killed_experiment_leaves_a_complete_csv_and_resumes(tmp_path):
     out = tmp_path / "pipe.csv"
     cmd = [sys.executable, "-m", "experiments.pipeline", "--instances", "40", "--big", "", "--zoo", "", "--no-plot", "--out", str(out)]
+    partial = tmp_path / "pipe.csv.partial"  # the rows so far; pipe.csv itself only once the run ends
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 120
-    while _rows(out) < 8 and time.time() < deadline and proc.poll() is None:
+    while _rows(partial) < 8 and time.time() < deadline and proc.poll() is None:
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    killed_rows = _rows(out)  # absent or loadable, never truncated
+    assert not out.exists(), "an unfinished run wrote the results CSV"
+    killed_rows = _rows(partial)  # absent or loadable, never truncated
     assert 8 <= killed_rows < 160, "the run was not interrupted midway"
     assert killed_rows % 4 == 0  # whole instances only (4 methods each)
-    before = pd.read_csv(out)
+    before = pd.read_csv(partial)
     done = subprocess.run(cmd + ["--resume"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     after = pd.read_csv(out)

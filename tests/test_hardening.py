@@ -42,18 +42,22 @@ def test_signal_during_a_solve_stops_at_once_and_writes_nothing(tmp_path, sig, c
 
 def test_interrupted_experiment_row_is_not_recorded_and_resume_reruns_it(tmp_path):
     out = tmp_path / "evh.csv"
+    out.write_text("committed,rows\n1,2\n")  # a finished earlier run: an interrupted one leaves it as it was
+    partial = tmp_path / "evh.csv.partial"
     cmd = [sys.executable, "-m", "experiments.exact_vs_heuristic", "--models", "gpt2-medium", "--meshes", "8,2x4",
            "--no-plot", "--out", str(out)]
     proc = subprocess.Popen(cmd + ["--whole-time-limit", "120"], cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
-    while not (out.exists() and len(pd.read_csv(out)) >= 7) and time.time() < deadline and proc.poll() is None:
+    while not (partial.exists() and len(pd.read_csv(partial)) >= 7) and time.time() < deadline \
+            and proc.poll() is None:
         time.sleep(0.1)
     time.sleep(3.0)  # into the 2x4 configuration (its whole-graph solve runs ~35 s)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
-    kept = pd.read_csv(out)
+    assert out.read_text() == "committed,rows\n1,2\n"
+    kept = pd.read_csv(partial)
     assert set(kept["mesh"]) == {"gpu=8"}, "the interrupted 2x4 configuration must not be recorded"
     done = subprocess.run(cmd + ["--resume", "--whole-time-limit", "3"], cwd=ROOT, capture_output=True, text=True,
                           timeout=600)

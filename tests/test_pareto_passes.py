@@ -11,6 +11,7 @@ from planner.cost.settings import TrainingSettings
 from planner.search import pareto
 from planner.search.decompose import split_segments
 from planner.search.exact import solve_exact
+from planner.search.layer_modes import layer_options
 from planner.search.pareto import Unproven, pareto_search
 from planner.search.prices import lagrangian, priced_paths
 from planner.search.solver import min_memory
@@ -124,11 +125,17 @@ def test_a_cut_exact_pass_keeps_the_beam_plan_with_a_proven_bound(gpt, monkeypat
 
 def test_a_cut_master_under_layer_choices_reports_its_own_bound(gpt, monkeypatch):
     """Under --recompute auto the restricted (no-choice) program's bound is no bound of the problem:
-    with no beam plan the condition is UNKNOWN with the choices' Lagrangian bound."""
+    with no beam plan the search has no plan and keeps the choices' Lagrangian bound, which the
+    greedy fallback plan (FEASIBLE, as the whole-graph program's at a too-short limit) carries."""
     problem = _untied(make_problem(GPT, make_cluster("4", "a100-80g"), TrainingSettings(recompute="auto")))
     limit = int(min_memory(problem) * 1.02)
     monkeypatch.setattr(pareto, "BEAMS", ())
     monkeypatch.setattr(pareto, "_master", lambda *a, **k: (_ for _ in ()).throw(TimeoutError("cut")))
     result, notes = solve_exact(problem, limit)
-    assert result.status == "UNKNOWN" and result.objective is None and result.bound is not None
+    assert result.status == "FEASIBLE" and result.bound is not None and result.bound <= result.objective
+    assert problem.memory(result.choice) <= limit and "greedy plan" in result.explanation
     assert any("the exact Pareto master stopped (cut)" in note for note in notes)
+    with pytest.raises(Unproven) as caught:  # the bound is the choices' Lagrangian one
+        pareto_search(problem, split_segments(problem), limit, variants=layer_options(
+            problem, split_segments(problem)).variants, units=layer_options(problem, split_segments(problem)).units)
+    assert result.bound == caught.value.bound

@@ -140,20 +140,20 @@ def test_launch_retries_a_taken_port_and_names_other_errors(monkeypatch, tmp_pat
     calls = []
 
     def fake(stderr_by_call):
-        def run(cmd, **kwargs):
+        def run(cmd, *args, **kwargs):
             calls.append(cmd[cmd.index("--master-port") + 1])
             stderr = stderr_by_call[min(len(calls), len(stderr_by_call)) - 1]
             return subprocess.CompletedProcess(cmd, 0 if stderr is None else 1, "", stderr or "")
         return run
     taken = "torch.distributed.DistNetworkError: The server socket has failed to listen on any local " \
             "network address. port: 1, useIpv6: 0, code: -98, name: EADDRINUSE, message: address already in use"
-    monkeypatch.setattr(train_torch.subprocess, "run", fake([taken, None]))
+    monkeypatch.setattr(train_torch, "run_group", fake([taken, None]))
     train_torch._launch(2, "m", tmp_path / "j", tmp_path / "o", 10.0)
     assert len(calls) == 2
     calls.clear()
     crash = "\n".join(["[rank0]: Traceback (most recent call last):", "[rank0]: ValueError: bad input",
                        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:"])
-    monkeypatch.setattr(train_torch.subprocess, "run", fake([crash]))
+    monkeypatch.setattr(train_torch, "run_group", fake([crash]))
     with pytest.raises(VerifyError, match="ValueError: bad input"):
         train_torch._launch(2, "m", tmp_path / "j", tmp_path / "o", 10.0)
     assert len(calls) == 1
@@ -161,7 +161,7 @@ def test_launch_retries_a_taken_port_and_names_other_errors(monkeypatch, tmp_pat
     chained = "\n".join(["[rank2]:     raise RuntimeError(", "[rank2]: RuntimeError: Cannot unflatten unevenly sharded",
                           "[rank2]: The above exception was the direct cause of the following exception:",
                           "[rank2]: RuntimeError: while running the step", "ChildFailedError:"])
-    monkeypatch.setattr(train_torch.subprocess, "run", fake([chained]))
+    monkeypatch.setattr(train_torch, "run_group", fake([chained]))
     with pytest.raises(VerifyError, match=r"\[rank2\]: RuntimeError: while running the step\)"):
         train_torch._launch(2, "m", tmp_path / "j", tmp_path / "o", 10.0)
 

@@ -9,16 +9,16 @@ import sys
 from typing import Sequence
 
 from planner import api
-from planner.cost.settings import AUTO, TrainingSettings, parse_layer_modes
 from planner.errors import SettingsError
 from planner.cluster.mesh import parse_mesh
 from planner.cluster.profiles import SYMBOLIC
 from planner.outputs import write_bytes, write_csv, write_json
-from planner.plans import Plan
+from planner.plans import Plan, check_recorded
+from planner.cli.recost import recost, settings_from_args as _settings
 from planner.cli.engines import cmd_export, cmd_import_torch, cmd_run_jax, cmd_run_torch, cmd_verify
 from planner.cli.report import emit as _emit, format_3d, format_plan, summary_3d
 from planner.cli.parser import (DEGREE_OPTIONS, EXIT_INFEASIBLE, EXIT_NOT_OPTIMAL,
-                                EXIT_OK, PIPELINE_OPTIONS, SETTINGS_DEFAULTS, log)
+                                EXIT_OK, PIPELINE_OPTIONS, log)
 
 
 
@@ -35,23 +35,6 @@ def progress_bar(args: argparse.Namespace):
     return report
 
 
-def _settings(args: argparse.Namespace, base: dict | None = None) -> TrainingSettings:
-    """Settings from the options; an option not given takes ``base`` (a plan file's) or the default."""
-    values = {k: getattr(args, k) if getattr(args, k) is not None else (base or SETTINGS_DEFAULTS).get(k, v)
-              for k, v in SETTINGS_DEFAULTS.items()}
-    recompute = values["recompute"]  # plan files before 'selective' wrote booleans
-    recompute = {True: "full", False: "none"}.get(recompute, recompute) if isinstance(recompute, bool) else recompute
-    zero = AUTO if values["zero"] == AUTO else int(values["zero"])
-    # a plan file's per-layer choices under 'auto' are kept unless the option overrides them
-    layers = parse_layer_modes((base or {}).get("layer_recompute", "")) if recompute == AUTO and \
-        args.recompute is None else ()
-    stages = parse_layer_modes((base or {}).get("layer_zero", ""), "layer_zero") if zero == AUTO and \
-        args.zero is None else ()
-    return TrainingSettings(values["dtype"], values["optimizer"], zero, recompute,
-                            values["overlap"], float(values["bucket_mb"]) * 2**20, bool(values["fp32_grads"]),
-                            bool(values["sequence_parallel"]), layers, stages)
-
-
 def _given(args: argparse.Namespace, names: Sequence[str]) -> list[str]:
     return ["--" + n.replace("_", "-") for n in names if getattr(args, n, None) not in (None, False)]
 
@@ -66,7 +49,10 @@ def _source(args: argparse.Namespace) -> dict:
     model = args.model
     if isinstance(model, str) and model.endswith(".json"):
         model = os.path.abspath(model)  # a plan read from another directory still finds its graph
-    return {"model": model, "batch": args.batch, "seq": args.seq}
+    device = getattr(args, "device", None)
+    if isinstance(device, str) and device.endswith(".json"):
+        device = os.path.abspath(device)  # a profile file: the plan records where it is, not its name
+    return {"model": model, "batch": args.batch, "seq": args.seq, **({"device": device} if device else {})}
 
 
 def _status_code(status: str, require_optimal: bool, explanation: str = "") -> int:
@@ -180,22 +166,8 @@ def _evaluate_file(args: argparse.Namespace) -> int:
     data = api.read_plan_file(args.plan)
     if args.mesh and parse_mesh(args.mesh, SYMBOLIC).spec != parse_mesh(data["mesh"], SYMBOLIC).spec:
         raise SettingsError(f"--mesh: {args.mesh!r} differs from the plan's mesh {data['mesh']!r}; drop --mesh")
-    source = data.get("source") or {}
-    args.model = args.model or source.get("model")
-    if not args.model:
-        raise SettingsError(f"--model: {args.plan} has no 'source' model; pass --model")
-    batch, seq = args.batch or source.get("batch"), args.seq or source.get("seq")
-    device = args.device or data.get("device") or "a100-80g"
-    memory = args.memory if args.memory is not None else (data.get("memory_limit_bytes") or float("inf"))
-    settings = _settings(args, data.get("settings"))
-    if "pipeline" in data:
-        result = api.evaluate_3d_file(data, args.model, device, batch=batch, seq=seq, settings=settings,
-                                      memory=memory, hardware_csv=args.hardware, where=f"--plan {args.plan}")
-        return _finish_3d(result, args)
-    assignment = {o["name"]: o["strategy"] for o in data["operators"]}
-    plan = api.evaluate(args.model, data["mesh"], device, assignment=assignment, batch=batch, seq=seq, memory=memory,
-                        settings=settings, hardware_csv=args.hardware)
-    return _finish(plan, args)
+    result = recost(args, data, args.plan)
+    return _finish_3d(result, args) if "pipeline" in data else _finish(result, args)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -221,7 +193,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     from planner.show import tables, view
-    shown = view.load_view(args.plan)
+    data = api.read_plan_file(args.plan)
+    again = recost(args, data, args.plan).to_dict(timings=False)
+    check_recorded(data, again, args.plan)  # a hand-edited number or strategy is refused, not drawn
+    kept = {k: data[k] for k in ("source", "search_time_s") if k in data}
+    shown = view.view_of({**again, **kept}, args.plan)
     what = ("schedule", "memory", "sharding") if args.what == "all" else (args.what,)
     _write_picture(args, lambda draw: draw.plan_figure(shown, what))
     if args.text or (args.png is None and args.svg is None):
@@ -236,6 +212,8 @@ def _write_picture(args: argparse.Namespace, make) -> None:
     path, fmt = (args.png, "png") if args.png is not None else (args.svg, "svg")
     if path is None:
         return
+    if not str(path).lower().endswith(f".{fmt}") and not str(path).startswith("/dev/"):
+        raise SettingsError(f"--{fmt}: {path!r} does not end in .{fmt} (the file is written as {fmt.upper()})")
     from planner.show import draw
     write_bytes(path, draw.figure_bytes(make(draw), fmt), f"--{fmt}")
 

@@ -14,6 +14,8 @@ from planner.errors import SettingsError
 from planner.outputs import write_json
 from planner.cli.report import emit as _emit
 from planner.cli.parser import EXIT_MISMATCH, EXIT_OK
+from planner.cli.recost import recost
+from planner.plans import check_recorded
 
 
 def cmd_import_torch(args: argparse.Namespace) -> int:
@@ -35,7 +37,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     for option, value in (("--out", args.out), ("--module", args.module)):
         if value is not None:
             raise SettingsError(f"{option}: only with --target torch or jax (--target json writes --json)")
-    data = api.export_shardings(api.load_plan(args.plan, args.model, args.batch, args.seq), args.tensor_axis)
+    data = api.export_shardings(_load_checked(args), args.tensor_axis)
     if args.json is not None:
         write_json(args.json, data)
     else:
@@ -57,13 +59,14 @@ def _export_file(args: argparse.Namespace) -> int:
     data = api.read_plan_file(args.plan)
     if "pipeline" in data and args.target == "torch":
         return _export_pipelining(args, data)
-    loaded = api.load_plan(args.plan, args.model, args.batch, args.seq)
+    loaded = _load_checked(args)
     title = (f"{loaded.graph.name} on {loaded.mesh.spec} ({data.get('method', '?')}, {data.get('status', '?')}, "
              f"{float(data.get('estimated_step_time_s') or 0) * 1e3:.3f} ms/step), from {args.plan}")
     if args.target == "jax":
         text = jax_file(loaded.graph, export_plan(loaded.graph, loaded.strategies, loaded.mesh), title)
     else:
         spec, loss = _torch_module(args, data)
+        _check_module(spec, loaded.graph)
         zero = (data.get("settings") or {}).get("zero") or 0
         text = module_plan(loaded.graph, loaded.strategies, loaded.mesh, spec, loss, title, zero).render()
     from planner.outputs import write_text
@@ -100,9 +103,21 @@ def _torch_module(args: argparse.Namespace, data: dict) -> tuple[str, str]:
     return recorded["spec"], recorded["loss"]
 
 
+def _check_module(spec: str, graph) -> None:
+    """The nn.Module of ``spec`` must be the plan's model: the same parameter sizes (a plan of a
+    hidden-64 GPT-2 onto a hidden-768 one was exported without a word)."""
+    from planner.engines.torch_presets import build_spec
+    module = build_spec(spec)[0]
+    sizes = sorted(int(p.numel()) for p in module.parameters())
+    planned = sorted(t.numel for t in graph.tensors if t.role == "param")
+    if sizes != planned:
+        raise SettingsError(f"--module: {spec} has {len(sizes)} parameters ({sum(sizes):,d} values), the plan's "
+                            f"model {graph.name} {len(planned)} ({sum(planned):,d}): another configuration?")
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     from planner.engines.verify import format_report
-    loaded = api.load_plan(args.plan, args.model, args.batch, args.seq)
+    loaded = _load_checked(args)
     report = api.verify_loaded(loaded, run_numpy=not args.no_numpy, run_xla=not args.no_xla, tolerance=args.tolerance,
                                devices=args.devices, max_memory=args.max_memory, run_torch=args.torch)
     _emit(f"plan {args.plan}: {loaded.graph.name} on mesh {loaded.mesh.spec}\n{format_report(report)}", args)
@@ -189,14 +204,18 @@ def _train_3d(args: argparse.Namespace, data: dict, train, count_given: int | No
               what: str) -> int:
     """A 3D plan on an engine: stages on disjoint device groups (torch: point-to-point sends; JAX:
     device_put between sub-meshes), the intra-operator plan inside each stage."""
-    pipe, source = data["pipeline"], data.get("source") or {}
+    source = data.get("source") or {}
     model = args.model or source.get("model")
     if not isinstance(model, str):
         raise SettingsError(f"--plan: {args.plan}: a 3D run rebuilds the model at the micro-batch size: its 'source' "
                             "must name a zoo model or an imported graph JSON (or pass --model)")
-    if str(pipe.get("schedule", "")).startswith("interleaved"):
+    if str(data["pipeline"].get("schedule", "")).startswith("interleaved"):
         raise SettingsError(f"--plan: {command} runs GPipe / 1F1B stages; interleaved chunks are not run yet")
-    count, micro_batch = int(pipe["num_microbatches"]), int(pipe["micro_batch"])
+    # the plan as evaluate re-costs it: its cuts, micro-batches and strategies checked on the model
+    plan = recost(args, data, args.plan)
+    check_recorded(data, plan.to_dict(timings=False), args.plan)
+    pipe = plan.to_dict(timings=False)["pipeline"]
+    count, micro_batch = pipe["num_microbatches"], pipe["micro_batch"]
     stage_shape = tuple(int(part.split("=")[1]) for part in pipe["stage_mesh"].split(","))
     nproc = int(pipe["stages"]) * math.prod(stage_shape)
     if count_given is not None and count_given != nproc:
@@ -205,10 +224,11 @@ def _train_3d(args: argparse.Namespace, data: dict, train, count_given: int | No
     seq = args.seq or source.get("seq")
     load = api.model_loader(model, seq)  # a graph JSON from import-torch is re-imported at each batch
     full, micro = load(micro_batch * count), load(micro_batch)
-    operators = data["operators"]
-    axes = tuple(operators[0]["strategy"]) if operators else ()
-    stage_of = {o["name"]: int(o["stage"]) for o in operators}
-    strategies = {o["name"]: tuple(o["strategy"].get(a) for a in axes) for o in operators}
+    axes = plan.stage_mesh_names
+    stage_of = {name: stage for name, _, stage, _ in plan.operators}
+    strategies = {name: tuple(strategy) for name, _, _, strategy in plan.operators}
+    from planner.engines.verify import check_run_memory
+    check_run_memory(full, strategies, api.make_cluster(pipe["stage_mesh"]).mesh, nproc, args.max_memory)
     run = train(full, micro, stage_of, strategies, axes, stage_shape, int(pipe["stages"]), count, steps=args.steps,
                 lr=args.lr, seed=args.seed)
     lines = [f"plan {args.plan}: {micro.name}, {pipe['stages']} stages of {pipe['stage_mesh']} on {nproc} {run.platform} "
@@ -232,10 +252,12 @@ def _train_3d(args: argparse.Namespace, data: dict, train, count_given: int | No
 def _train(args: argparse.Namespace, train, count: int | None, option: str, command: str, compare: str,
            observed: str) -> int:
     """K steps of a flat plan on an engine against one device; the engine's collectives against the cost model."""
-    loaded = api.load_plan(args.plan, args.model, args.batch, args.seq)
+    loaded = _load_checked(args)
     if count is not None and count != loaded.mesh.num_devices:
         raise SettingsError(f"{option}: the plan's mesh {loaded.mesh.spec} has {loaded.mesh.num_devices} devices, "
                             f"not {count}")
+    from planner.engines.verify import check_run_memory
+    check_run_memory(loaded.graph, loaded.strategies, loaded.mesh, loaded.mesh.num_devices, args.max_memory)
     run = train(loaded.graph, loaded.strategies, loaded.mesh.names, loaded.mesh.shape, steps=args.steps, lr=args.lr,
                 seed=args.seed)
     lines = [f"plan {args.plan}: {loaded.graph.name} on {run.devices} {run.platform} devices ({loaded.mesh.spec}), "
@@ -251,3 +273,14 @@ def _train(args: argparse.Namespace, train, count: int | None, option: str, comm
         print(f"planner: {command}: losses differ from the one-device run beyond the tolerance", file=sys.stderr)
         return EXIT_MISMATCH
     return EXIT_OK
+
+
+def _load_checked(args: argparse.Namespace):
+    """The flat plan of ``--plan`` resolved against its model, after its recorded figures were checked
+    against the plan re-costed there (an edited or foreign file is refused before any engine runs)."""
+    from planner.plans import read_plan_file
+    data = read_plan_file(args.plan)
+    if "pipeline" not in data:
+        check_recorded(data, recost(args, data, args.plan).to_dict(timings=False), args.plan)
+    return api.load_plan(args.plan, args.model, args.batch, args.seq)
+

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import logging
 import re
 import sys
@@ -138,14 +139,17 @@ def _number(convert, valid, what: str):
         except ValueError:
             value = None
         if value is None or not valid(value):
-            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+            shown = text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
+            raise argparse.ArgumentTypeError(f"must be {what}, got {shown!r}")
         return value
     return parse
 
 
 _seed = _number(int, lambda v: 0 <= v < 2**31, "an integer in 0..2^31-1")
-_positive_int = _number(int, lambda v: v >= 1, "a positive integer")
+_positive_int = _number(int, lambda v: 1 <= v < 2**40, "a positive integer below 2^40")
 _seconds = _number(float, lambda v: 0 < v < float("inf"), "a positive finite number of seconds")
+# finite: NaN compares below every difference and would pass any run (a negative one fails every run)
+_tolerance = _number(float, math.isfinite, "a finite relative tolerance")
 _non_negative = _number(float, lambda v: 0 <= v < 2**30, "a non-negative number of MiB")
 
 
@@ -217,7 +221,7 @@ def _add_export(x: argparse.ArgumentParser) -> None:
 def _add_verify(v: argparse.ArgumentParser) -> None:
     _add_plan_source(v)
     v.add_argument("--devices", type=_positive_int, help="emulated devices (must equal the plan's mesh size)")
-    v.add_argument("--tolerance", type=float, default=0.05, help="relative tolerance on bytes (default 0.05)")
+    v.add_argument("--tolerance", type=_tolerance, default=0.05, help="relative tolerance on bytes (default 0.05)")
     v.add_argument("--no-xla", action="store_true", help="skip the XLA compilation (no JAX needed)")
     v.add_argument("--no-numpy", action="store_true", help="skip the numpy executor")
     v.add_argument("--torch", action="store_true", help="also train one step on gloo processes (planner run-torch) and "
@@ -240,9 +244,11 @@ def _add_run(r: argparse.ArgumentParser, count: str, what: str) -> None:
     r.add_argument("--lr", type=_number(float, lambda v: 0 < v < 1, "a learning rate in (0, 1)"), default=1e-4,
                    help="SGD learning rate on the summed loss (default 1e-4)")
     r.add_argument("--seed", type=_seed, default=0, help="seed of the initial weights and the batch (default 0)")
-    r.add_argument("--tolerance", type=float, default=1e-4,
+    r.add_argument("--tolerance", type=_tolerance, default=1e-4,
                    help="largest relative loss difference to the one-device run (default 1e-4; exit 5 beyond)")
     r.add_argument(count, type=_positive_int, help=f"{what} (must equal the plan's mesh size)")
+    r.add_argument("--max-memory", type=_bytes,
+                   help="refuse when the estimated memory of the run exceeds this (default: half the free memory)")
 
 
 def _add_show(w: argparse.ArgumentParser) -> None:

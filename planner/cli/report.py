@@ -8,6 +8,7 @@ import re
 import sys
 from collections import Counter
 
+from planner.units import bytes_text
 from planner.pipeline.threed import Plan3D
 from planner.plans import Plan
 
@@ -35,9 +36,12 @@ def format_plan(plan: Plan) -> str:
              f"objective {plan.objective} x {plan.unit_s:g} s"]
     if plan.comm_by_kind_s:
         lines.append("communication: " + ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in plan.comm_by_kind_s if v))
-    mem = ", ".join(f"{k} {v / GIB:.2f}" for k, v in plan.memory_breakdown)
-    limit = f" of {plan.memory_limit_bytes / GIB:.2f} GiB" if plan.memory_limit_bytes else ""
-    lines.append(f"memory per device {plan.memory_per_device_bytes / GIB:.2f} GiB{limit} ({mem} GiB)")
+    total = bytes_text(plan.memory_per_device_bytes)
+    unit = total.split()[-1]  # the parts in the unit of the total
+    scale = {"GiB": GIB, "MiB": 2**20, "KiB": 2**10, "B": 1}[unit]
+    mem = ", ".join(f"{k} {v / scale:.2f}" for k, v in plan.memory_breakdown)
+    limit = f" of {bytes_text(plan.memory_limit_bytes)}" if plan.memory_limit_bytes else ""
+    lines.append(f"memory per device {total}{limit} ({mem} {unit})")
     lines.append(f"search time {plan.search_time_s:.2f} s")
     for field, what in (("layer_recompute", "recompute"), ("layer_zero", "ZeRO stage")):
         if dict(plan.settings).get(field):
@@ -58,18 +62,19 @@ def format_plan(plan: Plan) -> str:
 def format_3d(result: Plan3D) -> str:
     """A 3D plan: pipeline, per-stage time and memory, stage plan, and the candidates compared."""
     pipe = result.pipeline
-    limit = f" of {result.memory_limit_bytes / GIB:.2f} GiB" if result.memory_limit_bytes else ""
+    limit = f" of {bytes_text(result.memory_limit_bytes)}" if result.memory_limit_bytes else ""
     lines = [f"3D plan for {result.model} on mesh {result.mesh} ({result.device}): {pipe.stages} pipeline stages of "
              f"mesh {result.stage_mesh}, {pipe.num_microbatches} micro-batches of {pipe.micro_batch} "
              f"({pipe.schedule}, cuts by {pipe.method}); stage plan by {result.intra_method}: {result.intra_status}",
              f"estimated iteration time {pipe.iteration_time_s:.3f} s (bottleneck stage {pipe.bottleneck_s * 1e3:.2f} ms); "
-             f"max memory per device {pipe.max_memory_bytes / GIB:.2f} GiB{limit} "
+             f"max memory per device {bytes_text(pipe.max_memory_bytes)}{limit} "
              f"({'fits' if pipe.fits_memory else 'does not fit'})",
              f"stage cuts (first layer of stages 1..p-1): {list(pipe.cuts)}",
              f"settings: recompute {result.settings.recompute}, zero {result.settings.zero}, sequence parallel "
              f"{'on' if result.settings.sequence_parallel else 'off'}; "
              "linear layers split: " + ", ".join(f"{a}:{d or '-'}" for a, d in result.tensor_parallel_dims),
              f"search time {result.search_time_s:.2f} s",
+             *(f"note: {note}" for note in result.notes),
              "per stage: time per micro-batch (ms), memory per device (GiB):"]
     for k, (t, m) in enumerate(zip(result.stage_times_s, result.stage_memory_bytes)):
         lines.append(f"  stage {k:3d} {t * 1e3:10.3f} ms {m / GIB:8.2f} GiB")

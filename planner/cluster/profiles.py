@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from planner.jsonfile import read_json
 from planner.errors import ProfileError
 
 # None: the table shipped inside the package (planner/cluster/data/hardware.csv).
@@ -125,10 +125,7 @@ def load_profiles(path: Path | str | None = DEFAULT_HARDWARE_CSV) -> dict[str, M
 
 def profile_from_json(path: Path | str) -> MachineProfile:
     """A user profile: a JSON object with the fields of ``MachineProfile``."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ProfileError(f"profile file {path}: cannot be read as JSON ({exc})") from None
+    data = read_json(path, "--device", ProfileError)
     if not isinstance(data, dict):
         raise ProfileError(f"profile file {path}: must hold a JSON object")
     known = set(MachineProfile.__slots__)

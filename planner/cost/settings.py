@@ -78,6 +78,8 @@ class TrainingSettings:
         if isinstance(self.bucket_bytes, bool) or not isinstance(self.bucket_bytes, (int, float)) \
                 or not 0 <= self.bucket_bytes < 2**50:
             raise SettingsError(f"--bucket-mb: must be a non-negative size, got {self.bucket_bytes!r}")
+        if self.fp32_grads and self.dtype == "fp32":  # an option that would change nothing is refused
+            raise SettingsError("--fp32-grads: gradients are fp32 already under --dtype fp32")
 
     def recompute_at(self, layer: int | None) -> str:
         """The recompute mode of one layer (``None``: an operator outside the layers)."""

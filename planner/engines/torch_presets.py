@@ -10,6 +10,8 @@ and ``hf:bert`` (options below, in ``SMALL``); ``file.py:function`` calls a func
 from __future__ import annotations
 
 from planner.engines.torch_import import TorchImportError
+from planner.engines.torch_import.state import failure
+from planner.errors import PlannerError
 
 
 def _options(text: str, where: str, known: tuple[str, ...]) -> dict[str, int]:
@@ -38,6 +40,18 @@ def preset_options(model: str) -> tuple[str, ...]:
 
 
 def build_spec(spec: str):
+    """``_build_spec`` with every error of the user's code or configuration as one
+    ``TorchImportError`` line (a syntax error, a factory that raises, a preset that transformers
+    refuses such as ``hf:gpt2:heads=5``)."""
+    try:
+        return _build_spec(spec)
+    except PlannerError:
+        raise
+    except Exception as exc:  # the user's file or the library's config check: named, not a traceback
+        raise TorchImportError(f"import-torch {spec}: {failure(exc)}") from None
+
+
+def _build_spec(spec: str):
     """(module, example inputs, name) for ``hf:gpt2[:opts]``, ``hf:resnet50[:opts]`` or ``file.py:function``.
 
     hf:gpt2 options: layers, hidden, heads, seq, vocab, batch (GPT-2 small defaults, batch 1, seq 1024);

@@ -16,7 +16,6 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from pathlib import Path
 
 from planner.engines.hlo import parse_collectives
 from planner.engines.xla import VerifyError
+from planner.engines.processes import run_group
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +39,10 @@ class TrainRun:
 
     @property
     def max_rel_diff(self) -> float:
-        return max((abs(a - b) / max(abs(b), 1e-30) for a, b in zip(self.losses, self.reference)), default=0.0)
+        """The largest relative loss difference; inf when a step's loss is not finite (NaN would
+        compare below any tolerance and hide a diverged run)."""
+        diffs = [abs(a - b) / max(abs(b), 1e-30) for a, b in zip(self.losses, self.reference)]
+        return max((d if math.isfinite(d) else math.inf for d in diffs), default=0.0)
 
     def collectives(self, mesh_shape: tuple[int, ...], axis_names: tuple[str, ...]) -> list:
         return parse_collectives(self.hlo, mesh_shape, axis_names)
@@ -126,8 +129,7 @@ def train_3d_on_jax(full, micro, stage_of: dict, strategies: dict, axis_names: t
 
 def _worker(module: str, job: Path, out: Path, devices: int, timeout_s: float) -> None:
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
-    proc = subprocess.run([sys.executable, "-m", module, str(job), str(out)], env=env, capture_output=True, text=True,
-                          timeout=timeout_s)
+    proc = run_group([sys.executable, "-m", module, str(job), str(out)], timeout_s, env=env)
     if proc.returncode != 0:
         raise VerifyError(f"run-jax: the training run failed ({exception_line(proc.stderr)})")
 

@@ -21,13 +21,13 @@ import json
 import math
 import os
 import socket
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from planner.engines.processes import run_group
 from planner.engines.train_jax import TrainRun, exception_line, flat_job, pipeline_job
 from planner.engines.xla import VerifyError
 
@@ -100,8 +100,7 @@ def _launch(nproc: int, module: str, job: Path, out: Path, timeout_s: float, att
     for _ in range(attempts):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
                str(_free_port()), "-m", module, str(job), str(out)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
-                              env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1"))
+        proc = run_group(cmd, timeout_s, env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1"))
         if proc.returncode == 0:
             return
         if not any(text in proc.stderr for text in PORT_TAKEN):

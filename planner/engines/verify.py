@@ -181,6 +181,35 @@ def estimate_memory(graph: Graph, strategies: dict[str, Strategy], mesh: Mesh, r
     return total, fixed
 
 
+RUN_BYTES = 4 * 3  # a training run: float32 values, their gradients and autograd's saved copies
+PROCESS_BYTES = 0.4e9  # one rank's interpreter, torch or JAX and the process group, measured at rest
+
+
+def estimate_run_memory(graph: Graph, strategies: dict[str, Strategy], mesh: Mesh, processes: int) -> float:
+    """Upper estimate of the bytes a ``run-torch`` / ``run-jax`` training run holds at once: every
+    device's blocks of every tensor (values, gradients, saved activations in float32), the
+    one-process reference on whole tensors alike, and each process's own footprint."""
+    layout_of = {o.tensor: layout for op in graph.operators
+                 for o, layout in zip(op.outputs, output_layouts(op, strategies[op.name]))}
+    spread = sum(t.numel * mesh.num_devices / (shard_factor(layout_of[t.name], mesh.shape)
+                                               if t.name in layout_of else 1) for t in graph.tensors)
+    whole = sum(t.numel for t in graph.tensors)
+    return RUN_BYTES * (spread + whole) + PROCESS_BYTES * (processes + 1)
+
+
+def check_run_memory(graph: Graph, strategies: dict[str, Strategy], mesh: Mesh, processes: int,
+                     limit: float | None = None) -> float:
+    """Refuse a training run (``SettingsError``, one line with the estimate) that would need more
+    than ``limit`` bytes (default: half the available memory), before any process starts."""
+    limit = limit if limit is not None else available_memory() / 2
+    total = estimate_run_memory(graph, strategies, mesh, processes)
+    if total > limit:
+        raise SettingsError(f"--max-memory: the training run needs about {total / 1e9:.1f} GB, more than the "
+                            f"limit of {limit / 1e9:.1f} GB; try a smaller --batch or model configuration "
+                            "(or raise --max-memory)")
+    return total
+
+
 def check_memory(graph: Graph, strategies: dict[str, Strategy], mesh: Mesh, run_numpy: bool, run_xla: bool,
                  limit: float | None = None) -> float:
     """Refuse (``SettingsError``, one line) when the estimate exceeds ``limit`` (default: half the

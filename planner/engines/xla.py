@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -25,6 +24,7 @@ from pathlib import Path
 from planner.cost.strategy import PARTIAL, REPLICATE, Layout
 from planner.engines.hlo import HloCollective, parse_collectives
 from planner.errors import PlannerError
+from planner.engines.processes import run_group
 
 class VerifyError(PlannerError):
     """The XLA check could not run (JAX missing, compilation failed)."""
@@ -42,8 +42,7 @@ def compiled_collectives(graph, strategies: dict, axis_names: tuple[str, ...], m
                             "strategies": {k: list(v) for k, v in strategies.items()}})
         env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={math.prod(mesh_shape)}",
                    JAX_PLATFORMS="cpu")
-        proc = subprocess.run([sys.executable, "-m", "planner.engines.xla", str(job), str(out)], env=env,
-                              capture_output=True, text=True, timeout=timeout_s)
+        proc = run_group([sys.executable, "-m", "planner.engines.xla", str(job), str(out)], timeout_s, env=env)
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
             raise VerifyError(f"verify: XLA compilation failed ({last})")

@@ -16,10 +16,10 @@ Graph JSON schema (``planner plan --model graph.json``)::
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Mapping
 
+from planner.jsonfile import read_json
 from planner.errors import GraphError
 from planner.ir.graph import Graph, Operator, Tensor
 from planner.ir.ops import make_operator
@@ -73,6 +73,7 @@ def _int_list(values: Any, where: str, key: str) -> list[int]:
     return values
 
 
+MAX_NAME = 200  # characters in an operator or tensor name (every error line quotes it)
 GRAPH_KEYS = {"graph": {"name", "batch_dim", "dim_names", "tensors", "operators", "torch_module"},  # torch_module: import-torch spec
               "tensor": {"name", "shape", "role", "integer", "checkpoint"},
               "operator": {"name", "kind", "equation", "inputs", "outputs", "sizes", "norm", "unsplittable", "saved",
@@ -90,7 +91,11 @@ def _entries(data: Mapping, key: str, source: str, label: str):
     for i, entry in enumerate(_field(data, key, list, source)):
         if not isinstance(entry, dict):
             raise GraphError(f"{source}: {label} #{i}: must be an object")
-        where = f"{source}: {label} {_field(entry, 'name', str, f'{source}: {label} #{i}')}"
+        name = _field(entry, 'name', str, f'{source}: {label} #{i}')
+        if not name or not name.isprintable() or len(name) > MAX_NAME:
+            raise GraphError(f"{source}: {label} #{i}: field 'name' must be 1-{MAX_NAME} printable characters "
+                             f"(no newline or control character), got {name[:40]!r}")
+        where = f"{source}: {label} {name}"
         _no_unknown_keys(entry, label, where)
         yield entry, where
 
@@ -137,14 +142,4 @@ def graph_from_dict(data: Any, source: str = "graph") -> Graph:
 
 
 def load_graph(path: Path | str) -> Graph:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise GraphError(f"--model: cannot read graph file {path} ({exc.strerror})") from None
-    except UnicodeDecodeError:
-        raise GraphError(f"--model: graph file {path} is not UTF-8 text (a binary file?)") from None
-    try:
-        data = json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(GraphError(f"{path}: non-finite number {c}")))
-    except json.JSONDecodeError as exc:
-        raise GraphError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
-    return graph_from_dict(data, str(path))
+    return graph_from_dict(read_json(path, "--model", GraphError), str(path))

@@ -158,6 +158,8 @@ def make_operator(kind: str, name: str, equation: str, inputs: Sequence[str], ou
                          "may have several")
     if saved is not None and len(saved) != len(inputs):
         raise GraphError(f"{where}: field 'saved' has {len(saved)} entries for {len(inputs)} inputs")
+    if saved is not None and not all(isinstance(s, bool) for s in saved):
+        raise GraphError(f"{where}: field 'saved' must list true/false per input, got {list(saved)[:4]!r}")
     order: list[str] = []
     for groups in ins + outs:
         for group in groups:
@@ -166,6 +168,8 @@ def make_operator(kind: str, name: str, equation: str, inputs: Sequence[str], ou
     if missing:
         raise GraphError(f"{where}: field 'sizes' lacks dims {missing}")
     dims = tuple((d, sizes[d]) for d in order)
+    if kind == "opaque":  # an operator the planner cannot see into runs whole on every device
+        unsplittable = "".join(order)
     saved = saved if saved is not None else [spec.saves_inputs] * len(inputs)
     flops = spec.flops_per_point * spec.points(dict(dims), ins, outs)
     return Operator(

@@ -182,7 +182,7 @@ def model_chain(load: Callable[[int], Graph], batch: int, counts: list[int], mes
     tied = tuple((o, r, nbytes, 2 * link.latency + grad_bytes / link.bandwidth)
                  for o, r, nbytes, grad_bytes in columns[0]["tied"])
     return LayerChain(tuple(batch // c for c in kept), tuple(kept), stack("time"), stack("out_bytes"),
-                      stack("activation_memory"), columns[0]["static_memory"], columns[0]["sync"],
+                      stack("activation_memory"), columns[0]["static_memory"], stack("sync"),
                       link.bandwidth, link.latency, working_memory=stack("working_memory"), tied=tied,
                       parts=stack("parts"), static_parts=columns[0]["static_parts"])
 

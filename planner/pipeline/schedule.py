@@ -68,7 +68,7 @@ class LayerChain:
     activation_bytes: np.ndarray
     activation_memory: np.ndarray
     static_memory: np.ndarray  # [layers]
-    grad_sync: np.ndarray  # [layers]
+    grad_sync: np.ndarray  # [layers, counts] (or [layers]: the same at every count); exposed per step
     link_bandwidth: float
     link_latency: float
     names: tuple[str, ...] = ()
@@ -79,6 +79,13 @@ class LayerChain:
 
     def __post_init__(self) -> None:
         layers = self.static_memory.shape[0]
+        sync = np.asarray(self.grad_sync, dtype=np.float64)
+        if sync.ndim == 1 and sync.shape == (layers,):
+            # the part of the sync hidden behind the last micro-batch's backward pass depends on its
+            # size, so a chain costed at several sizes carries one column per count
+            object.__setattr__(self, "grad_sync", np.repeat(sync[:, None], len(self.counts), axis=1))
+        elif sync.shape != (layers, len(self.counts)):
+            raise SettingsError(f"layer chain: field 'grad_sync' must have shape ({layers}, {len(self.counts)})")
         for name in ("time", "activation_bytes", "activation_memory"):
             if getattr(self, name).shape != (layers, len(self.counts)):
                 raise SettingsError(f"layer chain: field '{name}' must have shape ({layers}, {len(self.counts)})")
@@ -136,7 +143,7 @@ class Evaluator:
         self._time = np.vstack([zero_row, np.cumsum(self.chain.time, axis=0)])
         self._act = np.vstack([zero_row, np.cumsum(self.chain.activation_memory, axis=0)])
         self._static = np.concatenate([[0.0], np.cumsum(self.chain.static_memory)])
-        self._sync = np.concatenate([[0.0], np.cumsum(self.chain.grad_sync)])
+        self._sync = np.vstack([zero_row, np.cumsum(self.chain.grad_sync, axis=0)])
         self._work = None
         work = self.chain.working_memory
         if work is not None and work.any():
@@ -199,7 +206,7 @@ class Evaluator:
         bounds = (0, *cuts, self.chain.num_layers)
         times = [self.stage_time(bounds[k], bounds[k + 1], m) for k in range(self.stages)]
         memory = float(self.stage_memory(np.arange(self.stages), bounds[:-1], bounds[1:], m).max())
-        total = sum(times) / self.chunks + self.bubble_factor(m) * max(times) + self._sync[bounds[1]]
+        total = sum(times) / self.chunks + self.bubble_factor(m) * max(times) + self._sync[bounds[1], m]
         return total + self.tied_sync(cuts), max(times), memory
 
     def objective(self, cuts: Sequence[int], m: int) -> float:

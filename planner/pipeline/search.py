@@ -47,7 +47,7 @@ def _dp_at(ev: Evaluator, m: int, bottleneck: float) -> tuple[float, tuple[int, 
         for end in range(k, layers - (p - k) + 1):
             begin = np.arange(k - 1, end)
             t = prefix_t[end] - prefix_t[begin] + ev.boundary_seconds(end, m)
-            value = best[k - 1, begin] + t / ev.chunks + (ev._sync[end] if k == 1 else 0.0)
+            value = best[k - 1, begin] + t / ev.chunks + (ev._sync[end, m] if k == 1 else 0.0)
             ok = t <= bottleneck
             if ev.memory_limit is not None:
                 ok &= ev.stage_memory(k - 1, begin, end, m) <= ev.memory_limit
@@ -261,6 +261,11 @@ def given_cuts(chain: LayerChain, stages: int, schedule: str, memory_limit: floa
     cuts = tuple(int(c) for c in cuts)
     if len(cuts) != stages - 1 or list(cuts) != sorted(set(cuts)) or (cuts and not 0 < cuts[0] <= cuts[-1] < chain.num_layers):
         raise SettingsError(f"cuts: {list(cuts)} are not {stages - 1} increasing layer indices in 1..{chain.num_layers - 1}")
+    bounds = (0, *cuts, chain.num_layers)
+    thinnest = min(bounds[k + 1] - bounds[k] for k in range(stages))
+    if thinnest < ev.chunks:
+        raise SettingsError(f"--schedule: interleaved:{ev.chunks} needs at least {ev.chunks} layers on every "
+                            f"stage; the cuts {list(cuts)} leave a stage {thinnest}")
     m = min(range(len(chain.counts)), key=lambda k: (ev.objective(cuts, k), k))
     return make_result(ev, "given", cuts, m, start)
 

@@ -70,6 +70,7 @@ class Plan3D:
     stage_details: tuple[StageDetail, ...] = ()  # the stage times and memory term by term
     tied_sync_s: float = 0.0  # all-reduce of a parameter kept on two stages, per step
     operator_layers: tuple[int | None, ...] = ()  # each operator's layer (None outside the layers)
+    notes: tuple[str, ...] = ()  # what the plan leaves undone that its options asked for
 
     @property
     def status(self) -> str:
@@ -98,6 +99,8 @@ class Plan3D:
             row.update({name: getattr(detail, name) for name in STAGE_FIELDS})
         for row, layer in zip(data["operators"], self.operator_layers):
             row["layer"] = layer
+        if self.notes:
+            data["notes"] = list(self.notes)
         if timings:
             data["search_time_s"] = self.search_time_s
         return data
@@ -255,6 +258,7 @@ def recost(load: Callable[[int], Graph], mesh: Mesh, profile: MachineProfile, ba
            memory_limit: float | None, stages: int, cuts: tuple[int, ...], num_microbatches: int, schedule: str,
            strategies: dict[str, Strategy], intra_method: str = "given") -> Plan3D:
     """Cost a fixed 3D plan (a plan JSON read back): same chain and evaluator as the search."""
+    parse_schedule(schedule)  # a malformed schedule is refused before the model is built
     if batch % num_microbatches:
         raise SettingsError(f"num_microbatches: {num_microbatches} does not divide the batch {batch}")
     sub = stage_mesh(mesh, stages)
@@ -268,3 +272,18 @@ def recost(load: Callable[[int], Graph], mesh: Mesh, profile: MachineProfile, ba
 
 def _most_common(values: list) -> object:
     return max(sorted(set(values), key=str), key=values.count) if values else None
+
+
+def replicated_linears(result: Plan3D, tp: int) -> tuple[str, ...]:
+    """A note when Megatron's pattern left linear layers whole on the tensor-parallel axis (tp
+    divides none of their dims, e.g. 12 attention heads on tp 8): they run replicated there."""
+    if tp <= 1 or "tp" not in result.stage_mesh_names:
+        return ()
+    axis = result.stage_mesh_names.index("tp")
+    whole = [name for name, kind, _, strategy in result.operators if kind == "linear" and strategy[axis] is None]
+    if not whole:
+        return ()
+    linears = sum(kind == "linear" for _, kind, _, _ in result.operators)
+    return (f"--tp {tp}: {len(whole)} of {linears} linear layers (first {whole[0]}) are replicated on the "
+            f"tensor-parallel axis: {tp} divides none of their split dims (heads, ffn); each tp rank "
+            "computes them whole",)

@@ -91,7 +91,7 @@ def stage_details(chain: LayerChain, plan: PipelinePlan) -> tuple[StageDetail, .
         tied = sum(nbytes for owner, reader, nbytes, _ in chain.tied
                    if start <= reader < end and not start <= owner < end)
         out.append(StageDetail(k, start, end, *(float(x) for x in parts), float(ev.boundary_seconds(end, m)),
-                               float(chain.grad_sync[start:end].sum()), *(float(x) for x in static), act, work,
+                               float(chain.grad_sync[start:end, m].sum()), *(float(x) for x in static), act, work,
                                float(tied)))
     return tuple(out)
 

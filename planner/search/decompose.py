@@ -75,27 +75,46 @@ def split_segments(problem: Problem) -> tuple[Segment, ...]:
     bounds = [-1] + [i for i, _ in cuts] + [len(problem.ops) - 1]
     tensors = [None] + [t for _, t in cuts] + [None]
     producer = {o.tensor: i for i, t in enumerate(problem.ops) for o in t.op.outputs}
-    by_dst: dict[int, list] = {}
-    for e in problem.edges:
-        by_dst.setdefault(e.dst, []).append(e)
+    by_dst = _edges_by_dst(problem)
     segments = []
     for k in range(len(bounds) - 1):
         ops = tuple(range(bounds[k] + 1, bounds[k + 1] + 1))
-        local = {op: n for n, op in enumerate(ops)}
-        digest = hashlib.sha256()
-        for op in ops:
-            table = problem.ops[op]
-            digest.update(table.cost.tobytes() + b"/" + table.memory.tobytes() + b"/")
-            for e in by_dst.get(op, ()):
-                digest.update(_edge_bytes(problem, local, e))
         exit_tensor = tensors[k + 1]
         exit_producer = producer[exit_tensor] if exit_tensor else None
-        if exit_tensor:
-            digest.update(b"exit%d" % local[exit_producer] + problem.producer_layout_index(exit_tensor).tobytes())
         layers = {problem.ops[op].op.layer for op in ops}
-        segments.append(Segment(ops, tensors[k], exit_tensor, exit_producer, digest.hexdigest(),
+        segments.append(Segment(ops, tensors[k], exit_tensor, exit_producer,
+                                _content_key(problem, ops, exit_tensor, exit_producer, by_dst),
                                 layers.pop() if len(layers) == 1 else None))
     return tuple(segments)
+
+
+def segment_keys(problem: Problem, segments: Sequence[Segment]) -> tuple[str, ...]:
+    """The content hash of each of ``segments`` (cut from a problem of the same graph) under
+    ``problem``'s own costs: a variant of a problem (other recompute / ZeRO settings) may tell
+    apart segments whose costs are equal in the problem (a ZeRO-3 gather of ln1 and of ln2)."""
+    by_dst = _edges_by_dst(problem)
+    return tuple(_content_key(problem, s.ops, s.exit_tensor, s.exit_producer, by_dst) for s in segments)
+
+
+def _edges_by_dst(problem: Problem) -> dict[int, list]:
+    by_dst: dict[int, list] = {}
+    for e in problem.edges:
+        by_dst.setdefault(e.dst, []).append(e)
+    return by_dst
+
+
+def _content_key(problem: Problem, ops: tuple[int, ...], exit_tensor: str | None, exit_producer: int | None,
+                 by_dst: dict[int, list]) -> str:
+    local = {op: n for n, op in enumerate(ops)}
+    digest = hashlib.sha256()
+    for op in ops:
+        table = problem.ops[op]
+        digest.update(table.cost.tobytes() + b"/" + table.memory.tobytes() + b"/")
+        for e in by_dst.get(op, ()):
+            digest.update(_edge_bytes(problem, local, e))
+    if exit_tensor:
+        digest.update(b"exit%d" % local[exit_producer] + problem.producer_layout_index(exit_tensor).tobytes())
+    return digest.hexdigest()
 
 
 def segment_network(problem: Problem, seg: Segment, unary: Sequence[np.ndarray]) -> tuple[Network, int | None, int | None]:

@@ -28,7 +28,7 @@ import time
 import multiprocessing
 import os
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -41,14 +41,14 @@ from planner.cost.problem import Problem
 from planner.cost.settings import AUTO
 from planner.search.layer_modes import LayerOptions, layer_modes, layer_options, least_memory
 from planner.search.ties import solve_tied
-from planner.search.solver import (SolveResult, build_seconds, explain_infeasible, min_memory, program_size,
-                                   separable_bound, solve)
+from planner.search.whole import MAX_WHOLE_PROGRAM, solve_whole, whole_instead
+from planner.search.solver import (SolveResult, build_seconds, explain_infeasible, greedy_result, min_memory,
+                                   program_size, separable_bound, solve)
 
 Progress = Callable[[int, int, str], None]
 LAGRANGE_ITERATIONS = 40
 PARETO_SHARE = 0.5  # of the time limit: the Pareto master's; the Lagrangian path keeps the rest
 REDUCE_SHARE = 0.5  # of the time limit: reducing the segments; past it, the whole-graph program gets the rest
-MAX_WHOLE_PROGRAM = 2_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,13 +141,30 @@ def solve_exact(problem: Problem, memory_limit: float | None = None, time_limit_
 
     ``time_limit_s`` bounds the whole call (price steps, model building and every CP-SAT solve);
     at the limit the best plan found is returned FEASIBLE with its proven bound."""
+    started = time.perf_counter()
+    result, notes = _solve_exact(problem, memory_limit, time_limit_s, seed, jobs, progress)
+    if result.choice is None and result.status == "UNKNOWN":
+        # as the whole-graph program does when its time is too short: the greedy plan, if it fits
+        fallback = greedy_result(problem, memory_limit, started)
+        if fallback.choice is not None:
+            # a bound the search proved stands; under per-layer choices the greedy (no-choice) one does not
+            bound = result.bound if result.bound is not None else \
+                0 if AUTO in (problem.settings.recompute, problem.settings.zero) else fallback.bound
+            why = f"the exact search found no plan in its time limit ({result.explanation}): the greedy plan"
+            return replace(fallback, bound=bound, explanation=why), notes + (why,)
+    return result, notes
+
+
+def _solve_exact(problem: Problem, memory_limit: float | None, time_limit_s: float, seed: int, jobs: int,
+                 progress: Progress | None) -> tuple[SolveResult, tuple[str, ...]]:
     if problem.ties:
         # shared by the conditions: what a segment the ties do not touch costs is worked out once
         memo: dict = {"reduced": {}, "variants": {}, "fronts": {}}
         relax = lambda untied, by: _relaxed(untied, memory_limit, memo, by)  # noqa: E731
         # one process: a worker pool per condition would start processes where an interrupt can land
         result, notes = solve_tied(problem, memory_limit, time_limit_s, seed, lambda untied, limit, incumbent:
-                                   _solve_untied(untied, memory_limit, limit, seed, 1, progress, memo, incumbent), relax)
+                                   _solve_untied(untied, memory_limit, limit, seed, 1, progress, memo, incumbent), relax,
+                                   solve_whole)
         return result, notes + ((f"--jobs {jobs}: tied parameters are solved in this process",) if jobs > 1 else ())
     return _solve_untied(problem, memory_limit, time_limit_s, seed, jobs, progress)
 
@@ -188,8 +205,8 @@ def _solve_untied(problem: Problem, memory_limit: float | None, time_limit_s: fl
                            f"the time limit ({time_limit_s:.1f} s left for the search) ended before any plan was "
                            "found: loading and costing the model took it all; raise --time-limit"), ()
     if len(segments) <= 1:
-        result = solve(problem, memory_limit, time_limit_s, seed)
-        return result, ("no single-tensor cut: solved as one whole-graph program",)
+        result, said = solve_whole(problem, memory_limit, time_limit_s, seed)
+        return result, ("no single-tensor cut: solved as one whole-graph program",) + said
     distinct = len({s.key for s in segments})
     notes = (f"decomposed into {len(segments)} segments ({distinct} distinct)",)
     options = None  # recompute / zero 'auto': the variants are built only when memory binds
@@ -197,7 +214,7 @@ def _solve_untied(problem: Problem, memory_limit: float | None, time_limit_s: fl
         options = layer_options(problem, segments, memo)
     if options is not None and least_memory(problem, options) > memory_limit:
         return SolveResult("INFEASIBLE", None, None, None, time.perf_counter() - start, 0,
-                           explain_infeasible(problem, memory_limit)), notes
+                           explain_infeasible(problem, memory_limit, least_memory(problem, options))), notes
     with Workers(problem, jobs, distinct) as workers:
         if workers.size < jobs:
             notes += (f"--jobs {jobs}: {workers.size} worker(s) used (at most one per CPU and per distinct segment)",)
@@ -207,7 +224,7 @@ def _solve_untied(problem: Problem, memory_limit: float | None, time_limit_s: fl
             free = solve_unary(problem, segments, costs, workers, progress, start + REDUCE_SHARE * time_limit_s,
                                memo and memo["reduced"])
         except TimeoutError as exc:
-            return _whole_instead(problem, memory_limit, deadline, seed, start, notes, str(exc))
+            return whole_instead(problem, memory_limit, deadline, seed, start, notes, str(exc))
         step_s = time.perf_counter() - began
         objective = problem.objective(free.choice)
         if objective != int(round(free.value)):
@@ -250,17 +267,6 @@ def _from_pareto(problem: Problem, segments: Sequence[Segment], options: "LayerO
     status, bound = ("OPTIMAL", found.objective) if proven_bound is None else ("FEASIBLE", proven_bound)
     return SolveResult(status, found.objective, bound, found.choice, time.perf_counter() - start, 0,
                        layer_recompute=recompute, layer_zero=zero)
-
-
-def _whole_instead(problem: Problem, memory_limit: float | None, deadline: float, seed: int, start: float,
-                   notes: tuple[str, ...], why: str) -> tuple[SolveResult, tuple[str, ...]]:
-    """The segments took their share of the time limit: the whole-graph program gets the rest."""
-    left = max(0.0, deadline - time.perf_counter())
-    if program_size(problem) > MAX_WHOLE_PROGRAM:
-        return SolveResult("UNKNOWN", None, None, None, time.perf_counter() - start, 0,
-                           f"{why}; the whole-graph program is too large to build instead"), notes
-    return solve(problem, memory_limit, left, seed), notes + (f"{why}: solved as one whole-graph program in the "
-                                                              f"{left:.1f} s left",)
 
 
 def _pareto(problem: Problem, segments: Sequence[Segment], memory_limit: float, deadline: float,

@@ -13,6 +13,7 @@ from planner.cost.problem import Problem, build_problem
 from planner.cost.settings import AUTO, RECOMPUTE, ZERO_STAGES
 from planner.search.decompose import Segment
 from planner.search.ties import conditioned
+from planner.errors import SettingsError
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,3 +84,13 @@ def layer_modes(problem: Problem, segments: Sequence[Segment], chosen: Sequence[
     recompute = tuple((layer, r) for layer, (r, _) in sorted(modes.items())) if settings.recompute == AUTO else ()
     zero = tuple((layer, z) for layer, (_, z) in sorted(modes.items())) if settings.zero == AUTO else ()
     return recompute, zero
+
+
+def refuse_auto_without_layers(problem: Problem) -> None:
+    """``auto`` chooses per layer: refused on a graph whose operators belong to no layer."""
+    if all(op.layer is None for op in problem.graph.operators):
+        for option, value in (("recompute", problem.settings.recompute), ("zero", problem.settings.zero)):
+            if value == AUTO:
+                raise SettingsError(f"--{option} auto: chooses one mode per layer, and model "
+                                    f"{problem.graph.name} has no layers (its operators name no "
+                                    f"'layer'); give a fixed --{option}")

@@ -35,7 +35,7 @@ from typing import Sequence
 import numpy as np
 
 from planner.cost.problem import Problem
-from planner.search.decompose import Segment, segment_network
+from planner.search.decompose import Segment, segment_keys, segment_network
 from planner.search.prices import kept_lagrangian, suffix
 from planner.search.fronts import (FrontTooLarge, Node, add, block_offsets, chain_end, collapse, column, explain, leaf,
                                    mode_chain, outer, pick, series, transpose, union, unit_edges)
@@ -229,16 +229,19 @@ def lagrangian_bound(problem: Problem, segments: Sequence[Segment], memory_limit
 
 def _chain(options: Sequence[Problem], segments: Sequence[Segment], cap: int, units: Sequence[int],
            known: dict | None, deadline: float | None) -> tuple[list[list[Node]], list[Node]]:
-    """Each option's front table per segment (kept in ``known`` by (option, cap, segment key)),
-    and the chain the master walks (the modes side by side when there are several options)."""
+    """Each option's front table per segment (kept in ``known`` by (option, cap, the segment's
+    content key under that option)), and the chain the master walks (the modes side by side when
+    there are several options)."""
     known = known if known is not None else {}
-    for seg in segments:
+    keys = [[s.key for s in segments]] + [list(segment_keys(o, segments)) for o in options[1:]]
+    for n, seg in enumerate(segments):
         for k, option in enumerate(options):
-            if (k, cap, seg.key) not in known:
-                known[(k, cap, seg.key)] = segment_front_table(option, seg, cap)
+            if (k, cap, keys[k][n]) not in known:
+                known[(k, cap, keys[k][n])] = segment_front_table(option, seg, cap)
                 _check(deadline)
-    by_mode = [[known[(k, cap, s.key)] for s in segments] for k in range(len(options))]
-    chain = by_mode[0] if len(options) == 1 else mode_chain(by_mode, units, [s.key for s in segments])
+    by_mode = [[known[(k, cap, key)] for key in keys[k]] for k in range(len(options))]
+    together = ["/".join(parts) for parts in zip(*keys)]  # equal in every mode: one table
+    chain = by_mode[0] if len(options) == 1 else mode_chain(by_mode, units, together)
     return by_mode, chain
 
 
@@ -380,7 +383,7 @@ def _recover(segments: Sequence[Segment], by_mode: Sequence[Sequence[Node]], num
             entry, exit_, point = entry if fresh else entry // count, exit_ // count if carries else exit_, \
                 point - int(offsets[mode])
         seg, modes[k] = segments[k], mode
-        key = (mode, seg.key, entry, exit_, point)
+        key = (mode, id(by_mode[mode][k]), entry, exit_, point)
         if key not in explained:
             states: dict[int, int] = {}
             explain(by_mode[mode][k], (entry, exit_), point, states)

@@ -35,6 +35,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from planner.signals import run_interruptible
+from planner.units import bytes_text
 from planner.cost.problem import Problem
 
 STATUS_NAMES = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE", cp_model.INFEASIBLE: "INFEASIBLE",
@@ -211,6 +212,12 @@ def _too_short(problem: Problem, memory_limit: float | None, hint, lower_bound, 
     return _hint_result(problem, memory_limit, choice, max(separable_bound(problem), lower_bound or 0), start, 0, why)
 
 
+def greedy_result(problem: Problem, memory_limit: float | None, start: float) -> SolveResult:
+    """The greedy plan as a FEASIBLE result with the separable bound (UNKNOWN if it does not fit)."""
+    return _hint_result(problem, memory_limit, greedy_choice(problem, memory_limit), separable_bound(problem),
+                        start, 0, "greedy plan")
+
+
 def _hint_result(problem: Problem, memory_limit: float | None, hint: Sequence[int], bound: int, start: float,
                  num_booleans: int, why: str) -> SolveResult:
     """The solution hint as the result of a search the time limit stopped (UNKNOWN if it does not fit)."""
@@ -226,11 +233,23 @@ def min_memory(problem: Problem) -> int:
     return int(sum(int(t.memory.min()) for t in problem.ops))
 
 
-def explain_infeasible(problem: Problem, memory_limit: float) -> str:
-    need = min_memory(problem)
-    return (f"memory: the plan needs at least {need / 2**30:.2f} GiB per device but the limit is "
-            f"{memory_limit / 2**30:.2f} GiB; try more devices, --recompute full, --zero 1/2/3, "
-            f"or --pipeline auto")
+def explain_infeasible(problem: Problem, memory_limit: float, need: float | None = None) -> str:
+    """Why nothing fits: the least memory any plan needs (``need``; default the problem's own, under
+    its settings) against the limit, and the levers not already given (``auto`` tries them all)."""
+    need = min_memory(problem) if need is None else need
+    settings = problem.settings
+    levers = ["more devices"]
+    if settings.recompute == "auto":
+        pass  # every recompute mode was tried per layer
+    elif settings.recompute != "full":
+        levers.append("--recompute full")
+    if settings.zero == "auto":
+        pass
+    elif settings.zero != 3:
+        levers.append("--zero 1/2/3" if settings.zero == 0 else "--zero 3")
+    levers.append("--pipeline auto")
+    return (f"memory: the plan needs at least {bytes_text(need)} per device but the limit is "
+            f"{bytes_text(memory_limit)}; try {', '.join(levers[:-1])} or {levers[-1]}")
 
 
 def solve(problem: Problem, memory_limit: float | None = None, time_limit_s: float = 60.0, seed: int = 0,

@@ -78,7 +78,8 @@ def _reindex(edge: EdgeTable, kept: dict[int, list[int]]) -> EdgeTable:
 
 def solve_tied(problem: Problem, memory_limit: float | None, time_limit_s: float, seed: int,
                solve_untied: Callable[[Problem, float, int | None], tuple[SolveResult, tuple[str, ...]]],
-               relax: Callable[[Problem, float], float] | None = None) -> tuple[SolveResult, tuple[str, ...]]:
+               relax: Callable[[Problem, float], float] | None = None,
+               whole: Callable | None = None) -> tuple[SolveResult, tuple[str, ...]]:
     """The exact optimum over every owner layout (see the module docstring). ``solve_untied(p,
     time_limit_s, incumbent)`` solves one conditioned problem (status DOMINATED when it proves that
     nothing there beats the incumbent cost); ``relax(p, deadline)``, a lower bound on it (the
@@ -86,14 +87,16 @@ def solve_tied(problem: Problem, memory_limit: float | None, time_limit_s: float
     time limit for all of them), orders the conditions and prunes those that cannot
     beat the best plan found. Two passes: each condition first gets a short share of the time, then
     the ones left unproven get the rest, with the best plan of all as incumbent. OPTIMAL when every
-    condition was solved to optimality, proven infeasible or proven no better than the best."""
+    condition was solved to optimality, proven infeasible or proven no better than the best.
+    ``whole(p, memory_limit, time_limit_s, seed) -> (result, notes)`` solves the tied problem as one
+    program when the conditions are too many (default: ``solve``)."""
     start = time.perf_counter()
     groups = owner_groups(problem)
     owners = sorted(groups)
     combos = list(itertools.product(*(sorted(groups[o].items()) for o in owners)))
     if len(combos) > MAX_CONDITIONS:
-        result = solve(problem, memory_limit, time_limit_s, seed)
-        return result, (f"{len(combos)} layouts of tied parameters: solved as one whole-graph program",)
+        result, said = (whole or _plain)(problem, memory_limit, time_limit_s, seed)
+        return result, (f"{len(combos)} layouts of tied parameters: solved as one whole-graph program",) + said
     search = _Conditions(problem, combos, owners, relax, start + RELAX_SHARE * time_limit_s)
     pending = sorted(range(len(combos)), key=lambda k: (search.lower[k], k))
     for sweep in (0, 1):
@@ -110,6 +113,10 @@ def solve_tied(problem: Problem, memory_limit: float | None, time_limit_s: float
                 left_over.append(k)
         pending = left_over
     return search.result(time.perf_counter() - start, tuple(pending))
+
+
+def _plain(problem: Problem, memory_limit: float | None, time_limit_s: float, seed: int):
+    return solve(problem, memory_limit, time_limit_s, seed), ()
 
 
 class _Conditions:
@@ -143,7 +150,11 @@ class _Conditions:
             candidate = _lift(self.problem, result, kept)
             if best is None or candidate.objective < best.objective:
                 self.best, self.best_k = candidate, k
-        self.bounds[k] = result.bound if result.bound is not None else max(self.lower[k], separable_bound(untied))
+        if result.bound is not None:
+            self.bounds[k] = result.bound
+        else:  # a plan under per-layer choices without a bound: only 0 is proven (costs are >= 0)
+            self.bounds[k] = 0 if result.layer_recompute or result.layer_zero else \
+                max(self.lower[k], separable_bound(untied))
         return result.status == "OPTIMAL"
 
     def result(self, elapsed: float, unsettled: tuple[int, ...]) -> tuple[SolveResult, tuple[str, ...]]:

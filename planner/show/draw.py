@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 
 from planner.errors import SettingsError
-from planner.pipeline.timeline import PASSES, bubbles, makespan, simulate
+from planner.pipeline.timeline import PASSES, bubbles, makespan
 from planner.show.view import DIM_FAMILIES, MEMORY_PARTS, PlanView, dim_family, view_of
 
 WHAT = ("schedule", "memory", "sharding")
@@ -71,8 +71,7 @@ def draw_schedule(ax, view: PlanView) -> None:
     if not view.is_3d:
         return _draw_step(ax, view)
     schedule, stages, count = view.pipeline()
-    details = view.stages()
-    blocks = simulate(details, schedule, count, float(view.data.get("tied_sync_s", 0.0)))
+    blocks = view.timeline()
     chunks = 1 + max(b.chunk for b in blocks)
     row = lambda b: b.stage * chunks + b.chunk
     for kind in PASSES + ("sync",):

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from planner.pipeline.timeline import bubbles, makespan, simulate
+from planner.units import bytes_text
+from planner.pipeline.timeline import bubbles, makespan
 from planner.show.view import MEMORY_PARTS, PlanView
 
 
@@ -17,7 +18,7 @@ def schedule_table(view: PlanView) -> str:
         return "\n".join(lines)
     schedule, stages, count = view.pipeline()
     details = view.stages()
-    blocks = simulate(details, schedule, count, float(view.data.get("tied_sync_s", 0.0)))
+    blocks = view.timeline()
     idle = {k: 0.0 for k in range(stages)}
     for k, start, end in bubbles(blocks, stages):
         idle[k] += end - start
@@ -36,7 +37,7 @@ def schedule_table(view: PlanView) -> str:
 def memory_table(view: PlanView) -> str:
     per_stage = view.stage_memory()
     parts = [p for p in MEMORY_PARTS if any(dict(s).get(p) for s in per_stage)]
-    limit = "none" if view.memory_limit_bytes is None else f"{view.memory_limit_bytes / 2**30:.2f} GiB"
+    limit = "none" if view.memory_limit_bytes is None else bytes_text(view.memory_limit_bytes)
     lines = [f"memory per device (GiB), device limit {limit}",
              f"{'stage':>6s} " + " ".join(f"{p:>11s}" for p in parts) + f" {'total':>9s}"]
     for k, stage in enumerate(per_stage):

@@ -12,9 +12,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.errors import SettingsError
-from planner.pipeline.timeline import StageDetail
+from planner.pipeline.schedule import parse_schedule
+from planner.pipeline.timeline import StageDetail, simulate
 from planner.plans import check_plan_data, read_plan_file
 
+MAX_BLOCKS = 50_000  # blocks of one simulated iteration that show draws (the time grows with them)
 MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "working", "tied")
 # dim letters by family (README, Concepts): colours of the sharding map
 DIM_FAMILIES = (("batch", "b"), ("sequence", "st"), ("heads", "ag"), ("ffn", "f"), ("vocab", "v"),
@@ -76,6 +78,17 @@ class PlanView:
         pipe = self.field("pipeline", dict)
         return (self.field("schedule", str, pipe, "pipeline.schedule"), self.field("stages", int, pipe, "pipeline.stages"),
                 self.field("num_microbatches", int, pipe, "pipeline.num_microbatches"))
+
+    def timeline(self) -> tuple:
+        """The simulated iteration of a 3D plan (``planner.pipeline.timeline.simulate``), refused
+        when it has more blocks than ``MAX_BLOCKS``: drawing and simulating grow with them."""
+        schedule, stages, count = self.pipeline()
+        blocks = 2 * stages * count * parse_schedule(schedule)[1]
+        if blocks > MAX_BLOCKS:
+            raise SettingsError(f"--what: the schedule of {count} micro-batches on {stages} stages ({schedule}) "
+                                f"has {blocks:,} blocks, more than {MAX_BLOCKS:,} to draw; show --what memory or "
+                                "--what sharding")
+        return simulate(self.stages(), schedule, count, float(self.data.get("tied_sync_s", 0.0)))
 
     def comm_parts(self) -> tuple[tuple[str, float], ...]:
         """Communication seconds of a flat plan per 'kind axis' (per kind when the plan predates that field)."""

@@ -21,13 +21,16 @@ unsplittable (always replicated).
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import re
 
 import operator as pyop
 
 from planner.engines.torch_import.handlers import handle
 from planner.engines.torch_import import moe, sequence
-from planner.engines.torch_import.state import ImportState, TorchImportError
+from planner.engines.torch_import.state import ImportState, TorchImportError, failure
 from planner.ir.graph import Graph
 
 __all__ = ["TorchImportError", "import_module", "import_program"]
@@ -52,8 +55,26 @@ def import_module(module, example_inputs: tuple, *, name: str = "", allow_unknow
     except ImportError:
         raise TorchImportError("import: PyTorch is not installed (pip install -e '.[torch]')") from None
     module = module.eval()
-    program = torch.export.export(module, tuple(example_inputs), kwargs=kwargs or {})
+    try:
+        with _quiet_torch():
+            program = torch.export.export(module, tuple(example_inputs), kwargs=kwargs or {})
+    except Exception as exc:  # data-dependent control flow, a wrong input shape, an error in forward
+        raise TorchImportError(f"import: torch.export cannot trace {name or type(module).__name__} ({failure(exc)}); "
+                               "is there data-dependent control flow, a wrong example input shape or an error "
+                               "in forward?") from None
     return import_program(program, name or type(module).__name__.lower(), allow_unknown, loss)
+
+
+@contextlib.contextmanager
+def _quiet_torch():
+    """torch.export logs the tracebacks of a failed trace (fake tensors, guards) at ERROR level
+    before it raises; the one line the caller makes of the exception says it instead."""
+    logging.disable(logging.CRITICAL)  # torch's loggers have handlers of their own: all of them
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # and it prints the traced graph itself
+            yield
+    finally:
+        logging.disable(logging.NOTSET)
 
 
 def _layer(imp: ImportState, node) -> int | None:

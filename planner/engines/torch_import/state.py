@@ -82,3 +82,10 @@ class ImportState:
         out = "".join(next(pool) for _ in val.shape)
         sizes.update(zip(out, val.shape))
         self.add("opaque", node, ",".join(operands) + "->" + out, tensors, sizes, unsplittable="".join(sizes))
+
+
+def failure(exc: BaseException) -> str:
+    """An exception as one short line: its type and the first line of its message."""
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else ""
+    return f"{type(exc).__name__}: {text[:160]}" if text else type(exc).__name__

@@ -1,0 +1,162 @@
+"""The invariants of Hardening 3: what every command promises, one function each.
+
+Each function takes what a generated case produced (exit code, output, the files written) and
+raises ``AssertionError`` naming the broken promise. ``tests/test_fuzz.py`` checks them on
+generated graphs, meshes, profiles, option combinations and edited plans; each one is also run
+against a deliberately broken build there (a mutant), which it must catch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+from pathlib import Path
+
+from planner import api
+from planner.cli.main import main
+from planner.search.brute import brute_force
+
+BRUTE_LIMIT = 20_000  # strategy combinations enumerated by invariant 2
+TIME_WORDS = ("time limit",)
+SUB_SEARCHES = ("segment", "Pareto", "condition", "whole-graph", "relaxation", "sub-search")
+
+
+def cli(*argv: str) -> tuple[int, str, str]:
+    """The command line in this process: (exit code, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as exc:  # argparse refusals
+            code = int(exc.code or 0)
+    return code, out.getvalue(), err.getvalue()
+
+
+def refusal_is_one_line(code: int, err: str) -> None:
+    """Invariant 0: bad input exits 2 with one line on stderr that names what was wrong (an option
+    or a field), and never a traceback."""
+    assert "Traceback" not in err, err
+    if code == 2:
+        lines = err.strip().splitlines()
+        assert len(lines) == 1, f"a refusal of {len(lines)} lines: {err!r}"
+        assert "--" in lines[0] or "field" in lines[0] or "argument" in lines[0], lines[0]
+
+
+def recost_agrees(plan_path: Path, work: Path) -> None:
+    """Invariant 1: a plan the tool writes re-costs to the same objective, time and memory through
+    ``planner evaluate --plan`` (flat and 3D) and, for a flat plan, through the Python API."""
+    written = json.loads(plan_path.read_text())
+    again = work / "again.json"
+    code, _, err = cli("evaluate", "--plan", plan_path, "--json", again, "--no-timings", "-q")
+    assert code in (0, 3), f"evaluate --plan exited {code}: {err}"
+    fresh = json.loads(again.read_text())
+    keys = ("iteration_time_s", "max_memory_bytes") if "pipeline" in written else \
+        ("objective", "estimated_step_time_s", "memory_per_device_bytes", "fits_memory")
+    for key in keys:
+        assert fresh[key] == written[key], f"{key}: written {written[key]}, re-costed {fresh[key]}"
+    if "pipeline" in written:
+        return
+    source, settings = written["source"], written["settings"]
+    plan = api.evaluate(source["model"], written["mesh"], source.get("device", written["device"]),
+                        assignment={o["name"]: o["strategy"] for o in written["operators"]},
+                        batch=source.get("batch"), seq=source.get("seq"),
+                        memory=written["memory_limit_bytes"] or math.inf, settings=_settings(settings))
+    assert plan.objective == written["objective"], f"API re-costs {plan.objective}, written {written['objective']}"
+
+
+def _settings(recorded: dict):
+    from planner.cost.settings import TrainingSettings, parse_layer_modes
+    return TrainingSettings(recorded["dtype"], recorded["optimizer"], recorded["zero"], recorded["recompute"],
+                            recorded["overlap"], recorded["bucket_mb"] * 2**20, recorded["fp32_grads"],
+                            recorded["sequence_parallel"], parse_layer_modes(recorded["layer_recompute"]),
+                            parse_layer_modes(recorded["layer_zero"], "layer_zero"))
+
+
+def status_is_earned(written: dict, problem, memory_limit: float | None, heuristics: dict[str, dict]) -> None:
+    """Invariant 2: OPTIMAL equals brute force where the strategies can be enumerated, and is never
+    worse than a heuristic method's plan that fits; FEASIBLE carries a bound no greater than its
+    objective, and its printed gap is (objective - bound) / bound."""
+    status, objective, bound = written["status"], written["objective"], written["bound"]
+    if status == "OPTIMAL":
+        assert bound == objective, f"OPTIMAL with bound {bound} != objective {objective}"
+        combos = math.prod(len(t.strategies) for t in problem.ops)
+        if combos <= BRUTE_LIMIT and not problem.settings.layer_zero and not problem.settings.layer_recompute:
+            best = brute_force(problem, memory_limit)
+            assert best is not None and best[0] == objective, f"OPTIMAL {objective}, brute force {best}"
+        for method, other in heuristics.items():
+            if other.get("fits_memory") and other.get("objective") is not None:
+                assert objective <= other["objective"], f"OPTIMAL {objective} worse than {method} {other['objective']}"
+    if status == "FEASIBLE":
+        assert bound is not None and 0 <= bound <= objective, f"FEASIBLE bound {bound}, objective {objective}"
+        gap = 100.0 * (objective - bound) / max(1, bound)
+        assert written["gap_percent"] is not None and math.isclose(written["gap_percent"], gap, rel_tol=1e-9,
+                                                                  abs_tol=1e-9)
+
+
+def fits_are_true(code: int, written: dict | None, plan_path: Path) -> None:
+    """Invariant 3: a plan that says it fits is within its memory limit; an INFEASIBLE (or UNKNOWN)
+    result writes no plan file and no numbers (exit 3)."""
+    if code == 3:
+        assert not plan_path.exists(), "a failed search wrote a plan file"
+        return
+    if written is None or "pipeline" in written:
+        return
+    limit = written["memory_limit_bytes"]
+    if written["fits_memory"]:
+        assert limit is None or written["memory_per_device_bytes"] <= limit, \
+            f"says it fits: {written['memory_per_device_bytes']} > {limit}"
+    if written["status"] in ("INFEASIBLE", "UNKNOWN"):
+        assert written["objective"] is None and written["memory_per_device_bytes"] is None
+
+
+def notes_agree_with_status(written: dict) -> None:
+    """Invariant 5: an OPTIMAL run's notes mention a time limit only with the sub-search it stopped,
+    and every bound lies in [0, objective]."""
+    if written["status"] == "OPTIMAL":
+        for note in written.get("notes", ()):
+            if any(word in note for word in TIME_WORDS):
+                assert any(part in note for part in SUB_SEARCHES), f"OPTIMAL, yet the note says {note!r}"
+    if written.get("bound") is not None and written.get("objective") is not None:
+        assert 0 <= written["bound"] <= written["objective"], f"bound {written['bound']} outside [0, objective]"
+
+
+def same_bytes(argv: list[str], plan_path: Path, first: bytes, jobs: int | None = None) -> None:
+    """Invariant 6: the same input gives byte-identical ``--no-timings`` output across runs and
+    across ``--jobs`` values."""
+    plan_path.unlink()
+    again = argv + (["--jobs", str(jobs)] if jobs else [])
+    code, _, err = cli(*again)
+    assert code == 0, err
+    assert plan_path.read_bytes() == first, f"a second run{f' with --jobs {jobs}' if jobs else ''} wrote other bytes"
+
+
+def option_changes_result(base: dict | None, varied: dict | None, code: int, option: str,
+                          base_code: int = 0) -> None:
+    """Invariant 4: an option given at a value other than its default changes the result (a
+    number, a strategy, a per-layer choice, the limit it is checked against, or whether a plan
+    fits at all), or the run exits 2."""
+    if code == 2 or code != base_code:
+        return
+    assert base is not None and varied is not None, f"{option}: no plan to compare"
+    assert _figures(base) != _figures(varied), f"{option} was accepted and changed nothing"
+
+
+def _figures(plan: dict) -> tuple:
+    if "pipeline" in plan:
+        return (plan["iteration_time_s"], plan["max_memory_bytes"], plan["fits_memory"], plan["memory_limit_bytes"],
+                json.dumps(plan["pipeline"], sort_keys=True))
+    return (plan["fits_memory"], plan["memory_limit_bytes"], plan["objective"], plan["estimated_step_time_s"], plan["memory_per_device_bytes"],
+            json.dumps([o["strategy"] for o in plan["operators"]], sort_keys=True),
+            plan["settings"]["layer_recompute"], plan["settings"]["layer_zero"])
+
+
+def consumers_check_the_plan(edited: Path, commands: tuple[str, ...] = ("show",)) -> None:
+    """Invariant 7: ``show``, ``export``, ``verify``, ``run-torch`` and ``run-jax`` check a plan
+    against its model before using it: an edited figure or strategy is refused with exit 2."""
+    for command in commands:
+        argv = [command, "--plan", edited] + (["--text"] if command == "show" else [])
+        code, _, err = cli(*argv)
+        refusal_is_one_line(code, err)
+        assert code == 2, f"{command} used an edited plan (exit {code})"
