@@ -457,3 +457,19 @@ def test_graph_files_are_checked_not_coerced(tmp_path, edit, field):
     assert code == 0, err
     plan = json.loads((tmp_path / "p.json").read_text())
     assert next(o for o in plan["operators"] if o["name"] == "fc1")["strategy"] == {"gpu": None}
+
+
+@pytest.mark.slow
+def test_a_tied_model_whose_segments_time_out_gives_the_rest_to_the_whole_program():
+    """t5-3b with --time-limit 20 ended FEASIBLE 34% off: each tied-layout condition fell back to the
+    whole-graph program with the 0.2 s left of its share. The first condition's time-out now hands
+    the rest to one whole program of the tied problem (OPTIMAL, 110,279,979 ns on 2 cores)."""
+    code, out, err = _main("plan", "--model", "t5-3b", "--mesh", "8", "--time-limit", "20")
+    assert code == 0, err
+    assert "OPTIMAL" in out.splitlines()[0] and "solved as one whole-graph program" in out
+
+
+def test_a_3d_plan_that_fits_nowhere_gives_the_least_memory():
+    code, _, err = _main("plan", "--model", "gpt3-175b", "--mesh", "node=2,gpu=4", "--pipeline", "auto",
+                         "--batch", "8")
+    assert code == 3 and "per device, the limit is 74.51 GiB" in err and err.count("\n") == 1

@@ -127,15 +127,17 @@ def _to_units(value_s: float, unit_s: float) -> int:
     units = value_s / unit_s
     if not units < MAX_UNITS:  # also catches inf and NaN
         raise SettingsError(f"--seq/--batch: a cost of {value_s:.3g} s does not fit the integer objective "
-                            f"({unit_s:g} s units); the model or the profile is out of range (shrink --seq/--batch, "
-                            "check the profile's bandwidth and latency)")
+                            f"({unit_s:g} s units); the model or the profile is out of range (shrink the model's "
+                            "batch or sequence, or the shapes of its graph file; check the profile's bandwidth "
+                            "and latency)")
     return int(round(units))
 
 
 def _to_bytes(value: float) -> int:
     if not value < MAX_UNITS:
         raise SettingsError(f"--seq/--batch: {value:.3g} bytes per device do not fit the integer program; "
-                            "the model is out of range (shrink --seq/--batch)")
+                            "the model is out of range (shrink its batch or sequence, or the shapes of its "
+                            "graph file)")
     return int(round(value))
 
 

@@ -38,6 +38,7 @@ from planner.pipeline.schedule import Evaluator, LayerChain, PipelinePlan, parse
 from planner.pipeline.timeline import StageDetail, stage_details
 from planner.pipeline.search import METHODS, given_cuts, stage_breakdown
 from planner.cost.problem import Problem, build_problem
+from planner.units import bytes_text
 from planner.cost.strategy import Strategy
 
 STAGE_FIELDS = ("first_layer", "end_layer", "forward_s", "backward_s", "recompute_s", "forward_comm_s",
@@ -174,8 +175,11 @@ def plan_pipeline(load: Callable[[int], Graph], mesh: Mesh, profile: MachineProf
     if best is None and first is not None and not fit_required:
         best = first
     if best is None:
+        least = min((row["max_memory_bytes"] for row in rows), default=None)
+        need = f"the least of any candidate needs {bytes_text(least)} per device, the limit is " \
+               f"{bytes_text(memory_limit)}; " if least is not None and memory_limit is not None else ""
         raise InfeasibleError("--memory: no pipeline degree, micro-batch count or memory-saving variant fits; "
-                              "add devices or raise the memory limit")
+                              f"{need}add devices or raise the memory limit")
     return replace(best, candidates=tuple(rows), search_time_s=time.perf_counter() - start)
 
 

@@ -111,8 +111,30 @@ def solve_tied(problem: Problem, memory_limit: float | None, time_limit_s: float
             share = left / 2 if sweep == 0 and n == 0 else left / (len(pending) - n)
             if not search.attempt(k, max(share, 1e-3), solve_untied):
                 left_over.append(k)
+            if sweep == 0 and n == 0 and any(WHOLE_FALLBACK in note for note in search.notes.get(k, ())):
+                # the segments of a condition cannot be reduced in time: no other condition's can be
+                # either, so the whole tied program (the ties as pairwise terms) gets the rest
+                return _whole_rest(problem, memory_limit, time_limit_s, seed, start, search, whole)
         pending = left_over
     return search.result(time.perf_counter() - start, tuple(pending))
+
+
+WHOLE_FALLBACK = "solved as one whole-graph program"
+
+
+def _whole_rest(problem: Problem, memory_limit: float | None, time_limit_s: float, seed: int, start: float,
+                search: "_Conditions", whole) -> tuple[SolveResult, tuple[str, ...]]:
+    """The tied problem as one program in the time left, its hint the first condition's plan."""
+    left = max(1e-3, time_limit_s - (time.perf_counter() - start))
+    result, said = (whole or _plain)(problem, memory_limit, left, seed)
+    first = search.best
+    if result.choice is None or (first is not None and first.objective < result.objective):
+        if first is not None:
+            result = replace(first, status="FEASIBLE", bound=min(first.objective, result.bound or 0),
+                             search_time_s=time.perf_counter() - start)
+    note = (f"the first tied-layout condition's segments ran out of time: the tied problem was solved as one "
+            f"whole-graph program in the {left:.1f} s left",)
+    return replace(result, search_time_s=time.perf_counter() - start), note + tuple(said)
 
 
 def _plain(problem: Problem, memory_limit: float | None, time_limit_s: float, seed: int):
