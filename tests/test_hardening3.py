@@ -473,3 +473,45 @@ def test_a_3d_plan_that_fits_nowhere_gives_the_least_memory():
     code, _, err = _main("plan", "--model", "gpt3-175b", "--mesh", "node=2,gpu=4", "--pipeline", "auto",
                          "--batch", "8")
     assert code == 3 and "per device, the limit is 74.51 GiB" in err and err.count("\n") == 1
+
+
+# ---------------------------------------------------------------- defects the fuzz suite found
+
+
+def test_fuzz_found_a_profile_file_that_the_plan_did_not_record(tmp_path):
+    """Minimal input: `plan --device custom.json --json p.json`, then `evaluate --plan p.json`: the
+    plan recorded the profile's name ("custom"), not its file, and evaluate exited 2."""
+    import json
+    profile = tmp_path / "custom.json"
+    profile.write_text(json.dumps({"name": "custom", "peak_flops": 1e12, "memory_bytes": 1e9,
+                                   "intra_node_bandwidth": 1e9, "inter_node_bandwidth": 1e9, "gpus_per_node": 2}))
+    plan = tmp_path / "p.json"
+    assert _main("plan", "--model", "mlp", "--mesh", "4", "--device", str(profile), "--json", str(plan), "-q")[0] == 0
+    code, out, err = _main("evaluate", "--plan", str(plan))
+    assert code == 0, err
+    assert json.loads(plan.read_text())["source"]["device"] == str(profile)
+
+
+def test_fuzz_found_a_plan_of_a_graph_without_one_batch_size(tmp_path):
+    """Minimal input: a graph whose batch dim 'b' has two sizes (x[2,4] transposed into [4,2]):
+    `plan` wrote a plan that `evaluate --plan` refused ("field 'batch_dim' has different sizes"),
+    since evaluate asked for the batch size, which a given plan does not need."""
+    import json
+    from planner.ir.graph_json import graph_to_dict
+    from planner.ir.ops import GraphBuilder
+    gb = GraphBuilder("two-batches")
+    x = gb.data("x", (2, 4))
+    t = gb.op("transpose", "t", "bk->kb", [x])
+    gb.op("matmul", "mm", "bk,kn->bn", [t, gb.param("w", (2, 4))])
+    graph, plan = tmp_path / "g.json", tmp_path / "p.json"
+    graph.write_text(json.dumps(graph_to_dict(gb.build())))
+    assert _main("plan", "--model", str(graph), "--mesh", "2", "--json", str(plan), "-q")[0] == 0
+    assert _main("evaluate", "--plan", str(plan), "-q")[0] == 0
+
+
+def test_fuzz_found_fp32_grads_that_change_nothing_under_fp32():
+    """Minimal input: `evaluate ... --dtype fp32 --fp32-grads`: accepted, and every figure equal to
+    the run without --fp32-grads (gradients are fp32 already). Refused now."""
+    code, _, err = _main("evaluate", "--model", TINY, "--batch", "8", "--tp", "2", "--dp", "2", "--dtype", "fp32",
+                         "--fp32-grads")
+    assert code == 2 and "--fp32-grads" in err

@@ -80,6 +80,7 @@ def _export_pipelining(args: argparse.Namespace, data: dict) -> int:
     from planner.engines.torch_pipelining import pipelining_plan
     from planner.outputs import write_text
     spec, loss = _torch_module(args, data)
+    check_recorded(data, recost(args, data, args.plan).to_dict(timings=False), args.plan)
     pipe, source = data["pipeline"], data.get("source") or {}
     micro = api.model_loader(args.model or source.get("model"), args.seq or source.get("seq"))(int(pipe["micro_batch"]))
     title = f"{pipe['stages']} stages of {pipe['stage_mesh']}, {pipe['num_microbatches']} micro-batches, from {args.plan}"
