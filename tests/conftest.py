@@ -19,4 +19,4 @@ def reference_dir():
 
 def pytest_addoption(parser):
     parser.addoption("--fuzz-scale", type=int, default=1,
-                     help="multiply the generated cases of tests/test_fuzz.py (default 1: about 200; CI: 10)")
+                     help="multiply the generated cases of tests/test_fuzz.py (default 1: about 300; CI: 10)")

@@ -5,7 +5,7 @@ Generated (Hypothesis, fixed seeds): graph JSONs (random einsum operators and sh
 odd names), meshes, device profiles, training settings and option combinations of ``plan`` and
 ``evaluate`` (pairs and triples), and plan JSONs derived from real plans by small edits. Each case
 either exits 2 with one line naming the field, or satisfies every invariant. The default run draws
-about 200 cases (``--fuzz-scale 1``); ``.ci/run`` passes ``--fuzz-scale 10`` (about 2,000).
+about 300 cases (``--fuzz-scale 1``); ``.ci/run`` passes ``--fuzz-scale 10`` (about 3,000).
 """
 
 from __future__ import annotations
@@ -208,3 +208,84 @@ def test_exact_plans_equal_brute_force_and_beat_every_heuristic(request):
     sharded: list[bool] = []
     check()
     assert sum(sharded) >= 0.6 * len(sharded), f"only {sum(sharded)} of {len(sharded)} optima split an operator"
+
+
+GPT_TINY = "gpt:layers=4,hidden=64,heads=4,seq=16,vocab=128"
+
+
+@st.composite
+def pipeline_cases(draw):
+    """`planner pipeline` (or `plan --pipeline auto`) with a drawn pair or triple of its options."""
+    command = draw(st.sampled_from((["pipeline"], ["plan", "--pipeline", "auto"])))
+    argv = [*command, "--model", GPT_TINY, "--batch", "8", "--mesh", draw(st.sampled_from(("node=2,gpu=2", "4", "2x2")))]
+    choices = {"--schedule": ("gpipe", "1f1b", "interleaved:2"), "--pp": ("1", "2", "4"),
+               "--num-microbatches": ("1", "2", "4", "3"), "--pipeline-method": ("csimd", "exact", "even", "brute"),
+               "--cuts": ("2", "1,3"), "--zero": ("1", "3"), "--recompute": ("full",), "--memory": ("30MB", "none"),
+               "--dtype": ("fp32",)}
+    for option in sorted(draw(st.sets(st.sampled_from(sorted(choices)), min_size=2, max_size=3))):
+        argv += [option, draw(st.sampled_from(choices[option]))]
+    return argv
+
+
+def test_pipeline_options_in_combination_keep_the_invariants(request):
+    """Invariants 0, 1, 3 and 6 on about 15 pipeline option pairs and triples (x --fuzz-scale):
+    refused in one line, or a 3D plan that re-costs to its iteration time, fits when it says so
+    and is written byte for byte again."""
+
+    @settings(max_examples=budget(request, 15), deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(pipeline_cases())
+    def check(argv):
+        with tempfile.TemporaryDirectory() as tmp:
+            work = Path(tmp)
+            path = work / "p.json"
+            argv = argv + ["--json", str(path), "--no-timings", "-q"]
+            code, _, err = inv.cli(*argv)
+            inv.refusal_is_one_line(code, err)
+            assert code in (0, 2, 3), (code, err)
+            if code == 3:
+                assert not path.exists()
+            if code != 0:
+                return
+            written = json.loads(path.read_text())
+            assert written["fits_memory"] is False or written["memory_limit_bytes"] is None or \
+                written["max_memory_bytes"] <= written["memory_limit_bytes"]
+            inv.recost_agrees(path, work)
+            inv.same_bytes(argv, path, path.read_bytes())
+    check()
+
+
+def test_compare_rows_keep_the_invariants(request):
+    """Invariants 0, 2 and 3 on about 20 `planner compare` runs (x --fuzz-scale) of generated graphs
+    with a drawn method list and settings: the exact row is never worse than a heuristic row that
+    fits, a FEASIBLE row's gap is what it prints, a failed row carries no numbers."""
+
+    @settings(max_examples=budget(request, 20), deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(plan_cases(), st.sets(st.sampled_from(METHODS[1:]), min_size=1, max_size=3))
+    def check(case, methods):
+        graph, profile, argv = case
+        if "--method" in argv:
+            i = argv.index("--method")
+            argv = argv[:i] + argv[i + 2:]
+        with tempfile.TemporaryDirectory() as tmp:
+            work = Path(tmp)
+            (work / "g.json").write_text(json.dumps(graph))
+            if profile is not None:
+                (work / "custom.json").write_text(json.dumps(profile))
+                argv = [str(work / "custom.json") if a == "custom" else a for a in argv]
+            code, _, err = inv.cli("compare", "--model", str(work / "g.json"), *argv, "--methods",
+                                   ",".join(["exact", *sorted(methods)]), "--json", str(work / "c.json"),
+                                   "--no-timings", "-q", "--time-limit", "20")
+            inv.refusal_is_one_line(code, err)
+            assert code in (0, 2), (code, err)
+            if code:
+                return
+            rows = {r["method"]: r for r in json.loads((work / "c.json").read_text())["rows"]}
+            exact = rows["exact"]
+            for method, row in rows.items():
+                if row["status"] in ("INFEASIBLE", "UNKNOWN"):
+                    assert row["objective"] is None and row["memory_per_device_bytes"] is None, row
+                elif exact["status"] == "OPTIMAL" and row["fits_memory"]:
+                    assert exact["objective"] <= row["objective"], (method, row["objective"], exact["objective"])
+    check()

@@ -515,3 +515,11 @@ def test_fuzz_found_fp32_grads_that_change_nothing_under_fp32():
     code, _, err = _main("evaluate", "--model", TINY, "--batch", "8", "--tp", "2", "--dp", "2", "--dtype", "fp32",
                          "--fp32-grads")
     assert code == 2 and "--fp32-grads" in err
+
+
+def test_fuzz_found_a_cuts_refusal_that_named_no_option():
+    """Minimal input: `planner pipeline --model GPT --mesh node=2,gpu=2 --cuts 2 --pp 1`: exit 2 with
+    "cuts: [2] are not 0 increasing layer indices", naming neither --cuts nor a field."""
+    code, _, err = _main("pipeline", "--model", TINY, "--batch", "8", "--mesh", "node=2,gpu=2", "--cuts", "2",
+                         "--pp", "1")
+    assert code == 2 and err.startswith("planner: error: --cuts:") and err.count("\n") == 1

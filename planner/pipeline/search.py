@@ -260,7 +260,8 @@ def given_cuts(chain: LayerChain, stages: int, schedule: str, memory_limit: floa
     ev = Evaluator(chain, stages, schedule, memory_limit)
     cuts = tuple(int(c) for c in cuts)
     if len(cuts) != stages - 1 or list(cuts) != sorted(set(cuts)) or (cuts and not 0 < cuts[0] <= cuts[-1] < chain.num_layers):
-        raise SettingsError(f"cuts: {list(cuts)} are not {stages - 1} increasing layer indices in 1..{chain.num_layers - 1}")
+        raise SettingsError(f"--cuts: {list(cuts)} are not {stages - 1} increasing layer indices in "
+                            f"1..{chain.num_layers - 1} (one per stage boundary of {stages} stages)")
     bounds = (0, *cuts, chain.num_layers)
     thinnest = min(bounds[k + 1] - bounds[k] for k in range(stages))
     if thinnest < ev.chunks:

@@ -264,11 +264,12 @@ def recost(load: Callable[[int], Graph], mesh: Mesh, profile: MachineProfile, ba
     """Cost a fixed 3D plan (a plan JSON read back): same chain and evaluator as the search."""
     parse_schedule(schedule)  # a malformed schedule is refused before the model is built
     if batch % num_microbatches:
-        raise SettingsError(f"num_microbatches: {num_microbatches} does not divide the batch {batch}")
+        raise SettingsError(f"--num-microbatches: {num_microbatches} does not divide the batch {batch}")
     sub = stage_mesh(mesh, stages)
     graph = load(batch // num_microbatches)
     if not plan_valid(graph, sub, strategies):
-        raise SettingsError(f"operators: the stage plan does not divide the micro-batch of {batch // num_microbatches}")
+        raise SettingsError(f"--plan: field 'operators': the stage plan does not divide the micro-batch of "
+                            f"{batch // num_microbatches}")
     chain = model_chain(load, batch, [num_microbatches], sub, profile, settings, strategies, mesh.axes[0])
     pipe = given_cuts(chain, stages, schedule, memory_limit, cuts)
     return assemble(graph, mesh, sub, profile, settings, chain, pipe, strategies, "GIVEN", memory_limit, intra_method)

@@ -32,18 +32,14 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import numpy as np
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # at run time imported where a program is built: ortools (and the pandas it
-    from ortools.sat.python import cp_model  # loads) cost every command ~0.5 s that never solves one
+from ortools.sat.python import cp_model
 
 from planner.signals import run_interruptible
 from planner.units import bytes_text
 from planner.cost.problem import Problem
 
-def _cp_model():
-    from ortools.sat.python import cp_model
-    return cp_model
+STATUS_NAMES = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE", cp_model.INFEASIBLE: "INFEASIBLE",
+                cp_model.UNKNOWN: "UNKNOWN", cp_model.MODEL_INVALID: "MODEL_INVALID"}
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -82,7 +78,6 @@ def build_model(problem: Problem, memory_limit: float | None = None,
     """Build the program. ``allowed`` restricts some operators to a subset of their strategies.
 
     Raises ``BuildTimeout`` once ``time.perf_counter()`` passes ``deadline`` (checked per edge)."""
-    cp_model = _cp_model()
     model = cp_model.CpModel()
     x = _add_exactly_one(model, problem, allowed or {})
     objective: dict[int, int] = {}  # variable index -> cost coefficient
@@ -127,7 +122,6 @@ def _layout_sums(row: Mapping[int, cp_model.IntVar], index: np.ndarray) -> dict[
 
 def _add_marginals(model: cp_model.CpModel, problem: Problem, x, objective: dict[int, int],
                    deadline: float) -> list[dict]:
-    cp_model = _cp_model()
     y_maps = []
     for e_idx, edge in enumerate(problem.all_edges):
         if time.perf_counter() > deadline:
@@ -288,7 +282,6 @@ def solve(problem: Problem, memory_limit: float | None = None, time_limit_s: flo
         for row, s in zip(built.x, start_hint):
             for k, var in row.items():
                 built.model.add_hint(var, k == s)
-    cp_model = _cp_model()
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.01, deadline - time.perf_counter())
     solver.parameters.random_seed = int(seed)
@@ -298,8 +291,7 @@ def solve(problem: Problem, memory_limit: float | None = None, time_limit_s: flo
     solver.parameters.linearization_level = 2
     solver.parameters.catch_sigint_signal = False  # Ctrl-C must interrupt, not end the search as a result
     code = run_interruptible(lambda: solver.solve(built.model), solver.stop_search)
-    status = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE", cp_model.INFEASIBLE: "INFEASIBLE",
-              cp_model.MODEL_INVALID: "MODEL_INVALID"}.get(code, "UNKNOWN")
+    status = STATUS_NAMES.get(code, "UNKNOWN")
     elapsed = time.perf_counter() - start
     bound = max(separable_bound(problem), lower_bound or 0)
     if code == cp_model.UNKNOWN and start_hint is not None:
