@@ -237,7 +237,11 @@ def _solve_untied(problem: Problem, memory_limit: float | None, time_limit_s: fl
         # no limit: one no plan can reach (finite, so that prices times memory stay numbers)
         limit = memory_limit if memory_limit is not None else 1.0 + max(
             sum(int(t.memory.max()) for t in p.ops) for p in (problem, *options.variants))
-        found, why, proven_bound = _pareto(problem, segments, limit, start + PARETO_SHARE * (deadline - start),
+        # beside a plan in hand (another tied condition's) the master settles a condition (proves it
+        # dominated) sooner than the Lagrangian path; with per-layer choices a cut master's bound is
+        # kept and the condition retried in the second sweep, which is faster there (measured)
+        share = 1.0 if incumbent is not None and not options.variants else PARETO_SHARE
+        found, why, proven_bound = _pareto(problem, segments, limit, start + share * (deadline - start),
                                            options, memo and memo["fronts"], incumbent)
         if why.startswith("dominated"):  # no plan here beats another condition's (planner.search.ties)
             return SolveResult("DOMINATED", None, incumbent, None, time.perf_counter() - start, 0, why), notes + (why,)
@@ -251,7 +255,7 @@ def _solve_untied(problem: Problem, memory_limit: float | None, time_limit_s: fl
             why += "; choices per layer need the Pareto master: every layer runs without recompute at ZeRO stage 0"
         # its bound is the restricted problem's when layer choices exist: no proof against an incumbent then
         return _lagrangian(problem, segments, memory_limit, deadline, seed, workers, start, notes + (why,), step_s,
-                           None if options.variants else incumbent)
+                           None if options.variants else incumbent, None if options.variants else proven_bound)
 
 
 def _from_pareto(problem: Problem, segments: Sequence[Segment], options: "LayerOptions",
@@ -297,10 +301,12 @@ def _pareto(problem: Problem, segments: Sequence[Segment], memory_limit: float, 
 
 def _lagrangian(problem: Problem, segments: Sequence[Segment], memory_limit: float, deadline: float, seed: int,
                 workers: Workers, start: float, notes: tuple[str, ...],
-                first_step_s: float = 0.0, incumbent: int | None = None) -> tuple[SolveResult, tuple[str, ...]]:
+                first_step_s: float = 0.0, incumbent: int | None = None,
+                proven: int | None = None) -> tuple[SolveResult, tuple[str, ...]]:
+    """``proven``: a bound the cut Pareto master proved (the Lagrangian bound of its tables)."""
     costs, mems = [t.cost.astype(np.float64) for t in problem.ops], [t.memory.astype(np.float64) for t in problem.ops]
     best: tuple[int, tuple[int, ...]] | None = None
-    bound, seen = -math.inf, [set() for _ in problem.ops]
+    bound, seen = (-math.inf if proven is None else float(proven)), [set() for _ in problem.ops]
     step_s = [first_step_s]  # the longest price step so far: no step is started that cannot end by the deadline
 
     def at(lam: float) -> bool:
