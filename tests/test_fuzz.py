@@ -22,6 +22,7 @@ import fuzz_invariants as inv
 from planner import api
 from planner.cost.settings import TrainingSettings
 from planner.ir.graph_json import graph_to_dict
+from planner.zoo import load_model
 from strategies_gen import COMPUTE_BOUND, graphs
 
 MESHES = ("2", "4", "2x2", "node=2,gpu=2", "8", "2x4")
@@ -35,6 +36,12 @@ def budget(request, base: int) -> int:
     return base * int(request.config.getoption("--fuzz-scale"))
 
 
+def fuzzed(request, base: int):
+    """Hypothesis settings of this suite: ``base`` x --fuzz-scale cases, fixed seeds, no database."""
+    return settings(max_examples=budget(request, base), deadline=None, derandomize=True, database=None,
+                    suppress_health_check=list(HealthCheck))
+
+
 def _profile(draw) -> dict:
     return {"name": "custom", "peak_flops": draw(st.sampled_from((1e9, 1e12, 312e12))),
             "memory_bytes": draw(st.sampled_from((1e6, 1e9, 80e9))),
@@ -46,9 +53,15 @@ def _profile(draw) -> dict:
 
 @st.composite
 def plan_cases(draw):
-    """A graph JSON (random operators, its op names made odd), a mesh, a device, settings and a
-    method: the argv of ``planner plan`` and the files it needs."""
-    graph = graph_to_dict(draw(graphs(min_ops=2, max_ops=6)))
+    """A graph JSON (random operators, its op names made odd; or, one case in four, a small GPT with
+    repeated layers and a tied embedding), a mesh, a device, settings and a method: the argv of
+    ``planner plan`` and the files it needs."""
+    if draw(st.integers(0, 3)) == 0:
+        layers, hidden = draw(st.integers(1, 3)), draw(st.sampled_from((16, 32)))
+        spec = f"gpt:layers={layers},hidden={hidden},heads=2,seq=8,vocab={draw(st.sampled_from((32, 64)))}"
+        graph = graph_to_dict(load_model(spec, draw(st.sampled_from((2, 4, 8)))))
+    else:
+        graph = graph_to_dict(draw(graphs(min_ops=2, max_ops=6)))
     if draw(st.booleans()):
         names = draw(st.lists(ODD, min_size=len(graph["operators"]), max_size=len(graph["operators"]), unique=True))
         for op, name in zip(graph["operators"], names):
@@ -81,8 +94,7 @@ def _run_plan(case, work: Path):
 def test_plan_on_generated_graphs_keeps_every_invariant(request):
     """Invariants 0-3, 5 and 6 on about 120 generated `planner plan` cases (x --fuzz-scale)."""
 
-    @settings(max_examples=budget(request, 120), deadline=None, derandomize=True, database=None,
-              suppress_health_check=list(HealthCheck))
+    @fuzzed(request, 120)
     @given(plan_cases())
     def check(case):
         with tempfile.TemporaryDirectory() as tmp:
@@ -131,8 +143,7 @@ def test_edited_plans_are_refused_by_their_consumers(request):
     """Invariant 7 on about 60 plans (x --fuzz-scale): a real plan with one small edit is refused
     by `show` and `export` (one line, exit 2), never drawn or exported."""
 
-    @settings(max_examples=budget(request, 60), deadline=None, derandomize=True, database=None,
-              suppress_health_check=list(HealthCheck))
+    @fuzzed(request, 60)
     @given(plan_cases(), st.sampled_from(sorted(EDITS)))
     def check(case, edit):
         with tempfile.TemporaryDirectory() as tmp:
@@ -159,8 +170,7 @@ def test_every_option_given_changes_the_result_or_is_refused(request):
     """Invariant 4 on about 40 option pairs and triples (x --fuzz-scale): each option at a non-default
     value, added to the others, changes a figure of the result, or the run exits 2."""
 
-    @settings(max_examples=budget(request, 40), deadline=None, derandomize=True, database=None,
-              suppress_health_check=list(HealthCheck))
+    @fuzzed(request, 40)
     @given(st.lists(st.sampled_from(sorted(EFFECTS)), min_size=2, max_size=3, unique=True), st.data())
     def check(options, data):
         chosen = [(o, data.draw(st.sampled_from(EFFECTS[o]))) for o in options]
@@ -188,8 +198,7 @@ def test_exact_plans_equal_brute_force_and_beat_every_heuristic(request):
     """Invariant 2 where it is sharpest: about 40 generated graphs under a binding limit or none,
     the exact plan against brute force and against every heuristic method's fitting plan."""
 
-    @settings(max_examples=budget(request, 40), deadline=None, derandomize=True, database=None,
-              suppress_health_check=list(HealthCheck))
+    @fuzzed(request, 40)
     @given(graphs(min_ops=2, max_ops=5), st.sampled_from(("4", "2x2")), st.sampled_from((None, 0.6, 0.9)))
     def check(graph, mesh, tight):
         # compute costs time here, so the optima split something (on a100-80g these tiny graphs
@@ -232,8 +241,7 @@ def test_pipeline_options_in_combination_keep_the_invariants(request):
     refused in one line, or a 3D plan that re-costs to its iteration time, fits when it says so
     and is written byte for byte again."""
 
-    @settings(max_examples=budget(request, 15), deadline=None, derandomize=True, database=None,
-              suppress_health_check=list(HealthCheck))
+    @fuzzed(request, 15)
     @given(pipeline_cases())
     def check(argv):
         with tempfile.TemporaryDirectory() as tmp:
@@ -260,8 +268,7 @@ def test_compare_rows_keep_the_invariants(request):
     with a drawn method list and settings: the exact row is never worse than a heuristic row that
     fits, a FEASIBLE row's gap is what it prints, a failed row carries no numbers."""
 
-    @settings(max_examples=budget(request, 20), deadline=None, derandomize=True, database=None,
-              suppress_health_check=list(HealthCheck))
+    @fuzzed(request, 20)
     @given(plan_cases(), st.sets(st.sampled_from(METHODS[1:]), min_size=1, max_size=3))
     def check(case, methods):
         graph, profile, argv = case
