@@ -118,8 +118,8 @@ def test_a_plan_file_that_differs_between_runs_is_caught(tmp_path, monkeypatch):
 
 def test_a_consumer_that_trusts_an_edited_plan_is_caught(tmp_path, monkeypatch):
     """Mutant: `show` no longer checks the recorded figures against the re-costed plan."""
-    from planner.cli import commands
-    monkeypatch.setattr(commands, "check_recorded", lambda *a, **k: None)
+    from planner.cli import recost
+    monkeypatch.setattr(recost, "check_recorded", lambda *a, **k: None)
     _, path = _plan(tmp_path)
     data = json.loads(path.read_text())
     data["estimated_step_time_s"] *= 2

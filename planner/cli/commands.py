@@ -13,8 +13,8 @@ from planner.errors import SettingsError
 from planner.cluster.mesh import parse_mesh
 from planner.cluster.profiles import SYMBOLIC
 from planner.outputs import write_bytes, write_csv, write_json
-from planner.plans import Plan, check_recorded
-from planner.cli.recost import recost, settings_from_args as _settings
+from planner.plans import Plan
+from planner.cli.recost import checked, recost, settings_from_args as _settings
 from planner.cli.engines import cmd_export, cmd_import_torch, cmd_run_jax, cmd_run_torch, cmd_verify
 from planner.cli.report import emit as _emit, format_3d, format_plan, summary_3d
 from planner.cli.parser import (DEGREE_OPTIONS, EXIT_INFEASIBLE, EXIT_NOT_OPTIMAL,
@@ -194,8 +194,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     from planner.show import tables, view
     data = api.read_plan_file(args.plan)
-    again = recost(args, data, args.plan).to_dict(timings=False)
-    check_recorded(data, again, args.plan)  # a hand-edited number or strategy is refused, not drawn
+    _, again = checked(args, data, args.plan)  # a hand-edited number or strategy is refused, not drawn
     kept = {k: data[k] for k in ("source", "search_time_s") if k in data}
     shown = view.view_of({**again, **kept}, args.plan)
     what = ("schedule", "memory", "sharding") if args.what == "all" else (args.what,)

@@ -14,8 +14,7 @@ from planner.errors import SettingsError
 from planner.outputs import write_json
 from planner.cli.report import emit as _emit
 from planner.cli.parser import EXIT_MISMATCH, EXIT_OK
-from planner.cli.recost import recost
-from planner.plans import check_recorded
+from planner.cli.recost import checked
 
 
 def cmd_import_torch(args: argparse.Namespace) -> int:
@@ -80,7 +79,7 @@ def _export_pipelining(args: argparse.Namespace, data: dict) -> int:
     from planner.engines.torch_pipelining import pipelining_plan
     from planner.outputs import write_text
     spec, loss = _torch_module(args, data)
-    check_recorded(data, recost(args, data, args.plan).to_dict(timings=False), args.plan)
+    checked(args, data, args.plan)
     pipe, source = data["pipeline"], data.get("source") or {}
     micro = api.model_loader(args.model or source.get("model"), args.seq or source.get("seq"))(int(pipe["micro_batch"]))
     title = f"{pipe['stages']} stages of {pipe['stage_mesh']}, {pipe['num_microbatches']} micro-batches, from {args.plan}"
@@ -213,9 +212,8 @@ def _train_3d(args: argparse.Namespace, data: dict, train, count_given: int | No
     if str(data["pipeline"].get("schedule", "")).startswith("interleaved"):
         raise SettingsError(f"--plan: {command} runs GPipe / 1F1B stages; interleaved chunks are not run yet")
     # the plan as evaluate re-costs it: its cuts, micro-batches and strategies checked on the model
-    plan = recost(args, data, args.plan)
-    check_recorded(data, plan.to_dict(timings=False), args.plan)
-    pipe = plan.to_dict(timings=False)["pipeline"]
+    plan, again = checked(args, data, args.plan)
+    pipe = again["pipeline"]
     count, micro_batch = pipe["num_microbatches"], pipe["micro_batch"]
     stage_shape = tuple(int(part.split("=")[1]) for part in pipe["stage_mesh"].split(","))
     nproc = int(pipe["stages"]) * math.prod(stage_shape)
@@ -282,6 +280,6 @@ def _load_checked(args: argparse.Namespace):
     from planner.plans import read_plan_file
     data = read_plan_file(args.plan)
     if "pipeline" not in data:
-        check_recorded(data, recost(args, data, args.plan).to_dict(timings=False), args.plan)
+        checked(args, data, args.plan)
     return api.load_plan(args.plan, args.model, args.batch, args.seq)
 

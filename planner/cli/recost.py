@@ -9,6 +9,7 @@ from planner import api
 from planner.cluster.profiles import DEFAULT_HARDWARE_CSV
 from planner.cost.settings import AUTO, TrainingSettings, parse_layer_modes
 from planner.errors import SettingsError
+from planner.plans import check_recorded
 from planner.cli.parser import SETTINGS_DEFAULTS
 
 
@@ -60,3 +61,11 @@ def _source_int(source: dict, key: str, path: str) -> int | None:
     return value
 
 
+def checked(args: argparse.Namespace, data: dict, path: str) -> tuple:
+    """The plan re-costed on its model (``recost``) and its dict, after the figures the file records
+    were checked against it (``planner.plans.check_recorded``): what every consumer of a plan file
+    (show, export, verify, run-torch, run-jax) uses, so an edited or foreign file is refused."""
+    plan = recost(args, data, path)
+    again = plan.to_dict(timings=False)
+    check_recorded(data, again, path)
+    return plan, again
