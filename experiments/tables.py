@@ -1,6 +1,6 @@
 """Print the README's markdown tables from the CSVs under results/ (nothing is recomputed).
 
-    python -m experiments.tables [--readme README.md]
+    python -m experiments.tables [--readme README.md docs/*.md]
 """
 
 from __future__ import annotations
@@ -211,12 +211,14 @@ def fill(readme: str, base: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--results", default="results")
-    parser.add_argument("--readme", help="rewrite the marked tables of this README in place")
+    parser.add_argument("--readme", nargs="+", metavar="FILE",
+                        help="rewrite the marked tables of these markdown files in place (README.md docs/*.md)")
     args = parser.parse_args(argv)
     base = Path(args.results)
     if args.readme:
         from planner.outputs import write_text
-        write_text(args.readme, fill(Path(args.readme).read_text(), base))
+        for path in args.readme:
+            write_text(path, fill(Path(path).read_text(), base))
         return 0
     for marker, fn, name in TABLES:
         if (base / name).is_file():

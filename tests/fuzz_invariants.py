@@ -62,7 +62,8 @@ def recost_agrees(plan_path: Path, work: Path) -> None:
     plan = api.evaluate(source["model"], written["mesh"], source.get("device", written["device"]),
                         assignment={o["name"]: o["strategy"] for o in written["operators"]},
                         batch=source.get("batch"), seq=source.get("seq"),
-                        memory=written["memory_limit_bytes"] or math.inf, settings=_settings(settings))
+                        memory=written["memory_limit_bytes"] or math.inf, settings=_settings(settings),
+                        hardware_csv=source.get("hardware"))
     assert plan.objective == written["objective"], f"API re-costs {plan.objective}, written {written['objective']}"
 
 

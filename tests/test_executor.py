@@ -24,6 +24,7 @@ SMALL = {
 }
 
 
+@pytest.mark.slow  # 12-26 s on 2 cores: the default run keeps a faster test of the same path
 def test_interpreter_numpy_matches_jax():
     jnp = pytest.importorskip("jax.numpy")
     import jax

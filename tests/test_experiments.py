@@ -63,6 +63,7 @@ def _rows(path: Path) -> int:
     return len(pd.read_csv(path)) if path.exists() else 0
 
 
+@pytest.mark.slow  # 12-26 s on 2 cores: the default run keeps a faster test of the same path
 def test_killed_experiment_leaves_a_complete_csv_and_resumes(tmp_path):
     out = tmp_path / "pipe.csv"
     cmd = [sys.executable, "-m", "experiments.pipeline", "--instances", "40", "--big", "", "--zoo", "", "--no-plot", "--out", str(out)]

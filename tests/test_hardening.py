@@ -40,6 +40,7 @@ def test_signal_during_a_solve_stops_at_once_and_writes_nothing(tmp_path, sig, c
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
 
 
+@pytest.mark.slow  # 12-26 s on 2 cores: the default run keeps a faster test of the same path
 def test_interrupted_experiment_row_is_not_recorded_and_resume_reruns_it(tmp_path):
     out = tmp_path / "evh.csv"
     out.write_text("committed,rows\n1,2\n")  # a finished earlier run: an interrupted one leaves it as it was

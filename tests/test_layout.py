@@ -86,7 +86,8 @@ def test_import_planner_loads_neither_torch_nor_jax():
 
 
 def _documents() -> str:
-    return (ROOT / "README.md").read_text() + (ROOT / "CONTRIBUTING.md").read_text()
+    pages = sorted((ROOT / "docs").glob("*.md"))
+    return "".join(p.read_text() for p in [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *pages])
 
 
 def test_every_name_the_readme_uses_exists():

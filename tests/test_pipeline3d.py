@@ -4,10 +4,12 @@ import subprocess
 import sys
 
 import pandas as pd
+import pytest
 
 from planner.api import plan_pipeline
 
 
+@pytest.mark.slow  # 12-26 s on 2 cores: the default run keeps a faster test of the same path
 def test_gpt3_175b_on_1024_gpus_pipelines_and_keeps_tensor_parallel_in_node():
     result = plan_pipeline("gpt3-175b", "node=128,gpu=8", "a100-80g", batch=1536)
     pipe = result.pipeline

@@ -41,6 +41,7 @@ def test_other_plans_train_like_one_device(graph, mesh, method):
     assert run.max_rel_diff < 1e-4
 
 
+@pytest.mark.slow  # 12-26 s on 2 cores: the default run keeps a faster test of the same path
 def test_seed_changes_the_initial_weights(graph):
     loaded = planner.plan_for_verification(graph, "4", "dp")
     first = [planner.train_on_jax(loaded.graph, loaded.strategies, loaded.mesh.names, loaded.mesh.shape, steps=1,
@@ -55,6 +56,7 @@ def _torch(graph, mesh, method, steps=5):
     return loaded, run
 
 
+@pytest.mark.slow  # 12-26 s on 2 cores: the default run keeps a faster test of the same path
 def test_exact_plan_on_four_gloo_processes_trains_like_one_process_and_sends_the_predicted_bytes(graph):
     loaded, run = _torch(graph, "4", "exact", steps=2)
     assert run.devices == 4 and run.platform == "gloo" and run.max_rel_diff < 1e-4
@@ -87,6 +89,7 @@ def test_plans_train_on_gloo_processes(graph, mesh, method):
     assert rows[0].predicted > 0 and all(row.rel_error < 0.05 for row in rows), rows
 
 
+@pytest.mark.slow  # 12-26 s on 2 cores: the default run keeps a faster test of the same path
 @pytest.mark.parametrize("command,count,where", [("run-torch", "--nproc", "4 gloo processes"),
                                                  ("run-jax", "--devices", "4 cpu devices")])
 def test_two_stage_two_way_data_parallel_3d_plan_trains_on_four_processes(tmp_path, capsys, command, count, where):
@@ -112,6 +115,7 @@ def test_two_stage_two_way_data_parallel_3d_plan_trains_on_four_processes(tmp_pa
         assert "CommDebugMode" not in out
 
 
+@pytest.mark.slow  # 12-26 s on 2 cores: the default run keeps a faster test of the same path
 def test_imported_model_plans_and_trains_as_3d(tmp_path, capsys):
     """The importer numbers layers by the module's blocks (``transformer.h.0``, ``.1``), so an imported
     graph plans 3D (re-imported per micro-batch from its preset) and trains on gloo processes: the

@@ -52,7 +52,9 @@ def _source(args: argparse.Namespace) -> dict:
     device = getattr(args, "device", None)
     if isinstance(device, str) and device.endswith(".json"):
         device = os.path.abspath(device)  # a profile file: the plan records where it is, not its name
-    return {"model": model, "batch": args.batch, "seq": args.seq, **({"device": device} if device else {})}
+    hardware = getattr(args, "hardware", None)  # a datasheet table: its row is re-read with the plan
+    return {"model": model, "batch": args.batch, "seq": args.seq, **({"device": device} if device else {}),
+            **({"hardware": os.path.abspath(hardware)} if hardware else {})}
 
 
 def _status_code(status: str, require_optimal: bool, explanation: str = "") -> int:

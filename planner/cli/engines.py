@@ -117,6 +117,8 @@ def _check_module(spec: str, graph) -> None:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from planner.engines.verify import format_report
+    if args.no_xla and args.no_numpy and not args.torch:
+        raise SettingsError("--no-xla: with --no-numpy nothing is left to check (add --torch, or drop one)")
     loaded = _load_checked(args)
     report = api.verify_loaded(loaded, run_numpy=not args.no_numpy, run_xla=not args.no_xla, tolerance=args.tolerance,
                                devices=args.devices, max_memory=args.max_memory, run_torch=args.torch)

@@ -51,7 +51,7 @@ def _add_common(p: argparse.ArgumentParser, model_required: bool = True) -> None
     p.add_argument("--mesh", help="mesh spec: 8, 2x4, node=8,gpu=8 (default 8)")
     p.add_argument("--device", help="machine profile: symbolic, a hardware table row, or a .json file (default a100-80g)")
     p.add_argument("--hardware", default=DEFAULT_HARDWARE_CSV,
-                   help="datasheet table in the format of planner/data/hardware.csv (default: the built-in table)")
+                   help="datasheet table in the format of planner/cluster/data/hardware.csv (default: the built-in table)")
     p.add_argument("--batch", type=_positive_int, help="global batch (zoo default if omitted)")
     p.add_argument("--seq", type=_positive_int, help="sequence length (language models)")
     p.add_argument("--memory", type=_bytes, help="memory limit per device in bytes, or none (default: the device's memory)")
@@ -148,8 +148,9 @@ def _number(convert, valid, what: str):
 _seed = _number(int, lambda v: 0 <= v < 2**31, "an integer in 0..2^31-1")
 _positive_int = _number(int, lambda v: 1 <= v < 2**40, "a positive integer below 2^40")
 _seconds = _number(float, lambda v: 0 < v < float("inf"), "a positive finite number of seconds")
-# finite: NaN compares below every difference and would pass any run (a negative one fails every run)
-_tolerance = _number(float, math.isfinite, "a finite relative tolerance")
+# finite: NaN compares below every difference and would pass any run; a negative one would fail
+# every run whatever it measured
+_tolerance = _number(float, lambda v: 0 <= v < math.inf, "a finite non-negative relative tolerance")
 _non_negative = _number(float, lambda v: 0 <= v < 2**30, "a non-negative number of MiB")
 
 

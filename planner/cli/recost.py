@@ -45,7 +45,9 @@ def recost(args: argparse.Namespace, data: dict, path: str):
     given = getattr(args, "memory", None)
     memory = given if given is not None else (data.get("memory_limit_bytes") or float("inf"))
     settings = settings_from_args(args, data.get("settings"))
-    hardware = getattr(args, "hardware", None) or DEFAULT_HARDWARE_CSV
+    hardware = getattr(args, "hardware", None) or source.get("hardware") or DEFAULT_HARDWARE_CSV
+    if hardware is not None and not isinstance(hardware, str):
+        raise SettingsError(f"--plan: {path}: field 'source.hardware' must be the path of a datasheet table")
     if "pipeline" in data:
         return api.evaluate_3d_file(data, model, device, batch=batch, seq=seq, settings=settings,
                                     memory=memory, hardware_csv=hardware, where=f"--plan {path}")

@@ -18,33 +18,41 @@ def brute_force(problem: Problem, memory_limit: float | None = None,
     total_count = int(np.prod(counts, dtype=np.float64))
     if total_count > max_combinations:
         raise ValueError(f"brute force: {total_count} combinations exceed {max_combinations}")
-    n = len(counts)
+    # operators with one strategy are constants: numpy arrays have at most 32 dimensions, and a
+    # graph on a 1-device mesh has one strategy everywhere
+    free = [i for i, c in enumerate(counts) if c > 1]
+    dim = {op: k for k, op in enumerate(free)}
+    shape_free = [counts[i] for i in free]
 
-    def along(values: np.ndarray, axis: int) -> np.ndarray:
-        shape = [1] * n
-        shape[axis] = counts[axis]
-        return values.reshape(shape)
+    def along(values: np.ndarray, ops: tuple[int, ...]) -> np.ndarray:
+        """``values`` indexed by the strategies of ``ops`` (at most two), broadcast over the free ops."""
+        for k in reversed(range(len(ops))):
+            if ops[k] not in dim:
+                values = np.take(values, 0, axis=k)
+        kept = [op for op in ops if op in dim]
+        shape = [1] * len(free)
+        for op in kept:
+            shape[dim[op]] = counts[op]
+        if len(kept) == 2 and dim[kept[0]] > dim[kept[1]]:
+            values = values.T
+        return np.asarray(values).reshape(shape)
 
-    total = np.zeros(counts, dtype=np.int64)
-    memory = np.zeros(counts, dtype=np.int64)
+    total = np.zeros(shape_free, dtype=np.int64)
+    memory = np.zeros(shape_free, dtype=np.int64)
     for i, table in enumerate(problem.ops):
-        total = total + along(table.cost, i)
-        memory = memory + along(table.memory, i)
+        total = total + along(table.cost, (i,))
+        memory = memory + along(table.memory, (i,))
     for e in problem.all_edges:
         pair = e.cost[np.ix_(e.src_index, e.dst_index)]  # [producer strategy, consumer strategy]
-        shape = [1] * n
         if e.src == e.dst:
-            pair = np.diagonal(pair).copy()
-            shape[e.src] = counts[e.src]
+            total = total + along(np.diagonal(pair).copy(), (e.src,))
         else:
-            shape[e.src], shape[e.dst] = counts[e.src], counts[e.dst]
-            if e.src > e.dst:
-                pair = pair.T
-        total = total + pair.reshape(shape)
+            total = total + along(pair, (e.src, e.dst))
     if memory_limit is not None:
         total = np.where(memory <= memory_limit, total, np.iinfo(np.int64).max)
     flat = int(np.argmin(total))
     value = int(total.flat[flat])
     if value == np.iinfo(np.int64).max:
         return None
-    return value, tuple(int(i) for i in np.unravel_index(flat, counts))
+    picked = dict(zip(free, (int(i) for i in np.unravel_index(flat, shape_free))))
+    return value, tuple(picked.get(i, 0) for i in range(len(counts)))

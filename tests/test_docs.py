@@ -1,0 +1,62 @@
+"""The documentation: a short README whose first lines are the two commands, a CLI reference
+equal to the parser, tables equal to the committed results, and a site that builds strictly."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.cli.reference import markdown, option_strings
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_readme_is_short_and_starts_with_the_two_commands():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 250, f"README has {len(lines)} lines"
+    assert lines[0] == "# planner" and lines[2] == "```bash" and lines[5] == "```"
+    install, test = lines[3], lines[4]
+    assert "pip install" in install and "planner plan --model" in install
+    assert test.endswith("python -m pytest")
+
+
+def test_cli_reference_is_the_parser_and_lists_every_option():
+    page = (ROOT / "docs" / "cli.md").read_text()
+    assert page == markdown(), "docs/cli.md is stale: python -m planner.cli.reference docs/cli.md"
+    commands = option_strings()
+    assert len(commands) >= 11
+    for command, options in commands.items():
+        section = page.split(f"## `planner {command}`", 1)[1].split("\n## ", 1)[0]
+        missing = [o for o in options if f"`{o}`" not in section]
+        assert not missing, f"planner {command}: {missing} not in docs/cli.md"
+
+
+def test_every_marked_table_equals_the_committed_results():
+    from experiments.tables import fill
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = path.read_text()
+        assert fill(text, ROOT / "results") == text, \
+            f"{path.name}: a table differs from results/ (python -m experiments.tables --readme README.md docs/*.md)"
+
+
+def test_every_page_is_in_the_site_navigation():
+    config = (ROOT / "mkdocs.yml").read_text()
+    listed = set(re.findall(r":\s*([\w-]+\.md)", config))
+    pages = {p.name for p in (ROOT / "docs").glob("*.md")}
+    assert pages == listed, (pages - listed, listed - pages)
+
+
+def test_site_builds_strictly(tmp_path):
+    pytest.importorskip("mkdocs")
+    pytest.importorskip("material")
+    pytest.importorskip("mkdocstrings")
+    mkdocs = shutil.which("mkdocs") or str(Path(sys.executable).with_name("mkdocs"))
+    run = subprocess.run([mkdocs, "build", "--strict", "--site-dir", str(tmp_path / "site")], cwd=ROOT,
+                         capture_output=True, text=True, env={"NO_MKDOCS_2_WARNING": "1", "PATH": ""})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert (tmp_path / "site" / "api" / "index.html").read_text().count("planner.api.plan") > 0
