@@ -16,9 +16,9 @@ The package is layered; each layer imports only the ones above it in this list:
     planner.show        pictures and tables of a plan (matplotlib, imported only when drawing)
 """
 
-from planner.api import (METHODS, Cluster, LoadedPlan, compare, evaluate, evaluate_3d, export_shardings, layer_chain,
-                         load_plan, make_cluster, make_problem, plan, plan_for_verification, plan_pipeline,
-                         plan_problem, verify_loaded)
+from planner.api import (METHODS, Cluster, compare, evaluate, evaluate_3d, layer_chain, make_cluster, make_problem,
+                         plan, plan_pipeline, plan_problem)
+from planner.runs import LoadedPlan, export_shardings, load_plan, plan_for_verification, verify_loaded
 from planner.cluster.mesh import Mesh, parse_mesh
 from planner.cluster.profiles import MachineProfile, get_profile
 from planner.cost.settings import TrainingSettings
@@ -30,10 +30,11 @@ from planner.outputs import write_csv, write_text
 from planner.pipeline.schedule import LayerChain
 from planner.pipeline.search import METHODS as PIPELINE_METHODS
 from planner.plans import Plan
-from planner.engines.torch_presets import import_spec as import_torch
-from planner.engines.torch_module import module_plan as torch_module_plan
-from planner.engines.train_jax import TrainRun, train_3d_on_jax, train_on_jax
-from planner.engines.train_torch import train_3d_on_torch, train_module_plan, train_on_torch
+from planner.engines.torch.presets import import_spec as import_torch
+from planner.engines.torch.module import module_plan as torch_module_plan
+from planner.engines.jax.train import train_3d_on_jax, train_on_jax
+from planner.engines.jobs import TrainRun
+from planner.engines.torch.train import train_3d_on_torch, train_module_plan, train_on_torch
 from planner.search.sapp import sapp_levels
 from planner.show.draw import compare_figure, figure_bytes, plan_figure
 from planner.zoo import load_model, model_names

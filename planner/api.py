@@ -19,7 +19,7 @@ from planner.search.baselines import data_parallel, drec_cost, greedy, megatron
 from planner.search.sapp import sapp
 from planner.cluster.mesh import Mesh, parse_mesh
 from planner.cluster.profiles import DEFAULT_HARDWARE_CSV, MachineProfile, get_profile
-from planner.plans import Plan, failed, pipeline_fields, make_plan, read_plan_file, strategies_from_choice, strategies_from_mapping
+from planner.plans import Plan, failed, pipeline_fields, make_plan, strategies_from_choice, strategies_from_mapping
 from planner.cost.problem import Problem, build_problem
 from planner.search.layer_modes import refuse_auto_without_layers
 from planner.search.exact import MAX_WHOLE_PROGRAM, Progress, program_size, solve_exact
@@ -205,7 +205,7 @@ def model_loader(model: str | Graph, seq: int | None):
     """``batch -> graph``: a zoo model, or a graph JSON import-torch wrote (re-imported per batch)."""
     if not isinstance(model, str):
         raise SettingsError("--model: pipeline planning needs a zoo model (the batch is re-built per micro-batch)")
-    from planner.engines.torch_presets import imported_loader
+    from planner.engines.torch.presets import imported_loader
     return imported_loader(model, seq) if model.endswith(".json") else lambda b: resolve_model(model, b, seq)
 
 
@@ -303,15 +303,6 @@ def layer_chain(model: str, mesh: str | Mesh, device: str | MachineProfile = "a1
     return found
 
 
-@dataclass(frozen=True, slots=True)
-class LoadedPlan:
-    """A plan file resolved against its model: the graph, the mesh and one strategy per operator."""
-
-    graph: Graph
-    mesh: Mesh
-    strategies: dict
-
-
 def evaluate_3d_file(data: dict, model: str, device: str | MachineProfile = "a100-80g", *, batch: int | None = None,
                      seq: int | None = None, settings: TrainingSettings | None = None, memory: float | None = None,
                      hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV, where: str = "--plan") -> Plan3D:
@@ -330,62 +321,6 @@ def evaluate_3d_file(data: dict, model: str, device: str | MachineProfile = "a10
     strategies = {t.op.name: s for t, s in zip(problem.ops, chosen)}
     return threed.recost(load, cluster.mesh, cluster.profile, global_batch, settings, cluster.memory_limit, stages,
                              cuts, count, schedule, strategies, str(data.get("intra_method", "given")))
-
-
-def load_plan(path: Path | str, model: str | Graph | None = None, batch: int | None = None,
-              seq: int | None = None) -> LoadedPlan:
-    """Read a flat plan JSON (``planner plan --json``); the model comes from its 'source' unless given."""
-    data = read_plan_file(path)
-    if "pipeline" in data:
-        raise SettingsError(f"--plan: {path} is a 3D plan; export and verify take intra-operator plans "
-                            "(`planner plan` without --pipeline)")
-    source = data.get("source") or {}
-    if model is None:
-        if "model" not in source:
-            raise SettingsError(f"--plan: {path} has no 'source' model; pass --model")
-        model, batch, seq = source["model"], batch or source.get("batch"), seq or source.get("seq")
-    graph = resolve_model(model, batch, seq)
-    mesh = parse_mesh(data["mesh"], get_profile("symbolic"))
-    problem = build_problem(graph, mesh, get_profile("symbolic"))
-    operators = {o["name"]: o["strategy"] for o in data["operators"]}
-    strategies = strategies_from_mapping(problem, operators, where=f"--plan {path}")
-    return LoadedPlan(graph, mesh, {t.op.name: s for t, s in zip(problem.ops, strategies)})
-
-
-def plan_for_verification(model: str | Graph, mesh: str, method: str = "exact", *, batch: int | None = None,
-                          seq: int | None = None, device: str = "a100-80g") -> LoadedPlan:
-    """Plan under the settings the XLA check compiles (float32, SGD, no ZeRO, no memory limit)."""
-    from planner.engines.verify import VERIFY_SETTINGS
-    cluster = make_cluster(mesh, device, float("inf"))
-    graph = resolve_model(model, batch, seq)
-    result = plan_problem(make_problem(graph, cluster, VERIFY_SETTINGS), None, method)
-    strategies = {a.name: tuple(d for _, d in a.strategy) for a in result.operators}
-    return LoadedPlan(graph, cluster.mesh, strategies)
-
-
-def export_shardings(loaded: LoadedPlan, tensor_axis: str | None = None) -> dict:
-    """JAX PartitionSpecs, DTensor placements and a Linear parallelize plan of a loaded plan."""
-    from planner.engines.export import export_plan, linear_parallel_plan
-    exported = export_plan(loaded.graph, loaded.strategies, loaded.mesh)
-    data = exported.to_dict(loaded.graph)
-    axis = tensor_axis or loaded.mesh.names[-1]
-    if axis not in loaded.mesh.names:
-        raise SettingsError(f"--tensor-axis: {axis!r} is no axis of the plan's mesh {loaded.mesh.spec} "
-                            f"(axes: {', '.join(loaded.mesh.names)})")
-    data["parallelize_plan"] = {"mesh_axis": axis, "modules": linear_parallel_plan(loaded.graph, exported, axis)}
-    return data
-
-
-def verify_loaded(loaded: LoadedPlan, *, run_numpy: bool = True, run_xla: bool = True, tolerance: float = 0.05,
-                  devices: int | None = None, max_memory: float | None = None, run_torch: bool = False):
-    """Numpy executor and XLA checks of a loaded plan (``planner.engines.verify``). Refuses at once (one line
-    with the estimate) when they would need more than ``max_memory`` bytes (default: half the free memory)."""
-    from planner.engines.verify import check_memory, verify_plan
-    if devices is not None and devices != loaded.mesh.num_devices:
-        raise SettingsError(f"--devices: the plan's mesh {loaded.mesh.spec} has {loaded.mesh.num_devices} devices, not {devices}")
-    check_memory(loaded.graph, loaded.strategies, loaded.mesh, run_numpy, run_xla, max_memory)
-    return verify_plan(loaded.graph, loaded.strategies, loaded.mesh, run_numpy=run_numpy, run_xla=run_xla,
-                       tolerance=tolerance, run_torch=run_torch)
 
 
 def _refuse_auto(settings: TrainingSettings, why: str) -> None:

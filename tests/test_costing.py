@@ -18,7 +18,7 @@ from planner.pipeline.schedule import point_to_point_seconds
 from planner.pipeline.layer_costs import cost_layers
 from planner.plans import integer_objective, make_plan
 from planner.cost.problem import build_problem
-from planner.engines.verify import predicted_collectives
+from planner.engines.predicted import predicted_collectives
 from strategies_gen import graphs, meshes, profiles
 
 

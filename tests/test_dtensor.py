@@ -38,8 +38,9 @@ def _megatron_by_hand(graph):
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["megatron", "dp", "exact"])
 def test_exported_placements_run_on_four_gloo_processes(tmp_path, method):
-    from planner.api import LoadedPlan, export_shardings, make_cluster, make_problem, plan_problem
-    from planner.engines.torch_import import import_module
+    from planner.api import make_cluster, make_problem, plan_problem
+    from planner.runs import LoadedPlan, export_shardings
+    from planner.engines.torch.importer import import_module
 
     module, x = make_mlp()
     graph = import_module(module, (x,), name="mlp-torch")

@@ -42,7 +42,7 @@ def test_more_chunks_than_layers_per_stage_is_refused(tmp_path):
 def test_unknown_or_repeated_preset_keys_are_refused(spec, field):
     """`hf:gpt2:layerz=2` imported the full 12-layer GPT-2; a repeated key, the last won."""
     pytest.importorskip("torch")
-    from planner.engines.torch_presets import build_spec
+    from planner.engines.torch.presets import build_spec
     with pytest.raises(PlannerError, match=field):
         build_spec(spec)
 
@@ -225,7 +225,7 @@ def test_show_refuses_a_schedule_too_large_to_draw(tmp_path):
 
 def test_nan_tolerance_is_refused():
     """`--tolerance nan` passed every run; a NaN loss was skipped by the printed maximum."""
-    from planner.engines.train_jax import TrainRun
+    from planner.engines.jobs import TrainRun
     for command in ("run-torch", "run-jax", "verify"):
         with pytest.raises(SystemExit) as refused:
             _main(command, "--plan", "p.json", "--tolerance", "nan")
@@ -268,7 +268,7 @@ def test_sigterm_stops_every_rank_of_run_torch(plan_files, tmp_path):
 
 
 def _ranks(root: int) -> list[int]:
-    """The torch_worker processes below process ``root`` (its torchrun's children), from /proc."""
+    """The planner.engines.torch.worker processes below process ``root`` (its torchrun's children), from /proc."""
     from pathlib import Path
     parent, command = {}, {}
     for entry in Path("/proc").iterdir():
@@ -285,7 +285,7 @@ def _ranks(root: int) -> list[int]:
             if pid == root:
                 return True
         return False
-    return [pid for pid in parent if b"torch_worker" in command.get(pid, b"") and below(pid)]
+    return [pid for pid in parent if b"planner.engines.torch.worker" in command.get(pid, b"") and below(pid)]
 
 
 # ---------------------------------------------------------------- input files and one-line errors

@@ -15,7 +15,7 @@ PACKAGE = ROOT / "planner"
 # Each layer may import only from itself and the layers before it (README, Architecture).
 LAYERS = (("planner.errors", "planner.signals", "planner.outputs", "planner.jsonfile", "planner.units"), ("planner.ir",), ("planner.zoo",),
           ("planner.cluster",), ("planner.cost",), ("planner.search",), ("planner.plans",), ("planner.pipeline",),
-          ("planner.engines",), ("planner.api",), ("planner.show",), ("planner.cli", "planner.__main__"))
+          ("planner.engines",), ("planner.api", "planner.runs"), ("planner.show",), ("planner.cli", "planner.__main__"))
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 
@@ -57,6 +57,67 @@ def test_imports_flow_one_way():
             if _layer(target) > _layer(name):
                 wrong.append(f"{name} imports {target}")
     assert not wrong, wrong
+
+
+def _edges(path: Path, modules: dict[str, Path]) -> list[tuple[str, tuple[str, ...], int]]:
+    """(module imported, names taken from it, line) for every planner import of a file, function-local
+    ones included; ``from package import module`` is an import of that module."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "planner":
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                out.append((sub, (), node.lineno) if sub in modules else (node.module, (alias.name,), node.lineno))
+        elif isinstance(node, ast.Import):
+            out += [(a.name, (), node.lineno) for a in node.names if a.name.split(".")[0] == "planner"]
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: {target for target, _, _ in _edges(path, modules) if target in modules and target != name}
+            for name, path in modules.items()}
+
+
+def _engine(module: str) -> str | None:
+    for engine in ("torch", "jax"):
+        if module == f"planner.engines.{engine}" or module.startswith(f"planner.engines.{engine}."):
+            return engine
+    return "neutral" if module.startswith("planner.engines") else None
+
+
+def test_no_import_cycle_anywhere():
+    """Function-local imports included: a cycle hidden in a function is still a cycle."""
+    import networkx as nx
+    graph = nx.DiGraph([(a, b) for a, targets in _graph().items() for b in targets if a != "planner"])
+    cycles = [sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1]
+    assert not cycles, cycles
+
+
+def test_engines_keep_to_their_rooms():
+    """The JAX engine never imports the PyTorch engine nor the reverse, and the neutral engine modules
+    import neither engine (nor torch or JAX at module level)."""
+    wrong = []
+    modules = _modules()
+    for name, targets in _graph().items():
+        mine = _engine(name)
+        for target in targets:
+            theirs = _engine(target)
+            if mine in ("torch", "jax", "neutral") and theirs in ("torch", "jax") and theirs != mine:
+                wrong.append(f"{name} ({mine}) imports {target} ({theirs})")
+        if mine == "neutral":
+            for node in ast.parse(modules[name].read_text()).body:
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                    [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+                wrong += [f"{name} imports {n} at module level" for n in names if n.split(".")[0] in ("torch", "jax")]
+    assert not wrong, wrong
+
+
+def test_no_module_takes_another_modules_private_names():
+    modules = _modules()
+    taken = [f"{name}:{line} takes {target}.{n}" for name, path in modules.items()
+             for target, names, line in _edges(path, modules) for n in names if n.startswith("_") and target != name]
+    assert not taken, taken
 
 
 def test_sizes():

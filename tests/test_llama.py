@@ -112,13 +112,14 @@ def test_small_llama_and_moe_plans_verify(spec, mesh, method):
     to the single-device values, and XLA's compiled collectives match the cost model within 5%."""
     pytest.importorskip("jax")
     from planner.api import plan_problem
-    from planner.engines.verify import VERIFY_SETTINGS, verify_plan
+    from planner.runs import run_checks
+    from planner.engines.predicted import VERIFY_SETTINGS
     cluster = make_cluster(mesh, "a100-80g", float("inf"))
     graph = load_model(spec, batch=8)
     result = plan_problem(make_problem(graph, cluster, VERIFY_SETTINGS), None, method)
     strategies = {a.name: tuple(d for _, d in a.strategy) for a in result.operators}
     assert any(any(s) for s in strategies.values())
-    report = verify_plan(graph, strategies, cluster.mesh)
+    report = run_checks(graph, strategies, cluster.mesh)
     assert report.numpy_max_rel_error < 1e-5 and report.xla_ok, report
 
 

@@ -10,8 +10,8 @@ pytest.importorskip("transformers")
 import planner  # noqa: E402
 from planner.cli import main  # noqa: E402
 from planner.ir.graph_json import load_graph  # noqa: E402
-from planner.engines.torch_import import TorchImportError, import_module  # noqa: E402
-from planner.engines.torch_presets import build_spec  # noqa: E402
+from planner.engines.torch.importer import TorchImportError, import_module  # noqa: E402
+from planner.engines.torch.presets import build_spec  # noqa: E402
 
 
 @pytest.mark.parametrize("spec,expected_kinds", [
@@ -92,7 +92,7 @@ def test_imported_gpt2_block_has_no_unread_data_and_verifies(tmp_path, capsys):
 def test_handlers_are_a_registry_with_one_entry_per_aten_op():
     """Every ATen op the importer maps has exactly one handler; a second registration is refused;
     a registered handler is what the dispatch calls."""
-    from planner.engines.torch_import import handlers
+    from planner.engines.torch.importer import handlers
     for op in ("linear", "addmm", "bmm", "convolution", "embedding", "layer_norm", "softmax", "batch_norm",
                "max_pool2d", "view", "permute", "transpose", "split", "gelu", "add", "clone", "slice"):
         assert op in handlers.HANDLERS, op

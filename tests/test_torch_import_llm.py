@@ -9,8 +9,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from planner.api import make_cluster, make_problem, plan_problem  # noqa: E402
-from planner.engines.torch_import import import_module  # noqa: E402
-from planner.engines.torch_presets import build_spec  # noqa: E402
+from planner.engines.torch.importer import import_module  # noqa: E402
+from planner.engines.torch.presets import build_spec  # noqa: E402
 
 PRESETS = ("hf:llama", "hf:mixtral", "hf:vit", "hf:t5", "hf:bert")
 _CACHE: dict = {}
@@ -59,13 +59,14 @@ def test_imported_plans_verify(spec, mesh, method):
     """The numpy executor reproduces the single-device values from the sharded plan, and XLA's
     compiled collectives match the cost model within 5% (a greedy LLaMA plan splits the RMSNorm mean)."""
     pytest.importorskip("jax")
-    from planner.engines.verify import VERIFY_SETTINGS, verify_plan
+    from planner.runs import run_checks
+    from planner.engines.predicted import VERIFY_SETTINGS
     _, graph = _imported(spec)
     cluster = make_cluster(mesh, "a100-80g", float("inf"))
     result = plan_problem(make_problem(graph, cluster, VERIFY_SETTINGS), None, method)
     strategies = {a.name: tuple(d for _, d in a.strategy) for a in result.operators}
     assert any(any(s) for s in strategies.values())
-    report = verify_plan(graph, strategies, cluster.mesh)
+    report = run_checks(graph, strategies, cluster.mesh)
     assert report.numpy_max_rel_error < 1e-5 and report.xla_ok, report
 
 

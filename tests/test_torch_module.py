@@ -10,11 +10,11 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from planner import api  # noqa: E402
+from planner import runs  # noqa: E402
 from planner.cli import main  # noqa: E402
 from planner.errors import SettingsError  # noqa: E402
 from planner.engines.export import export_plan  # noqa: E402
-from planner.engines.torch_module_worker import load_plan_file  # noqa: E402
+from planner.engines.torch.plan_files import load_plan_file  # noqa: E402
 
 # batch 1 and wide layers: the exact plan splits the MLP weights (Megatron) on 4 devices
 LLAMA = "hf:llama:hidden=512,ffn=1024,batch=1,seq=16"
@@ -34,7 +34,7 @@ def _exported(root: Path, spec: str, mesh: str, tag: str, target: str = "torch",
 
 def _counted(run, sizes: dict) -> dict:
     """Bytes each device sent in the run's counted step, per mesh axis (and "total")."""
-    from planner.engines.verify import compare
+    from planner.engines.predicted import compare
     return {row.axes: row.compiled for row in compare([], list(run.transfers), sizes)[0]}
 
 
@@ -46,7 +46,7 @@ def root(tmp_path_factory):
 def _module_params(spec: str) -> dict:
     import torch
 
-    from planner.engines.torch_presets import build_spec
+    from planner.engines.torch.presets import build_spec
     with torch.device("meta"):
         module = build_spec(spec)[0]
     return {name: id(p) for name, p in module.named_parameters(remove_duplicate=False)}
@@ -63,7 +63,7 @@ def test_styles_where_the_plan_is_megatron(root):
     styled = {name for name in params if name.rpartition(".")[0] in styles}
     assert styled and not styled & set(plan.PARAM_PLACEMENTS)
     assert styled | set(plan.PARAM_PLACEMENTS) == set(params)
-    loaded = api.load_plan(root / "llama-plan.json")
+    loaded = runs.load_plan(root / "llama-plan.json")
     expected = export_plan(loaded.graph, loaded.strategies, loaded.mesh).dtensor_placements(loaded.graph)
     for name, placements in plan.PARAM_PLACEMENTS.items():
         assert tuple(repr(p) for p in placements) == tuple(expected[name]), name
@@ -96,11 +96,11 @@ def test_megatron_on_the_module_sends_the_plans_bytes(root, mesh, nproc):
     """With the hooks the module runs Megatron's plan as planned: on 8 ranks DTensor alone would keep
     c_attn's output split and then fail to unflatten 4 heads over 8 ranks; the losses equal one
     process and CommDebugMode counts the plan's bytes."""
-    from planner.engines.train_torch import train_module_plan
+    from planner.engines.torch.train import train_module_plan
     path = _exported(root, GPT2, mesh, f"gpt2-meg{mesh}", method="megatron")
     run = train_module_plan(str(path), nproc, steps=5)
     assert run.max_rel_diff < 1e-5
-    from planner.engines.verify import compare
+    from planner.engines.predicted import compare
     predicted = load_plan_file(str(path)).PREDICTED_BYTES["gpu"]
     counted = compare([], list(run.transfers), {"gpu": nproc})[0][0].compiled  # bytes each rank sends
     assert abs(counted - predicted) <= 0.05 * predicted, (counted, predicted)
@@ -110,7 +110,7 @@ def test_jax_file_holds_the_plan_specs(root):
     path = _exported(root, GPT2, "2x4", "gpt2", target="jax")
     pytest.importorskip("jax")
     plan = load_plan_file(str(path))
-    loaded = api.load_plan(root / "gpt2-plan.json")
+    loaded = runs.load_plan(root / "gpt2-plan.json")
     specs = export_plan(loaded.graph, loaded.strategies, loaded.mesh).partition_specs(loaded.graph)
     params = {t.name for t in loaded.graph.tensors if t.role == "param"}
     assert set(plan.PARAM_SPECS) == params
@@ -142,7 +142,7 @@ def test_fully_shard_plan_trains_like_one_process(root, mesh, nproc):
     """FSDP2 on gloo (sum reductions, gradients summed): 3 steps = one process within 1e-4. On 4
     processes the collectives are FSDP2's parameter all-gathers and gradient reduce-scatters; on
     2x4 (ZeRO-3 over both axes: FSDP2 on the flattened mesh) they are not attributed to an axis."""
-    from planner.engines.train_torch import train_module_plan
+    from planner.engines.torch.train import train_module_plan
     path = _zero3_dp(root, mesh)
     plan = load_plan_file(str(path))
     assert plan.FULLY_SHARD_MODULES and plan.FULLY_SHARD_DIM_NAMES == plan.MESH_DIM_NAMES
@@ -176,7 +176,7 @@ def test_zero3_megatron_plan_trains_like_one_process(root):
     """FSDP2 (node) over tensor parallelism (gpu), 8 gloo processes: 3 steps = one process within 1e-4;
     the gpu axis moves the plan's bytes; on node every parameter group is gathered in both passes and
     reduce-scattered once (ZeRO-3 as the cost model charges it)."""
-    from planner.engines.train_torch import train_module_plan
+    from planner.engines.torch.train import train_module_plan
     path = _zero3_megatron(root)
     plan = load_plan_file(str(path))
     run = train_module_plan(str(path), 8, steps=3)
@@ -202,7 +202,7 @@ def test_zero3_plan_refused(root, capsys):
 @pytest.mark.parametrize("spec,mesh,tag", [(GPT2, "4", "gpt2-4"), (GPT2, "2x4", "gpt2"), (LLAMA, "4", "llama")])
 def test_exported_plan_trains_like_one_process(root, spec, mesh, tag):
     """5 SGD steps of the module under the exported plan on gloo processes = one process (1e-4)."""
-    from planner.engines.train_torch import train_module_plan
+    from planner.engines.torch.train import train_module_plan
     path = _exported(root, spec, mesh, tag)
     plan = load_plan_file(str(path))
     nproc = 1
@@ -248,7 +248,7 @@ def test_pipeline_plan_exports_pipelining_stages(root, capsys):
 def test_pipelining_plan_trains_like_one_process(root):
     """The exported stages on 4 gloo processes (torch.distributed.pipelining, 1F1B, gradients summed over
     micro-batches, replicas and the tied copies): 3 steps equal one process within 1e-4."""
-    from planner.engines.train_torch import train_module_plan
+    from planner.engines.torch.train import train_module_plan
     _, path = _pipeline_file(root, "dp")
     run = train_module_plan(str(path), 4, steps=3)
     assert run.max_rel_diff < 1e-4 and run.losses[-1] < run.losses[0]
@@ -265,7 +265,7 @@ def test_pipelining_plan_trains_like_one_process(root):
 def test_tensor_parallel_pipelining_plan_trains_like_one_process(root):
     """Megatron inside each of the 2 stages (DTensor on the stage's "tp" sub-mesh, stage outputs
     handed on whole; the tied head's copies summed whole), 4 gloo processes: 3 steps = one process."""
-    from planner.engines.train_torch import train_module_plan
+    from planner.engines.torch.train import train_module_plan
     _, path = _pipeline_file(root, "megatron")
     run = train_module_plan(str(path), 4, steps=3)
     assert run.max_rel_diff < 1e-4 and run.losses[-1] < run.losses[0]
@@ -295,7 +295,7 @@ def test_data_parallel_gradients_on_two_axes_send_the_plans_node_bytes(root):
     """dp on 2x4 through the module: node bytes within 20% of the plan (DTensor alone: 3.7x). The
     rest is the tied table (summed over its reads, then left to DTensor) and the position table,
     whose 64 used rows' activation gradient DTensor reduces instead of the 1024-row table's."""
-    from planner.engines.train_torch import train_module_plan
+    from planner.engines.torch.train import train_module_plan
     path = _exported(root, GPT2, "2x4", "gpt2-dp", method="dp")
     run = train_module_plan(str(path), 8, steps=2)
     assert run.max_rel_diff < 1e-4
@@ -307,7 +307,7 @@ def test_data_parallel_gradients_on_two_axes_send_the_plans_node_bytes(root):
 def test_interleaved_chunks_deal_each_stages_blocks():
     """Chunk j of the model is run j // p of stage j % p: 2 stages of 2 blocks, 2 chunks each -> one block
     per chunk, device 0 holding blocks 0 and 2; uneven stages deal their remainder to the first runs."""
-    from planner.engines.torch_pipelining import chunk_starts
+    from planner.engines.torch.pipelining import chunk_starts
     assert chunk_starts([2], 4, 1) == (2,)  # one chunk per device: the plan's cuts
     assert chunk_starts([2], 4, 2) == (1, 2, 3)
     assert chunk_starts([3], 6, 2) == (2, 4, 5)  # runs [2, 1] and [2, 1]: chunks 0,1,0,1 hold 2,2,1,1 blocks
@@ -344,7 +344,7 @@ def test_interleaved_plan_exports_model_chunks(root):
 @pytest.mark.slow
 def test_interleaved_pipelining_plan_trains_like_one_process(root):
     """ScheduleInterleaved1F1B over 2 ranks of 2 chunks each (4 stages of one block), 3 steps = one process."""
-    from planner.engines.train_torch import train_module_plan
+    from planner.engines.torch.train import train_module_plan
     _, path = _interleaved_file(root)
     run = train_module_plan(str(path), 2, steps=3)
     assert run.max_rel_diff < 1e-4 and run.losses[-1] < run.losses[0]
@@ -374,7 +374,7 @@ def test_megatron_on_two_axes_through_the_module_sends_the_plans_tensor_parallel
     """The hooks above: gpu sends exactly the plan's bytes (DTensor alone: +35%, gathering the residual
     stream at every LayerNorm); node within 15%, the rest the tied table (its two reads' gradients
     summed, then reduced whole on node, where the plan reduces each read's vocabulary shard)."""
-    from planner.engines.train_torch import train_module_plan
+    from planner.engines.torch.train import train_module_plan
     path = _exported(root, GPT2, "2x4", "gpt2-meg2x4", method="megatron")
     run = train_module_plan(str(path), 8, steps=2)
     assert run.max_rel_diff < 1e-4

@@ -139,8 +139,8 @@ def test_launch_retries_a_taken_port_and_names_other_errors(monkeypatch, tmp_pat
     is reported at once, by the rank's line (not torchrun's closing ChildFailedError)."""
     import subprocess
 
-    from planner.engines import train_torch
-    from planner.engines.xla import VerifyError
+    from planner.engines.torch import train as train_torch
+    from planner.engines.jobs import EngineError as VerifyError
     calls = []
 
     def fake(stderr_by_call):
@@ -172,10 +172,10 @@ def test_launch_retries_a_taken_port_and_names_other_errors(monkeypatch, tmp_pat
 
 def test_a_rank_killed_by_a_signal_is_named():
     """A rank that dies without a traceback (a signal) is named by torchrun's root-cause block."""
-    from planner.engines.train_jax import exception_line
+    from planner.engines.jobs import exception_line
     stderr = "\n".join([
         "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ", "=" * 20,
-        "planner.engines.torch_module_worker FAILED", "-" * 20, "Failures:", "  <NO_OTHER_FAILURES>", "-" * 20,
+        "planner.engines.torch.module_worker FAILED", "-" * 20, "Failures:", "  <NO_OTHER_FAILURES>", "-" * 20,
         "Root Cause (first observed failure):", "[0]:", "  time      : 2026-12-01_19:00:00", "  host      : h",
         "  rank      : 3 (local_rank: 3)", "  exitcode  : -9 (pid: 4242)", "  error_file: <N/A>",
         "  traceback : Signal 9 (SIGKILL) received by PID 4242", "=" * 20])

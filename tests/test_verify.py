@@ -10,10 +10,11 @@ import pytest
 
 from planner.api import make_cluster, make_problem, plan_problem
 from planner.cost.collectives import Collective, hierarchical_all_reduce
-from planner.engines.verify import VERIFY_SETTINGS, compare, verify_plan, wire_bytes
+from planner.runs import run_checks
+from planner.engines.predicted import VERIFY_SETTINGS, compare, wire_bytes
 from planner.cost.strategy import PARTIAL, REPLICATE
 from planner.engines.hlo import parse_collectives, replica_groups
-from planner.engines.xla import hierarchical_reduction
+from planner.engines.jax.xla import hierarchical_reduction
 from planner.zoo import load_model
 from planner.zoo.transformers import mlp, transformer_block
 
@@ -95,7 +96,7 @@ def _verify(graph, mesh: str, method: str):
     cluster = make_cluster(mesh, "a100-80g", float("inf"))
     plan = plan_problem(make_problem(graph, cluster, VERIFY_SETTINGS), None, method)
     strategies = {a.name: tuple(d for _, d in a.strategy) for a in plan.operators}
-    return verify_plan(graph, strategies, cluster.mesh), strategies
+    return run_checks(graph, strategies, cluster.mesh), strategies
 
 
 @pytest.mark.parametrize("name,mesh,method", [("mlp", "2x4", "megatron"), ("transformer-block", "4", "megatron"),
@@ -131,7 +132,7 @@ def test_sum_loss_gradient_is_free_and_its_value_is_all_reduced(loss_dim, others
     graph = mlp(batch=64, hidden=64, ffn=128)
     mesh = parse_mesh("4", SYMBOLIC)
     strategies = {op.name: (loss_dim if op.name == "loss" else others,) for op in graph.operators}
-    report = verify_plan(graph, strategies, mesh, run_numpy=False)
+    report = run_checks(graph, strategies, mesh, run_numpy=False)
     assert report.xla_ok, report
     kinds = {k: (p, x) for k, p, x in report.by_kind}
     if loss_dim == "b":
@@ -145,7 +146,7 @@ def test_pipeline_prediction_by_hand():
     its half, both ways, per micro-batch; the gradient sync of the 4 parameters runs once per step;
     the loss's scalar all-reduce once per micro-batch."""
     from planner.api import make_cluster
-    from planner.engines.verify import predicted_pipeline_collectives
+    from planner.engines.predicted import predicted_pipeline_collectives
     micro = load_model("mlp", batch=4)
     stage_of = {name: 0 if name in ("ln", "fc1", "gelu") else 1 for name in (op.name for op in micro.operators)}
     strategies = {op.name: ("b",) for op in micro.operators}

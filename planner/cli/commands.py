@@ -13,7 +13,7 @@ from planner.errors import SettingsError
 from planner.cluster.mesh import parse_mesh
 from planner.cluster.profiles import SYMBOLIC
 from planner.outputs import write_bytes, write_csv, write_json
-from planner.plans import Plan
+from planner.plans import Plan, read_plan_file
 from planner.cli.recost import checked, recost, settings_from_args as _settings
 from planner.cli.engines import cmd_export, cmd_import_torch, cmd_run_jax, cmd_run_torch, cmd_verify
 from planner.cli.report import emit as _emit, format_3d, format_plan, summary_3d
@@ -165,7 +165,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def _evaluate_file(args: argparse.Namespace) -> int:
     """Re-cost a plan JSON on its own mesh, device, settings and memory limit (options given override)."""
-    data = api.read_plan_file(args.plan)
+    data = read_plan_file(args.plan)
     if args.mesh and parse_mesh(args.mesh, SYMBOLIC).spec != parse_mesh(data["mesh"], SYMBOLIC).spec:
         raise SettingsError(f"--mesh: {args.mesh!r} differs from the plan's mesh {data['mesh']!r}; drop --mesh")
     result = recost(args, data, args.plan)
@@ -195,7 +195,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     from planner.show import tables, view
-    data = api.read_plan_file(args.plan)
+    data = read_plan_file(args.plan)
     _, again = checked(args, data, args.plan)  # a hand-edited number or strategy is refused, not drawn
     kept = {k: data[k] for k in ("source", "search_time_s") if k in data}
     shown = view.view_of({**again, **kept}, args.plan)

@@ -9,17 +9,18 @@ import math
 import os
 import sys
 
-from planner import api
+from planner import api, runs
 from planner.errors import SettingsError
 from planner.outputs import write_json
+from planner.plans import read_plan_file
 from planner.cli.report import emit as _emit
 from planner.cli.parser import EXIT_MISMATCH, EXIT_OK
 from planner.cli.recost import checked
 
 
 def cmd_import_torch(args: argparse.Namespace) -> int:
-    from planner.engines.torch_import import import_module
-    from planner.engines.torch_presets import build_spec
+    from planner.engines.torch.importer import import_module
+    from planner.engines.torch.presets import build_spec
     module, inputs, name = build_spec(args.spec)
     graph = import_module(module, inputs, name=name, allow_unknown=args.allow_unknown, loss=args.loss)
     torch_params = sum(p.numel() for p in module.parameters())
@@ -36,7 +37,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     for option, value in (("--out", args.out), ("--module", args.module)):
         if value is not None:
             raise SettingsError(f"{option}: only with --target torch or jax (--target json writes --json)")
-    data = api.export_shardings(_load_checked(args), args.tensor_axis)
+    data = runs.export_shardings(_load_checked(args), args.tensor_axis)
     if args.json is not None:
         write_json(args.json, data)
     else:
@@ -47,7 +48,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def _export_file(args: argparse.Namespace) -> int:
     """A Python plan file for PyTorch (the nn.Module) or JAX."""
     from planner.engines.export import export_plan, jax_file
-    from planner.engines.torch_module import module_plan
+    from planner.engines.torch.module import module_plan
     for option, value in (("--json", args.json), ("--tensor-axis", args.tensor_axis)):
         if value is not None:
             raise SettingsError(f"{option}: only with --target json (--target {args.target} writes --out)")
@@ -55,7 +56,7 @@ def _export_file(args: argparse.Namespace) -> int:
         raise SettingsError(f"--out: --target {args.target} writes a Python file: name it with --out")
     if args.target == "jax" and args.module is not None:
         raise SettingsError("--module: only with --target torch")
-    data = api.read_plan_file(args.plan)
+    data = read_plan_file(args.plan)
     if "pipeline" in data and args.target == "torch":
         return _export_pipelining(args, data)
     loaded = _load_checked(args)
@@ -76,7 +77,7 @@ def _export_file(args: argparse.Namespace) -> int:
 
 def _export_pipelining(args: argparse.Namespace, data: dict) -> int:
     """A 3D plan as torch.distributed.pipelining stages of the imported module."""
-    from planner.engines.torch_pipelining import pipelining_plan
+    from planner.engines.torch.pipelining import pipelining_plan
     from planner.outputs import write_text
     spec, loss = _torch_module(args, data)
     checked(args, data, args.plan)
@@ -106,7 +107,7 @@ def _torch_module(args: argparse.Namespace, data: dict) -> tuple[str, str]:
 def _check_module(spec: str, graph) -> None:
     """The nn.Module of ``spec`` must be the plan's model: the same parameter sizes (a plan of a
     hidden-64 GPT-2 onto a hidden-768 one was exported without a word)."""
-    from planner.engines.torch_presets import build_spec
+    from planner.engines.torch.presets import build_spec
     module = build_spec(spec)[0]
     sizes = sorted(int(p.numel()) for p in module.parameters())
     planned = sorted(t.numel for t in graph.tensors if t.role == "param")
@@ -120,7 +121,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.no_xla and args.no_numpy and not args.torch:
         raise SettingsError("--no-xla: with --no-numpy nothing is left to check (add --torch, or drop one)")
     loaded = _load_checked(args)
-    report = api.verify_loaded(loaded, run_numpy=not args.no_numpy, run_xla=not args.no_xla, tolerance=args.tolerance,
+    report = runs.verify_loaded(loaded, run_numpy=not args.no_numpy, run_xla=not args.no_xla, tolerance=args.tolerance,
                                devices=args.devices, max_memory=args.max_memory, run_torch=args.torch)
     _emit(f"plan {args.plan}: {loaded.graph.name} on mesh {loaded.mesh.spec}\n{format_report(report)}", args)
     if not report.ok:
@@ -130,8 +131,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_run_jax(args: argparse.Namespace) -> int:
-    from planner.engines.train_jax import train_3d_on_jax, train_on_jax
-    from planner.plans import read_plan_file
+    from planner.engines.jax.train import train_3d_on_jax, train_on_jax
     data = read_plan_file(args.plan)
     if "pipeline" in data:
         return _train_3d(args, data, train_3d_on_jax, args.devices, "--devices", "run-jax", "devices")
@@ -139,21 +139,20 @@ def cmd_run_jax(args: argparse.Namespace) -> int:
 
 
 def cmd_run_torch(args: argparse.Namespace) -> int:
-    from planner.engines.train_torch import train_on_torch
-    from planner.plans import read_plan_file
+    from planner.engines.torch.train import train_on_torch
     if str(args.plan).endswith(".py"):
         return _train_module(args)
     data = read_plan_file(args.plan)
     if "pipeline" in data:
-        from planner.engines.train_torch import train_3d_on_torch
+        from planner.engines.torch.train import train_3d_on_torch
         return _train_3d(args, data, train_3d_on_torch, args.nproc, "--nproc", "run-torch", "processes")
     return _train(args, train_on_torch, args.nproc, "--nproc", "run-torch", "counted_comparison", "CommDebugMode counted")
 
 
 def _train_module(args: argparse.Namespace) -> int:
     """An exported PyTorch plan file (export --target torch) on its nn.Module."""
-    from planner.engines.torch_module_worker import load_plan_file
-    from planner.engines.train_torch import train_module_plan
+    from planner.engines.torch.plan_files import load_plan_file
+    from planner.engines.torch.train import train_module_plan
     for option in ("model", "batch", "seq"):
         if getattr(args, option) is not None:
             raise SettingsError(f"--{option}: a PyTorch plan file names its module (MODULE); --{option} does not apply")
@@ -165,7 +164,7 @@ def _train_module(args: argparse.Namespace) -> int:
         raise SettingsError(f"--nproc: the plan's mesh {plan.MESH_SHAPE} has {nproc} devices, not {args.nproc}")
     run = train_module_plan(args.plan, nproc, steps=args.steps, lr=args.lr, seed=args.seed)
     sizes = dict(zip(plan.MESH_DIM_NAMES, plan.MESH_SHAPE))
-    from planner.engines.verify import compare
+    from planner.engines.predicted import compare
     rows, _ = compare([], list(run.transfers), {**sizes, "tied": 2})  # tied: a copy on each end stage
     counted = {row.axes: row.compiled for row in rows}
     lines = [f"plan {args.plan}: {plan.MODULE} on {nproc} {run.platform} processes "
@@ -279,9 +278,8 @@ def _train(args: argparse.Namespace, train, count: int | None, option: str, comm
 def _load_checked(args: argparse.Namespace):
     """The flat plan of ``--plan`` resolved against its model, after its recorded figures were checked
     against the plan re-costed there (an edited or foreign file is refused before any engine runs)."""
-    from planner.plans import read_plan_file
     data = read_plan_file(args.plan)
     if "pipeline" not in data:
         checked(args, data, args.plan)
-    return api.load_plan(args.plan, args.model, args.batch, args.seq)
+    return runs.load_plan(args.plan, args.model, args.batch, args.seq)
 

@@ -129,7 +129,7 @@ def redistribute(t: Sharded, dst: Layout, mesh_shape: tuple[int, ...]) -> Sharde
     return t
 
 
-def _gathered_dims(op, strategy: Strategy) -> set[str]:
+def gathered_dims(op, strategy: Strategy) -> set[str]:
     norm = set(op.norm_dims) | ({letters(op.inputs[0])[0]} if op.kind == "batchnorm" else set())
     if op.kind == "cross_entropy":
         norm |= {letters(op.inputs[0])[-1]}
@@ -139,7 +139,7 @@ def _gathered_dims(op, strategy: Strategy) -> set[str]:
 def run_op(graph: Graph, op, strategy: Strategy, inputs: list[Sharded], mesh: Mesh) -> list[Sharded]:
     """One operator under one strategy on every device."""
     mesh_shape = mesh.shape
-    gathered = _gathered_dims(op, strategy)
+    gathered = gathered_dims(op, strategy)
     local_strategy = tuple(None if d in gathered else d for d in strategy)
     args = []
     grads = graph.grad_tensors()

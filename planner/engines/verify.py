@@ -1,53 +1,27 @@
-"""Verify a plan without GPUs: the numpy executor against the unsharded forward, and XLA's compiled
-collectives against the cost model's prediction (``planner verify``; DESIGN section 8).
-
-The prediction is the plan's cost record under float32 and SGD without ZeRO (what the compiled
-step does). Both sides are compared as the bytes each device sends (the bandwidth term of the
-cost model: (p-1)/p n per collective, twice for an all-reduce), in total and per mesh axis, so an
-all-reduce equals the reduce-scatter + all-gather pair that moves the same bytes (the CPU backend
-emits all-reduce where a GPU may emit that pair). A collective whose replica group spans several
-mesh axes is attributed to them as its hierarchical equivalent (see ``wire_bytes``).
+"""Verify a plan without GPUs (``planner verify``): the numpy executor against the unsharded
+forward, and the collectives an engine ran (XLA's compiled step, PyTorch's counted one) against the
+cost model's prediction (``planner.engines.predicted``: bytes each device sends, in total and per
+mesh axis), with an estimate of the memory the checks need before any of them starts.
+Engine-neutral: the engines' runs are passed in by the caller.
 """
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
-from planner.cost.collectives import bytes_sent
-from planner.cost.operators import output_layouts
-from planner.cost.records import sum_records
-from planner.cost.settings import TrainingSettings
-from planner.cost.terms import plan_terms
 from planner.errors import SettingsError
 from planner.ir.graph import Graph
 from planner.cluster.mesh import Mesh
-from planner.cluster.profiles import SYMBOLIC
+from planner.cost.operators import output_layouts
 from planner.cost.strategy import Strategy, shard_factor
+from planner.engines.predicted import Comparison, Transfer, compare, predicted_collectives
 
 XLA_COMPILER_BYTES = 0.5e9
 NUMPY_BYTES = 16  # per element: float64 values, about twice over at the executor's peak
 XLA_BYTES = 4  # per element of every device's block: float32
-
-VERIFY_SETTINGS = TrainingSettings(dtype="fp32", optimizer="sgd", zero=0, recompute=False)
-
-
-@dataclass(frozen=True, slots=True)
-class Comparison:
-    """Predicted against compiled traffic (bytes) for one mesh axis, or 'total'."""
-
-    axes: str
-    predicted: float
-    compiled: float
-
-    @property
-    def rel_error(self) -> float:
-        if self.predicted == 0:
-            return 0.0 if self.compiled == 0 else float("inf")
-        return abs(self.compiled - self.predicted) / self.predicted
-
 
 @dataclass(frozen=True, slots=True)
 class VerifyReport:
@@ -74,86 +48,6 @@ class VerifyReport:
     @property
     def ok(self) -> bool:
         return self.numpy_ok and self.xla_ok and self.torch_ok
-
-
-Transfer = tuple[str, tuple[str, ...], float]  # (kind, mesh axes in mesh order, n bytes)
-
-
-def predicted_collectives(graph: Graph, strategies: dict[str, Strategy], mesh: Mesh,
-                          settings: TrainingSettings = VERIFY_SETTINGS) -> list[Transfer]:
-    """Every collective the cost model charges for the plan (fp32, SGD, no ZeRO unless ``settings``)."""
-    terms = plan_terms(graph, mesh, SYMBOLIC, settings, [strategies[op.name] for op in graph.operators])
-    record = sum_records(terms.records())
-    return [(c.kind, (mesh.names[c.axis],), c.nbytes) for c in record.comm if c.axis >= 0 and c.nbytes > 0]
-
-
-def predicted_pipeline_collectives(micro: Graph, stage_of: dict[str, int], strategies: dict[str, Strategy],
-                                   mesh: Mesh, stages: int, num_microbatches: int,
-                                   settings: TrainingSettings = VERIFY_SETTINGS) -> list[Transfer]:
-    """What the 3D cost model charges one device of each stage in one step, summed over the stages:
-    the stage plan's terms (forward and backward once per micro-batch, the gradient sync once; an
-    edge runs on its consumer's stage), each crossing tensor sent forward and its gradient sent back
-    per micro-batch (``p2p`` on ``pp``, a device's share by ``send_split``), and the all-reduce of
-    the copies of a parameter read on several stages (``tied``)."""
-    from planner.engines.export import export_plan
-    from planner.engines.torch_pipeline import stages_reading
-    from planner.ir.crossing import crossing_tensors
-    from planner.pipeline.layer_costs import send_split
-    chosen = [strategies[op.name] for op in micro.operators]
-    terms = plan_terms(micro, mesh, SYMBOLIC, settings, chosen)
-    out: list[Transfer] = []
-    for record in terms.records():
-        out += [(c.kind, (mesh.names[c.axis],), c.nbytes * (num_microbatches if c.phase in ("fwd", "bwd") else 1))
-                for c in record.comm if c.axis >= 0 and c.nbytes > 0]
-    made = {o.tensor: (op, k) for op in micro.operators for k, o in enumerate(op.outputs)}
-    for names in crossing_tensors(micro, stage_of, stages):
-        for name in names:
-            op, k = made[name]
-            share = math.prod(micro.tensor(name).shape) * settings.elem_bytes / send_split(
-                output_layouts(op, strategies[op.name])[k], mesh)
-            out.append(("p2p", ("pp",), 2 * num_microbatches * share))
-    leaves = dict(export_plan(micro, strategies, mesh).leaves)  # where each copy is kept: its first reader's layout
-    for name, readers in stages_reading(micro, stage_of).items():
-        if len(readers) > 1:
-            layout = leaves[name]
-            nbytes = math.prod(micro.tensor(name).shape) * settings.grad_bytes / shard_factor(layout, mesh.shape)
-            out += [("all_reduce", ("tied",), nbytes)] * len(readers)
-    return out
-
-
-def wire_bytes(kind: str, axes: tuple[str, ...], nbytes: float, sizes: dict[str, int]) -> dict[str, float]:
-    """Bytes one device sends, per mesh axis: (p-1)/p n, twice for an all-reduce, n for p2p.
-
-    A collective over several axes (one flat replica group) is attributed as its hierarchical
-    equivalent, which sends the same bytes in total: all-reduce and all-gather run outer to inner
-    with the buffer on axis j = n / (product of the axes inside j); reduce-scatter and all-to-all
-    inner to outer, buffer n / (product of the axes outside j). This is the order the cost model
-    uses (``planner.cost.collectives.hierarchical_all_reduce`` and ``planner.cost.redistribution``)."""
-    if kind == "p2p":  # XLA's collective-permute: every byte leaves the device
-        return {"+".join(axes) or "none": nbytes}
-    out = {}
-    for j, axis in enumerate(axes):
-        others = axes[j + 1:] if kind in ("all_reduce", "all_gather") else axes[:j]
-        buffer = nbytes / math.prod(sizes[a] for a in others)
-        out[axis] = bytes_sent(kind, sizes[axis], buffer)
-    return out
-
-
-def compare(predicted: list[Transfer], compiled: list[Transfer], sizes: dict[str, int]) -> tuple[tuple[Comparison, ...], tuple]:
-    """Sent bytes compared in total and per mesh axis; n bytes per kind (for information)."""
-    def per_axis(transfers: list[Transfer]) -> dict[str, float]:
-        acc: dict[str, float] = {}
-        for kind, axes, n in transfers:
-            for axis, value in wire_bytes(kind, axes, n, sizes).items():
-                acc[axis] = acc.get(axis, 0.0) + value
-        return acc
-    want, got = per_axis(predicted), per_axis(compiled)
-    rows = [Comparison("total", sum(want.values()), sum(got.values()))]
-    rows += [Comparison(axis, want.get(axis, 0.0), got.get(axis, 0.0)) for axis in sorted(set(want) | set(got))]
-    kinds = sorted({k for k, _, _ in predicted} | {k for k, _, _ in compiled})
-    by_kind = tuple((k, sum(n for kk, _, n in predicted if kk == k), sum(n for kk, _, n in compiled if kk == k))
-                    for k in kinds)
-    return tuple(rows), by_kind
 
 
 def estimate_memory(graph: Graph, strategies: dict[str, Strategy], mesh: Mesh, run_numpy: bool,
@@ -238,28 +132,23 @@ def available_memory() -> float:
 
 
 def verify_plan(graph: Graph, strategies: dict[str, Strategy], mesh: Mesh, *, run_numpy: bool = True,
-                run_xla: bool = True, tolerance: float = 0.05, numeric_tolerance: float = 1e-5,
-                timeout_s: float = 600.0, run_torch: bool = False) -> VerifyReport:
-    """Run the checks that are asked for; see the module docstring. ``run_torch``: one training step
-    on gloo processes (``planner.engines.train_torch``), DTensor's collectives counted by CommDebugMode."""
+                compiled: Sequence[Transfer] | None = None, counted: Sequence[Comparison] = (),
+                tolerance: float = 0.05, numeric_tolerance: float = 1e-5) -> VerifyReport:
+    """The report of the checks that ran; see the module docstring. ``compiled``: the collectives of
+    the XLA-compiled step (``planner.engines.jax.xla.compiled_collectives``), compared here with the
+    prediction; ``counted``: the comparison rows of a PyTorch run (CommDebugMode's counts,
+    ``TrainRun.counted_comparison``). The engines run in the caller (``planner.runs.verify_loaded``),
+    so this module imports neither."""
     numpy_error = None
     if run_numpy:
         from planner.engines.executor import check_plan
         numpy_error = max(check_plan(graph, strategies, mesh).values())
-    comparisons, by_kind, count = (), (), 0
-    if run_xla:
-        from planner.engines.xla import compiled_collectives
-        compiled, _ = compiled_collectives(graph, strategies, mesh.names, mesh.shape, timeout_s)
-        transfers = [(c.kind, c.axes, c.nbytes) for c in compiled]
-        comparisons, by_kind = compare(predicted_collectives(graph, strategies, mesh), transfers,
+    comparisons, by_kind = (), ()
+    if compiled is not None:
+        comparisons, by_kind = compare(predicted_collectives(graph, strategies, mesh), list(compiled),
                                        dict(zip(mesh.names, mesh.shape)))
-        count = len(compiled)
-    counted = ()
-    if run_torch:
-        from planner.engines.train_torch import train_on_torch
-        run = train_on_torch(graph, strategies, mesh.names, mesh.shape, steps=1, timeout_s=timeout_s)
-        counted = run.counted_comparison(graph, strategies, mesh)
-    return VerifyReport(numpy_error, comparisons, by_kind, count, tolerance, numeric_tolerance, counted)
+    return VerifyReport(numpy_error, comparisons, by_kind, len(compiled or ()), tolerance, numeric_tolerance,
+                        tuple(counted))
 
 
 def format_report(report: VerifyReport) -> str:

@@ -25,3 +25,13 @@ def crossing_tensors(graph: Graph, position: Mapping[str, int], count: int) -> l
                 for k in range(made[operand.tensor], min(position[op.name], count - 1)):
                     crossing[k].add(operand.tensor)
     return [sorted(names) for names in crossing]
+
+
+def stages_reading(graph: Graph, stage_of: Mapping[str, int]) -> dict[str, set[int]]:
+    """Per parameter, the stages that read it (two or more: a tied parameter with a copy on each)."""
+    out: dict[str, set[int]] = {}
+    for op in graph.operators:
+        for o in op.inputs:
+            if graph.tensor(o.tensor).role == "param":
+                out.setdefault(o.tensor, set()).add(stage_of[op.name])
+    return out

@@ -14,7 +14,7 @@ a copy of, whose gradients are summed between the copies), ``build_stages`` and 
 A stage plan that splits parameters on one stage-mesh axis (tensor parallelism inside a stage) adds
 ``TENSOR_PARALLEL`` (that axis' size; the mesh becomes ``("pp", "dp", "tp")``), ``PARAM_PLACEMENTS``
 (each parameter's placement on it, a tied parameter's copy in its own stage's layout) and the weight
-modules' ``MODULE_INPUT_PLACEMENTS`` / ``OUTPUT_PLACEMENTS`` (as in ``planner.engines.torch_module``):
+modules' ``MODULE_INPUT_PLACEMENTS`` / ``OUTPUT_PLACEMENTS`` (as in ``planner.engines.torch.module``):
 ``parallelize_stage`` distributes the stage's parameters, hooks the modules, and hands the stage's
 outputs on as whole tensors (the pipeline sends plain tensors, each tensor-parallel rank to its peer
 of the next stage). Refused: tensor parallelism on two stage-mesh axes, or an axis that splits the
@@ -187,7 +187,7 @@ def pipelining_plan(data: dict, micro, spec: str, loss: str, title: str) -> str:
     from planner.cluster.mesh import parse_mesh
     from planner.cluster.profiles import get_profile
     from planner.engines.export import export_plan
-    from planner.engines.module_layouts import module_layouts, module_params, placements_source, project, tied_embeddings
+    from planner.engines.torch.module_layouts import module_layouts, module_params, placements_source, project, tied_embeddings
     from planner.pipeline.schedule import parse_schedule
     pipe, operators = data["pipeline"], data["operators"]
     kind, chunks = parse_schedule(str(pipe.get("schedule")).lower())
@@ -256,8 +256,8 @@ def predicted_bytes(micro, chunk_of: dict, strategies: dict, mesh, tp_axes: tupl
     """``verify.predicted_pipeline_collectives`` over the model chunks (every chunk boundary a send),
     as bytes each device sends (``verify.compare``), the stage mesh's axes named as the file's mesh
     dims: ``tp`` the tensor-parallel axis, ``dp`` the others (flattened); ``pp`` and ``tied``."""
-    from planner.engines.torch_pipeline import stages_reading
-    from planner.engines.verify import compare, predicted_pipeline_collectives
+    from planner.ir.crossing import stages_reading
+    from planner.engines.predicted import compare, predicted_pipeline_collectives
     transfers = predicted_pipeline_collectives(micro, chunk_of, strategies, mesh, chunks, num_microbatches)
     copies = max((len(s) for s in stages_reading(micro, chunk_of).values()), default=1)
     rows, _ = compare(transfers, [], {**dict(zip(mesh.names, mesh.shape)), "pp": chunks, "tied": copies})
@@ -273,7 +273,7 @@ def _tensor_parallel_axes(micro, exported) -> tuple[int, ...]:
     """The stage-mesh axis that splits parameters (none: the stages are data parallel); refused:
     two such axes, or one that also splits the batch."""
     from planner.cost.strategy import REPLICATE
-    from planner.engines.module_layouts import input_layout
+    from planner.engines.torch.module_layouts import input_layout
     leaves = dict(exported.leaves)
     split = [ax for ax in range(len(exported.mesh_shape)) if any(
         layout[ax] != REPLICATE for name, layout in leaves.items() if micro.tensor(name).role == "param")]

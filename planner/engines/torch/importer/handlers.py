@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from planner.engines.torch_import.state import LETTERS, ImportState
+from planner.engines.torch.importer.state import LETTERS, ImportState
 
 Handler = Callable[[ImportState, object, str], None]
 HANDLERS: dict[str, Handler] = {}
@@ -37,12 +37,13 @@ def handle(imp: ImportState, node, op: str) -> None:
     HANDLERS.get(op, _opaque)(imp, node, op)
 
 
-def _inputs(imp: ImportState, node) -> list[str]:
+def input_tensors(imp: ImportState, node) -> list[str]:
+    """The IR tensors an fx node reads (its inputs that are graph tensors)."""
     return [imp.tensor(a) for a in node.all_input_nodes if imp.tensor(a)]
 
 
 def _opaque(imp: ImportState, node, op: str) -> None:
-    imp.unknown(node, _inputs(imp, node))
+    imp.unknown(node, input_tensors(imp, node))
 
 
 def _optional(imp: ImportState, args: Sequence, index: int) -> str | None:
@@ -59,7 +60,8 @@ def _elementwise(imp: ImportState, node, kind: str, tensors: list[str]) -> None:
     operands = [imp.broadcast_operand(imp.gb.shape(t), out, sizes, fresh) for t in tensors]
     imp.add(kind, node, ",".join(operands) + "->" + "".join(out), tensors, sizes)
 
-def _view(imp: ImportState, node, source: str) -> None:
+def view_of(imp: ImportState, node, source: str) -> None:
+    """A reshape of ``source`` as the node gives it: merges and splits of neighbouring dims."""
     src, dst = list(imp.gb.shape(source)), list(node.meta["val"].shape)
     blocks = _view_blocks(src, dst)
     if blocks is None:  # not a merge/split of neighbours: flatten, then unflatten
@@ -150,7 +152,8 @@ def _maxpool(imp: ImportState, node, x: str, kernel, stride, padding) -> None:
     imp.add("maxpool", node, "bcHW->bcpq", [x], {"p": p, "q": q},
              attrs={"kernel": _pair(kernel)[0], "stride": stride, "padding": _pair(padding)[0]})
 
-def _avgpool(imp: ImportState, node, x: str) -> None:
+def avgpool_of(imp: ImportState, node, x: str) -> None:
+    """A global average pool (output 1 x 1) as a mean over the spatial dims."""
     shape = list(node.meta["val"].shape)
     if len(shape) != 4 or shape[2:] != [1, 1]:
         return imp.unknown(node, [x])
@@ -292,12 +295,12 @@ def _max_pool(imp: ImportState, node, op: str) -> None:
 
 @register("adaptive_avg_pool2d")
 def _adaptive_avg_pool(imp: ImportState, node, op: str) -> None:
-    _avgpool(imp, node, imp.tensor(node.args[0]))
+    avgpool_of(imp, node, imp.tensor(node.args[0]))
 
 
 @register(*VIEWS)
 def _views(imp: ImportState, node, op: str) -> None:
-    _view(imp, node, imp.tensor(node.args[0]))
+    view_of(imp, node, imp.tensor(node.args[0]))
 
 
 @register("transpose", "t")
@@ -324,15 +327,15 @@ def _expand(imp: ImportState, node, op: str) -> None:
 def _splits(imp: ImportState, node, op: str) -> None:
     args = node.args
     if not _split(imp, node, imp.tensor(args[0]), args[2] if len(args) > 2 else 0):
-        imp.unknown(node, _inputs(imp, node))
+        imp.unknown(node, input_tensors(imp, node))
 
 
 @register(*UNARY)
 def _unary(imp: ImportState, node, op: str) -> None:
-    _elementwise(imp, node, UNARY[op], _inputs(imp, node))
+    _elementwise(imp, node, UNARY[op], input_tensors(imp, node))
 
 
 @register(*BINARY)
 def _binary(imp: ImportState, node, op: str) -> None:
-    tensors = _inputs(imp, node)
+    tensors = input_tensors(imp, node)
     _elementwise(imp, node, BINARY[op] if len(tensors) > 1 else "unary", tensors)  # with a scalar: unary

@@ -28,9 +28,9 @@ import re
 
 import operator as pyop
 
-from planner.engines.torch_import.handlers import handle
-from planner.engines.torch_import import moe, sequence
-from planner.engines.torch_import.state import ImportState, TorchImportError, failure
+from planner.engines.torch.importer.handlers import handle
+from planner.engines.torch.importer import moe, sequence
+from planner.engines.torch.importer.state import ImportState, TorchImportError, failure
 from planner.ir.graph import Graph
 
 __all__ = ["TorchImportError", "import_module", "import_program"]

@@ -3,8 +3,8 @@ scaled-dot-product attention and reductions (mean/sum over dims, keepdim as a vi
 
 from __future__ import annotations
 
-from planner.engines.torch_import.handlers import _avgpool, _inputs, _view, register
-from planner.engines.torch_import.state import LETTERS, ImportState
+from planner.engines.torch.importer.handlers import avgpool_of, input_tensors, view_of, register
+from planner.engines.torch.importer.state import LETTERS, ImportState
 
 
 def slice_or_select(imp: ImportState, node, op: str) -> None:
@@ -22,7 +22,7 @@ def slice_or_select(imp: ImportState, node, op: str) -> None:
         start = max(0, min(args[2] or 0, shape[dim]))
         length = min(shape[dim] if args[3] is None else args[3], shape[dim]) - start
     if (args[4] or 1) != 1 or length <= 0 or shape[dim] % length or start % length:
-        return imp.unknown(node, _inputs(imp, node))
+        return imp.unknown(node, input_tensors(imp, node))
     letters = imp.letters(len(shape) + 2, shape[0] if dim else None)
     piece, part = letters.pop(), letters.pop()
     sizes = dict(zip(letters, shape))
@@ -102,7 +102,7 @@ def _mean(imp: ImportState, node, op: str) -> None:
     """Spatial means of an image ([b, c, 1, 1] out) are average pooling; other means are reductions."""
     source = imp.tensor(node.args[0])
     if len(imp.gb.shape(source)) == 4 and list(node.meta["val"].shape[2:]) == [1, 1]:
-        return _avgpool(imp, node, source)
+        return avgpool_of(imp, node, source)
     reduction(imp, node, "mean")
 
 
@@ -128,4 +128,4 @@ def reduction(imp: ImportState, node, op: str) -> None:
     reduced = imp.gb.op(kind, f"{node.name}.reduce", "".join(letters) + "->" + kept, [source], sizes=sizes,
                         out=f"{node.name}.reduced")
     imp.kind[reduced] = "activation"
-    _view(imp, node, reduced)
+    view_of(imp, node, reduced)

@@ -1,13 +1,10 @@
-"""Train a plan on JAX (``planner run-jax``): K SGD steps of the graph jitted over a device mesh
-with the plan's shardings, against the same K steps on one device from the same initial weights.
+"""Engine jobs, engine-neutral: the job description every worker reads, the result of a training
+run, and the launcher: a temporary ``job.json``, a child process group, its ``out.json``.
 
-As for ``planner verify``, the parent never imports JAX: ``train_on_jax`` runs ``python -m
-planner.engines.train_jax JOB OUT`` with ``XLA_FLAGS=--xla_force_host_platform_device_count=N``
-(N emulated CPU devices; real accelerators are used where JAX finds as many). The step is
-``planner.engines.xla.training_step`` (the graph through the JAX interpreter in float32, a sharding
-constraint on every edge as the plan lays it out, loss + ``jax.grad`` + SGD); the reference is the
-same step unsharded. Both start from ``random_feeds(graph, seed)`` and see the same batch each step.
-The compiled step's HLO comes back too, so its collectives can be compared with the cost model.
+Child processes die with the planner: each engine run starts in a process group of its own, and
+any exception while it runs (Ctrl-C, SIGTERM raised as ``Terminated``, a time-out) ends the whole
+group, so no rank of a torchrun job outlives the command that started it (SIGKILL of the
+launcher alone would leave its ranks running). Imports neither torch nor JAX.
 """
 
 from __future__ import annotations
@@ -16,14 +13,21 @@ import json
 import math
 import os
 import re
-import sys
+import signal
+import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable, Sequence
 
 from planner.engines.hlo import parse_collectives
-from planner.engines.xla import VerifyError
-from planner.engines.processes import run_group
+from planner.engines.predicted import VERIFY_SETTINGS, compare, predicted_collectives, predicted_pipeline_collectives
+from planner.errors import PlannerError
+from planner.ir.crossing import stages_reading
+
+
+class EngineError(PlannerError):
+    """An engine run could not be done (the engine is missing, a compilation or a rank failed)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +53,7 @@ class TrainRun:
 
     def xla_comparison(self, graph, strategies: dict, mesh) -> tuple:
         """Bytes each device sends in the compiled step against the cost model's prediction, in total
-        and per mesh axis (``planner.engines.verify.compare``)."""
+        and per mesh axis (``planner.engines.predicted.compare``)."""
         compiled = [(c.kind, c.axes, c.nbytes) for c in self.collectives(mesh.shape, mesh.names)]
         return _compare(graph, strategies, mesh, compiled)
 
@@ -61,10 +65,8 @@ class TrainRun:
     def pipeline_comparison(self, micro, stage_of: dict, strategies: dict, mesh, stages: int,
                             num_microbatches: int) -> tuple:
         """A 3D run's counted bytes (one device of each stage, summed; ``mesh`` the stage mesh)
-        against ``verify.predicted_pipeline_collectives``: per stage-mesh axis, ``pp`` (the sends)
+        against ``predicted.predicted_pipeline_collectives``: per stage-mesh axis, ``pp`` (the sends)
         and ``tied`` (the all-reduce of a tied parameter's copies)."""
-        from planner.engines.torch_pipeline import stages_reading
-        from planner.engines.verify import compare, predicted_pipeline_collectives
         predicted = predicted_pipeline_collectives(micro, stage_of, strategies, mesh, stages, num_microbatches)
         copies = max((len(s) for s in stages_reading(micro, stage_of).values()), default=1)
         rows, _ = compare(predicted, list(self.transfers), {**dict(zip(mesh.names, mesh.shape)), "pp": stages,
@@ -73,9 +75,6 @@ class TrainRun:
 
 
 def _compare(graph, strategies: dict, mesh, observed: list, zero: int = 0) -> tuple:
-    from dataclasses import replace
-
-    from planner.engines.verify import VERIFY_SETTINGS, compare, predicted_collectives
     predicted = predicted_collectives(graph, strategies, mesh, replace(VERIFY_SETTINGS, zero=zero))
     rows, _ = compare(predicted, observed, dict(zip(mesh.names, mesh.shape)))
     return rows
@@ -98,40 +97,41 @@ def pipeline_job(full, micro, stage_of: dict, strategies: dict, axis_names, stag
             "num_microbatches": num_microbatches}
 
 
-def train_on_jax(graph, strategies: dict, axis_names: tuple[str, ...], mesh_shape: tuple[int, ...], *,
-                 steps: int = 5, lr: float = 1e-3, seed: int = 0, timeout_s: float = 1200.0) -> TrainRun:
-    """Run ``steps`` SGD steps of a plan on ``prod(mesh_shape)`` devices and on one (subprocess)."""
+def stage_plan(job: dict):
+    """A 3D job's graphs (whole batch, micro-batch) and each operator's stage."""
+    from planner.ir.graph_json import graph_from_dict
+    full, micro = graph_from_dict(job["graph"]), graph_from_dict(job["micro_graph"])
+    stage_of = {name: int(k) for name, k in job["stage_of"].items()}
+    return full, micro, stage_of
+
+
+def micro_batch(micro, feeds: dict, m: int) -> dict:
+    """The data of micro-batch ``m``: each data tensor that carries the batch (its first dim is the
+    micro-batch graph's batch) cut to its m-th block; the others (position ids, a mask shared by the
+    samples) whole."""
+    b = micro.batch_size
+    return {t.name: feeds[t.name][m * b:(m + 1) * b] if t.shape and t.shape[0] == b and feeds[t.name].shape[0] != b
+            else feeds[t.name] for t in micro.tensors if t.role == "data"}
+
+
+def run_job(job: dict, launch: Callable[[Path, Path], None]) -> dict:
+    """Write ``job`` to a temporary ``job.json``, ``launch(job_path, out_path)`` (which runs the
+    worker and raises ``EngineError`` if it fails) and return the worker's ``out.json``."""
     from planner.outputs import write_json
     with tempfile.TemporaryDirectory() as tmp:
-        job, out = Path(tmp) / "job.json", Path(tmp) / "out.json"
-        write_json(job, flat_job(graph, strategies, axis_names, mesh_shape, steps, lr, seed))
-        _worker("planner.engines.train_jax", job, out, math.prod(mesh_shape), timeout_s)
-        result = json.loads(out.read_text())
-    return TrainRun(tuple(result["losses"]), tuple(result["reference"]), result["devices"], result["platform"],
-                    result["hlo"])
+        job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "out.json"
+        write_json(job_path, job)
+        launch(job_path, out_path)
+        return json.loads(out_path.read_text())
 
 
-def train_3d_on_jax(full, micro, stage_of: dict, strategies: dict, axis_names: tuple[str, ...],
-                    stage_shape: tuple[int, ...], stages: int, num_microbatches: int, *, steps: int = 5,
-                    lr: float = 1e-4, seed: int = 0, timeout_s: float = 1800.0) -> TrainRun:
-    """A 3D plan on ``stages x prod(stage_shape)`` devices (``planner.engines.jax_pipeline``), arguments
-    as ``planner.engines.train_torch.train_3d_on_torch``."""
-    from planner.outputs import write_json
-    devices = stages * math.prod(stage_shape)
-    with tempfile.TemporaryDirectory() as tmp:
-        job, out = Path(tmp) / "job.json", Path(tmp) / "out.json"
-        write_json(job, pipeline_job(full, micro, stage_of, strategies, axis_names, stage_shape, stages,
-                                     num_microbatches, steps, lr, seed))
-        _worker("planner.engines.jax_pipeline", job, out, devices, timeout_s)
-        result = json.loads(out.read_text())
-    return TrainRun(tuple(result["losses"]), tuple(result["reference"]), result["devices"], result["platform"])
-
-
-def _worker(module: str, job: Path, out: Path, devices: int, timeout_s: float) -> None:
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
-    proc = run_group([sys.executable, "-m", module, str(job), str(out)], timeout_s, env=env)
+def python_worker(module: str, job_path: Path, out_path: Path, timeout_s: float, env: dict, what: str) -> None:
+    """``python -m module JOB OUT`` in a process group of its own; a failure raises ``EngineError``
+    naming ``what`` and the worker's own exception line."""
+    import sys
+    proc = run_group([sys.executable, "-m", module, str(job_path), str(out_path)], timeout_s, env=dict(os.environ, **env))
     if proc.returncode != 0:
-        raise VerifyError(f"run-jax: the training run failed ({exception_line(proc.stderr)})")
+        raise EngineError(f"{what} failed ({exception_line(proc.stderr)})")
 
 
 EXCEPTION = re.compile(r"^(\[rank\d+\]: )?[\w.]*(Error|Exception)\w*(: \S|\s*$)")  # a bare one: an assert
@@ -167,27 +167,33 @@ def exception_line(stderr: str) -> str:
     return cause[0 if cause[0].startswith("[rank") else -1].strip()
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Worker: ``python -m planner.engines.train_jax JOB.json OUT.json`` (run by ``train_on_jax``)."""
-    from planner.engines.xla import load_job, plain_step, training_step
-    from planner.outputs import write_json
-
-    job_path, out_path = (argv if argv is not None else sys.argv[1:])[:2]
-    job = json.loads(Path(job_path).read_text())
-    graph, exported, mesh, feeds, params, data = load_job(job, job["seed"])
-    sharded = training_step(graph, exported, mesh, job["lr"])
-    plain = plain_step(graph, job["lr"])
-    hlo = sharded.lower(params, data).compile().as_text()
-    losses, reference, p, q = [], [], params, params
-    for _ in range(job["steps"]):
-        loss, p = sharded(p, data)
-        ref, q = plain(q, feeds)
-        losses.append(float(loss))
-        reference.append(float(ref))
-    write_json(out_path, {"losses": losses, "reference": reference, "devices": mesh.devices.size,
-                          "platform": mesh.devices.flat[0].platform, "hlo": hlo})
-    return 0
+GRACE_S = 3.0  # between SIGTERM and SIGKILL of a group
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def run_group(cmd: Sequence[str], timeout_s: float, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)`` in a new session;
+    raises ``subprocess.TimeoutExpired`` as it does, after the group is stopped."""
+    proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except BaseException:
+        stop_group(proc)
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to the process group, SIGKILL to what is left after ``GRACE_S``."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        try:
+            proc.communicate(timeout=GRACE_S)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+        except BaseException:  # a second interrupt while stopping: finish the stop, then leave
+            continue

@@ -1,5 +1,5 @@
 """The plan's layouts at an ``nn.Module``'s boundaries, as an exported PyTorch file states them
-(``planner.engines.torch_module``, ``planner.engines.torch_pipelining``): the module's parameters and
+(``planner.engines.torch.module``, ``planner.engines.torch.pipelining``): the module's parameters and
 blocks, placements as source text, parallelize_module styles, the layouts the weight modules' hooks
 put their inputs and outputs in, and the gradient walks of parameters reduced over several axes.
 """
@@ -21,7 +21,7 @@ def module_params(spec: str):
     owner path, the nn.Embedding that reads it (a tied table)."""
     import torch
 
-    from planner.engines.torch_presets import build_spec
+    from planner.engines.torch.presets import build_spec
     with torch.device("meta"):
         module, _, _ = build_spec(spec)
     first, out = {}, {}

@@ -1,6 +1,6 @@
 """A flat plan on the ``nn.Module`` itself (``planner export --target torch``): a Python file with a
 ``parallelize_module`` plan and every parameter's DTensor placements, which ``planner run-torch``
-(``planner.engines.torch_module_worker``) trains under torchrun.
+(``planner.engines.torch.module_worker``) trains under torchrun.
 
 What the file holds, from the plan's layouts (``planner.engines.export``):
 - ``PARALLELIZE_PLAN``: on a 1-D mesh, ``ColwiseParallel`` / ``RowwiseParallel`` for every
@@ -25,8 +25,8 @@ model's edges; ``planner run-torch --plan PLAN.json`` runs every edge as the pla
   whole, which is where the cost model shards a ZeRO-3 parameter (several: flattened, not HSDP). The
   other axes (one at most) are tensor parallel: the styles, placements and hooks above on that
   sub-mesh first, then FSDP2 on top (torchtitan's FSDP + TP). The inputs are each rank's batch block.
-The layouts at the module's boundaries are worked out in ``planner.engines.module_layouts``. 3D plans are
-exported as ``torch.distributed.pipelining`` stages (``planner.engines.torch_pipelining``).
+The layouts at the module's boundaries are worked out in ``planner.engines.torch.module_layouts``. 3D plans are
+exported as ``torch.distributed.pipelining`` stages (``planner.engines.torch.pipelining``).
 Not exported (refused with a one-line reason): ZeRO-3 plans with no such axis, with tensor
 parallelism on two axes, or splitting an activation on a data-parallel axis other than by its batch;
 plans whose graph was not imported from a module.
@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from planner.engines.module_layouts import (gradient_steps, input_layout, module_layouts, module_params,
+from planner.engines.torch.module_layouts import (gradient_steps, input_layout, module_layouts, module_params,
                                            placements_source, project, styles_of, tied_embeddings)
 from planner.errors import SettingsError
 
@@ -197,7 +197,7 @@ def module_plan(graph, strategies: dict, mesh, spec: str, loss: str, title: str,
     the others."""
     from planner.cost.settings import TrainingSettings
     from planner.engines.export import export_plan
-    from planner.engines.verify import compare, predicted_collectives
+    from planner.engines.predicted import compare, predicted_collectives
     if zero not in (0, 1, 2, 3):
         raise SettingsError(f"--target torch: ZeRO stages per layer (zero {zero!r}) are not exported")
     exported = export_plan(graph, strategies, mesh)

@@ -1,49 +1,21 @@
 """Train an exported PyTorch plan (``planner export --target torch``) on its ``nn.Module``: one rank
-under torchrun, or the one-process reference (``reference_losses``).
+under torchrun, or the one-process reference (``module_reference_losses``).
 
 Both build the module from the plan's ``MODULE`` spec with the same seed, so they start from the same
 weights, and draw the same batch (integer inputs below the smallest embedding table, labels below the
 number of classes). Each step: the summed loss (``sum`` of the output or its ``cross_entropy``),
 backward, plain SGD. A rank applies the file's ``parallelize`` and runs forward and backward under
 ``implicit_replication`` (tensors the model makes itself are replicated); ``CommDebugMode`` counts
-the first step's collectives per mesh axis (``planner.engines.torch_worker.counting_mode``).
+the first step's collectives per mesh axis (``planner.engines.torch.counting.counting_mode``).
 """
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import os
-import sys
-from pathlib import Path
 
-
-def load_plan_file(path: str):
-    """The exported plan file as a Python module."""
-    loader = importlib.util.spec_from_file_location("planner_torch_plan", path)
-    plan = importlib.util.module_from_spec(loader)
-    loader.loader.exec_module(plan)
-    return plan
-
-
-def _model_and_batch(plan, seed: int):
-    import torch
-
-    from planner.engines.torch_presets import build_spec
-    torch.manual_seed(seed)
-    model, inputs, _ = build_spec(plan.MODULE)
-    model.eval()  # no dropout: the runs must compute the same function
-    if hasattr(model, "set_attn_implementation"):  # DTensor has no sharding rule for CPU flash attention
-        model.set_attn_implementation("eager")
-    tables = [m.num_embeddings for m in model.modules() if isinstance(m, torch.nn.Embedding)]
-    generator = torch.Generator().manual_seed(seed + 1)
-    batch = []
-    for value in inputs:
-        if value.is_floating_point():
-            batch.append(torch.randn(value.shape, generator=generator))
-        else:
-            batch.append(torch.randint(0, min(tables, default=2), value.shape, generator=generator))
-    return model, batch, generator
+from planner.engines.torch.counting import counting_mode
+from planner.engines.torch.plan_files import load_plan_file, model_and_batch
+from planner.engines.torch.ranks import axis_groups, exit_now, finish, read_job, start
 
 
 def _loss(plan, output, labels_of, batch: int):
@@ -90,34 +62,26 @@ def _null():
     return contextlib.nullcontext()
 
 
-def reference_losses(path: str, steps: int, lr: float, seed: int) -> list[float]:
-    """The same steps in this process on whole tensors."""
+def module_reference_losses(path: str, steps: int, lr: float, seed: int) -> list[float]:
+    """The plan file's steps in this process on whole tensors."""
     plan = load_plan_file(path)
-    model, batch, generator = _model_and_batch(plan, seed)
+    model, batch, generator = model_and_batch(plan, seed)
     return _run(plan, model, batch, generator, steps, lr, lambda v: v, _null, lambda: None)[0]
 
 
 def main(argv: list[str] | None = None) -> int:
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import distribute_tensor
     from torch.distributed.tensor.experimental import implicit_replication
 
-    from planner.engines.torch_worker import counting_mode
-    job_path, out_path = (argv if argv is not None else sys.argv[1:])[:2]
-    job = json.loads(Path(job_path).read_text())
+    job, out_path = read_job(argv)
     plan = load_plan_file(job["plan"])
-    dist.init_process_group("gloo")
+    dist, mesh = start(tuple(plan.MESH_SHAPE), tuple(plan.MESH_DIM_NAMES))
     if hasattr(plan, "SPLIT_POINTS"):  # torch.distributed.pipelining stages (export of a 3D plan)
-        from planner.engines.pipelining_worker import run_worker
-        run_worker(plan, job, out_path)
-        dist.barrier()
-        dist.destroy_process_group()
+        from planner.engines.torch.pipelining_worker import run_worker
+        finish(out_path, run_worker(plan, job, mesh))
         return 0
-    mesh = init_device_mesh("cpu", tuple(plan.MESH_SHAPE), mesh_dim_names=tuple(plan.MESH_DIM_NAMES))
-    groups = {mesh.get_group(name).group_name: ((name,), dist.get_process_group_ranks(mesh.get_group(name)))
-              for name in plan.MESH_DIM_NAMES}
-    model, batch, generator = _model_and_batch(plan, job["seed"])
+    groups = axis_groups(mesh, plan.MESH_DIM_NAMES)
+    model, batch, generator = model_and_batch(plan, job["seed"])
     model = plan.parallelize(model, mesh)
     if getattr(plan, "FULLY_SHARD_MODULES", ()):  # FSDP2 (over tensor parallelism): this rank's batch block
         losses, transfers = _run_fully_sharded(plan, model, mesh, batch, generator, job, groups)
@@ -125,12 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         losses, transfers = _run(plan, model, batch, generator, job["steps"], job["lr"],
                                  lambda v: distribute_tensor(v, mesh, plan.INPUT_PLACEMENTS), implicit_replication,
                                  lambda: counting_mode(groups))
-    if dist.get_rank() == 0:
-        from planner.outputs import write_json
-        write_json(out_path, {"losses": losses, "transfers": [(k, list(a), n) for k, a, n in transfers],
-                              "backend": "gloo"})
-    dist.barrier()
-    dist.destroy_process_group()
+    result = {"losses": losses, "transfers": [(k, list(a), n) for k, a, n in transfers], "backend": "gloo"}
+    finish(out_path, result if dist.get_rank() == 0 else None)
     return 0
 
 
@@ -141,7 +101,6 @@ def _run_fully_sharded(plan, model, mesh, batch, generator, job, groups):
     from torch.distributed.tensor import Replicate, distribute_tensor
     from torch.distributed.tensor.experimental import implicit_replication
 
-    from planner.engines.torch_worker import counting_mode
     tp_mesh, dp_group = plan.tensor_parallel_mesh(mesh), plan.fully_sharded_mesh(mesh).get_group()
     tp_dims = [plan.MESH_DIM_NAMES.index(name) for name in tp_mesh.mesh_dim_names] if tp_mesh is not None else []
     # FSDP2's collectives on a flattened mesh count on its axes (verify.wire_bytes splits them)
@@ -165,5 +124,4 @@ def _run_fully_sharded(plan, model, mesh, batch, generator, job, groups):
 
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from planner.engines.torch_worker import exit_now
     exit_now(main())

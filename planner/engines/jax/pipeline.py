@@ -4,7 +4,7 @@ the devices, each stage's intra-operator plan as sharding constraints on its sub
 Stage k holds devices [k S, (k+1) S) as a mesh of the plan's stage shape (S devices). Its forward is
 one jitted function of (its parameters, its micro-batch data, the tensors it receives) that runs its
 operators through the JAX interpreter with the plan's constraint on every edge (as
-``planner.engines.xla.training_step``); its backward is the jitted ``jax.vjp`` of that function
+``planner.engines.jax.xla.training_step``); its backward is the jitted ``jax.vjp`` of that function
 (the forward recomputed inside, as activation recomputation would). Tensors that cross to stage k+1
 move with ``jax.device_put`` onto its mesh in the producer's layout, cotangents back the same way.
 GPipe order: every micro-batch forward, then every backward; gradients summed over micro-batches;
@@ -28,7 +28,7 @@ def _stage_fn(micro, ops, exported, mesh, crossing_out, last: bool):
 
     from planner.engines.export import spec_of
     from planner.engines.interpret import run_operator
-    from planner.engines.xla import edge_hooks
+    from planner.engines.jax.xla import edge_hooks
 
     sharding = lambda layout, ndim: NamedSharding(mesh, PartitionSpec(*spec_of(layout, ndim, exported.axis_names)))
     make_on_input, on_output = edge_hooks(micro, exported, sharding)
@@ -66,9 +66,9 @@ def run_3d(job: dict) -> dict:
     from planner.cluster.mesh import Mesh as PlannerMesh, MeshAxis
     from planner.engines.export import export_plan
     from planner.engines.interpret import random_feeds
-    from planner.engines.torch_pipeline import stage_plan
+    from planner.engines.jobs import stage_plan
     from planner.ir.crossing import crossing_tensors
-    from planner.engines.xla import plain_step
+    from planner.engines.jax.xla import plain_step
     full, micro, stage_of = stage_plan(job)
     names, shape, p = tuple(job["axis_names"]), tuple(job["mesh_shape"]), int(job["stages"])
     size = math.prod(shape)
@@ -99,8 +99,8 @@ def run_3d(job: dict) -> dict:
 
 
 def _train(job, micro, feeds, stages, meshes, exported, crossing, p):
-    from planner.engines.torch_pipeline import micro_batch
-    from planner.engines.xla import data_copies
+    from planner.engines.jobs import micro_batch
+    from planner.engines.jax.xla import data_copies
     leaf = dict(exported.leaves)
     layouts = {micro.operator(op).outputs[k].tensor: lay for op, k, lay in exported.outputs}
     params = [{n: _placed(feeds[n], meshes[k], leaf[n], exported) for n in stages[k][2]} for k in range(p)]
@@ -144,7 +144,7 @@ def _update(params, grads, meshes, leaf, exported, lr: float):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Worker: ``python -m planner.engines.jax_pipeline JOB.json OUT.json`` (run by ``train_3d_on_jax``)."""
+    """Worker: ``python -m planner.engines.jax.pipeline JOB.json OUT.json`` (run by ``train_3d_on_jax``)."""
     from planner.outputs import write_json
     job_path, out_path = (argv if argv is not None else sys.argv[1:])[:2]
     write_json(out_path, run_3d(json.loads(Path(job_path).read_text())))

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import math
 
-from planner.engines.torch_import.handlers import register
-from planner.engines.torch_import.state import ImportState
+from planner.engines.torch.importer.handlers import register
+from planner.engines.torch.importer.state import ImportState
 
 
 def _region(topk) -> tuple[set[str], object | None]:

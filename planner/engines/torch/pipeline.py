@@ -13,39 +13,13 @@ update. The loss of a step is the sum of the micro-batches' losses (the graph's 
 
 from __future__ import annotations
 
-import json
-import sys
-from pathlib import Path
-
 import numpy as np
 
-from planner.ir.crossing import crossing_tensors
-
-
-def stage_plan(job):
-    from planner.ir.graph_json import graph_from_dict
-    full, micro = graph_from_dict(job["graph"]), graph_from_dict(job["micro_graph"])
-    stage_of = {name: int(k) for name, k in job["stage_of"].items()}
-    return full, micro, stage_of
-
-
-def stages_reading(graph, stage_of: dict[str, int]) -> dict[str, set[int]]:
-    """Per parameter, the stages that read it (two or more: a tied parameter with a copy on each)."""
-    out: dict[str, set[int]] = {}
-    for op in graph.operators:
-        for o in op.inputs:
-            if graph.tensor(o.tensor).role == "param":
-                out.setdefault(o.tensor, set()).add(stage_of[op.name])
-    return out
-
-
-def micro_batch(micro, feeds: dict, m: int) -> dict:
-    """The data of micro-batch ``m``: each data tensor that carries the batch (its first dim is the
-    micro-batch graph's batch) cut to its m-th block; the others (position ids, a mask shared by the
-    samples) whole."""
-    b = micro.batch_size
-    return {t.name: feeds[t.name][m * b:(m + 1) * b] if t.shape and t.shape[0] == b and feeds[t.name].shape[0] != b
-            else feeds[t.name] for t in micro.tensors if t.role == "data"}
+from planner.engines.jobs import micro_batch, stage_plan
+from planner.engines.torch import reference
+from planner.engines.torch.counting import counting_mode
+from planner.engines.torch.ranks import axis_groups, exit_now, finish, local_block, read_job, start
+from planner.ir.crossing import crossing_tensors, stages_reading
 
 
 def _tied_groups(micro, stage_of, p: int, size: int, dist):
@@ -65,27 +39,20 @@ def _tied_groups(micro, stage_of, p: int, size: int, dist):
 
 
 def main(argv: list[str] | None = None) -> int:
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-
-    job_path, out_path = (argv if argv is not None else sys.argv[1:])[:2]
-    job = json.loads(Path(job_path).read_text())
+    job, out_path = read_job(argv)
     full, micro, stage_of = stage_plan(job)
     names, shape, p = tuple(job["axis_names"]), tuple(job["mesh_shape"]), int(job["stages"])
-    dist.init_process_group("gloo")
+    dist, whole = start((p,) + shape, ("pp",) + names)
+    mesh = whole[names]
     size = int(np.prod(shape))
     rank = dist.get_rank()
-    mesh = init_device_mesh("cpu", (p,) + shape, mesh_dim_names=("pp",) + names)[names]
     coord = tuple(int(c) for c in np.unravel_index(rank % size, shape))
     tied = _tied_groups(micro, stage_of, p, size, dist)
     losses, transfers = _train(full, micro, stage_of, job, mesh, shape, coord, rank // size, p, size, tied, dist)
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, transfers if rank % size == 0 else [])  # one device of each stage
-    if rank == (p - 1) * size:
-        from planner.outputs import write_json
-        write_json(out_path, {"losses": losses, "transfers": [t for part in every for t in part], "backend": "gloo"})
-    dist.barrier()
-    dist.destroy_process_group()
+    result = {"losses": losses, "transfers": [t for part in every for t in part], "backend": "gloo"}
+    finish(out_path, result if rank == (p - 1) * size else None)
     return 0
 
 
@@ -95,19 +62,16 @@ def _train(full, micro, stage_of, job, mesh, shape, coord, stage, p, size, tied,
 
     from planner.cluster.mesh import Mesh, MeshAxis
     from planner.engines.export import export_plan
-    from planner.engines.torch_edges import PlannedEdge, reduce_deferred
-    from planner.engines.torch_worker import _block, counting_mode
-    from planner.engines.train_torch import _feeds
+    from planner.engines.torch.edges import PlannedEdge, reduce_deferred
     strategies = {k: tuple(v) for k, v in job["strategies"].items()}
     exported = export_plan(micro, strategies, Mesh(tuple(MeshAxis(n, s, 1.0, 0.0) for n, s in zip(mesh.mesh_dim_names, shape))))
-    feeds = _feeds(full, job["seed"])
+    feeds = reference.feeds(full, job["seed"])
     ops = [op for op in micro.operators if stage_of[op.name] == stage]
     mine = {o.tensor for op in ops for o in op.inputs if micro.tensor(o.tensor).role == "param"}
     leaf = dict(exported.leaves)
-    params = {n: _block(feeds[n], leaf[n], shape, coord).requires_grad_(True) for n in sorted(mine)}
+    params = {n: local_block(feeds[n], leaf[n], shape, coord).requires_grad_(True) for n in sorted(mine)}
     deferred = _deferred(micro, ops, exported, leaf)
-    groups = {mesh.get_group(name).group_name: ((name,), dist.get_process_group_ranks(mesh.get_group(name)))
-              for name in mesh.mesh_dim_names}
+    groups = axis_groups(mesh, mesh.mesh_dim_names)
     run = dict(micro=micro, ops=ops, strategies=strategies, exported=exported, mesh=mesh, shape=shape, coord=coord,
                stage=stage, p=p, size=size, dist=dist, params=params, leaf=leaf, feeds=feeds, defer=frozenset(deferred),
                count=int(job["num_microbatches"]), crossing=crossing_tensors(micro, stage_of, p))
@@ -152,7 +116,7 @@ def _micro_batches(run: dict, mode) -> float:
     """Every micro-batch forward, then every backward (GPipe); the sends are recorded as p2p."""
     import torch
 
-    from planner.engines.torch_worker import replicated_loss, run_ops
+    from planner.engines.torch.worker import replicated_loss, run_ops
     micro, stage, p, size, dist = run["micro"], run["stage"], run["p"], run["size"], run["dist"]
     layouts = {micro.operator(op).outputs[k].tensor: lay for op, k, lay in run["exported"].outputs}
     rank = dist.get_rank()
@@ -207,5 +171,4 @@ def _received(micro, name, layout, shape, coord, source, dist):
 
 
 if __name__ == "__main__":
-    from planner.engines.torch_worker import exit_now
     exit_now(main())

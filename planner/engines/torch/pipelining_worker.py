@@ -1,4 +1,4 @@
-"""One torchrun rank of an exported pipelining file (``planner.engines.torch_pipelining``): its
+"""One torchrun rank of an exported pipelining file (``planner.engines.torch.pipelining``): its
 pipeline rank's model chunks built from the file, SGD steps under the file's schedule, the replicas'
 and the tied copies' gradients summed once per step.
 
@@ -14,17 +14,18 @@ from __future__ import annotations
 
 import contextlib
 
+from planner.engines.torch.counting import counting_mode
+from planner.engines.torch.plan_files import model_and_batch
 
-def run_worker(plan, job: dict, out_path: str) -> None:
-    """One torchrun rank of an exported pipelining plan: pipeline rank ``pp``, replica ``dp``; SGD steps
-    with the plan's schedule. Rank 0 writes the per-step losses (summed over replicas) and the first
-    step's transfers (one device of each pipeline rank)."""
+
+def run_worker(plan, job: dict, mesh) -> dict | None:
+    """One torchrun rank of an exported pipelining plan on the file's device ``mesh``: pipeline rank
+    ``pp``, replica ``dp``; SGD steps with the plan's schedule. Rank 0 returns the per-step losses
+    (summed over replicas) and the first step's transfers (one device of each pipeline rank); the
+    other ranks None."""
     import torch
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
 
-    from planner.engines.torch_worker import counting_mode
-    mesh = init_device_mesh("cpu", tuple(plan.MESH_SHAPE), mesh_dim_names=tuple(plan.MESH_DIM_NAMES))
     tensor_parallel = getattr(plan, "TENSOR_PARALLEL", 1)
     stages, schedule, inputs, targets, context = _build(plan, job, mesh)
     tied = _tied_groups(plan, stages, dist)
@@ -55,10 +56,9 @@ def run_worker(plan, job: dict, out_path: str) -> None:
     one_device = mesh.get_local_rank("dp") == 0 and (tensor_parallel == 1 or mesh.get_local_rank("tp") == 0)
     every: list = [None] * dist.get_world_size()
     dist.all_gather_object(every, transfers if one_device else [])
-    if dist.get_rank() == 0:
-        from planner.outputs import write_json
-        write_json(out_path, {"losses": losses, "transfers": [(k, list(a), n) for part in every for k, a, n in part],
-                              "backend": "gloo"})
+    if dist.get_rank() != 0:
+        return None
+    return {"losses": losses, "transfers": [(k, list(a), n) for part in every for k, a, n in part], "backend": "gloo"}
 
 
 def _build(plan, job: dict, mesh):
@@ -67,8 +67,7 @@ def _build(plan, job: dict, mesh):
     import torch
     import torch.nn.functional as F
 
-    from planner.engines.torch_module_worker import _model_and_batch
-    model, batch, generator = _model_and_batch(plan, job["seed"])
+    model, batch, generator = model_and_batch(plan, job["seed"])
     with torch.no_grad():
         shape = plan.Logits(model)(*[value[:1] for value in batch]).shape
     labels = torch.randint(0, shape[-1], (batch[0].shape[0],) + tuple(shape[1:-1]), generator=generator)

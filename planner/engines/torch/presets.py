@@ -9,8 +9,8 @@ and ``hf:bert`` (options below, in ``SMALL``); ``file.py:function`` calls a func
 
 from __future__ import annotations
 
-from planner.engines.torch_import import TorchImportError
-from planner.engines.torch_import.state import failure
+from planner.engines.torch.importer import TorchImportError
+from planner.engines.torch.importer.state import failure
 from planner.errors import PlannerError
 
 
@@ -152,7 +152,7 @@ def _encoder_decoder(model):
 def import_spec(spec: str, loss: str = "sum", allow_unknown: bool = False):
     """The graph of a preset or ``file.py:function`` (see ``build_spec``), imported through
     ``torch.export`` with the training ``loss`` (``sum`` or ``cross_entropy``)."""
-    from planner.engines.torch_import import import_module
+    from planner.engines.torch.importer import import_module
     module, inputs, name = build_spec(spec)
     return import_module(module, inputs, name=name, allow_unknown=allow_unknown, loss=loss)
 

@@ -1,6 +1,6 @@
 """Compile one training step of a plan with XLA on emulated CPU devices and read its collectives.
 
-The parent process never imports JAX: ``compiled_collectives`` runs ``python -m planner.engines.xla JOB OUT``
+The parent process never imports JAX: ``compiled_collectives`` runs ``python -m planner.engines.jax.xla JOB OUT``
 with ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` in a subprocess. There the IR graph
 runs through the JAX interpreter (float32) with a ``with_sharding_constraint`` on every operator
 input (the layout the plan's consumer reads: one constraint per edge, as the cost model charges
@@ -16,37 +16,23 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 from planner.cost.strategy import PARTIAL, REPLICATE, Layout
 from planner.engines.hlo import HloCollective, parse_collectives
-from planner.errors import PlannerError
-from planner.engines.processes import run_group
-
-class VerifyError(PlannerError):
-    """The XLA check could not run (JAX missing, compilation failed)."""
+from planner.engines.jobs import python_worker, run_job
 
 
 def compiled_collectives(graph, strategies: dict, axis_names: tuple[str, ...], mesh_shape: tuple[int, ...],
                          timeout_s: float = 600.0) -> tuple[list[HloCollective], str]:
     """Compile the plan's training step on emulated CPU devices (subprocess); its collectives and HLO."""
     from planner.ir.graph_json import graph_to_dict
-    from planner.outputs import write_json
-    with tempfile.TemporaryDirectory() as tmp:
-        job, out = Path(tmp) / "job.json", Path(tmp) / "out.json"
-        write_json(job, {"graph": graph_to_dict(graph), "axis_names": list(axis_names),
-                            "mesh_shape": list(mesh_shape),
-                            "strategies": {k: list(v) for k, v in strategies.items()}})
-        env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={math.prod(mesh_shape)}",
-                   JAX_PLATFORMS="cpu")
-        proc = run_group([sys.executable, "-m", "planner.engines.xla", str(job), str(out)], timeout_s, env=env)
-        if proc.returncode != 0:
-            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            raise VerifyError(f"verify: XLA compilation failed ({last})")
-        hlo = json.loads(out.read_text())["hlo"]
+    job = {"graph": graph_to_dict(graph), "axis_names": list(axis_names), "mesh_shape": list(mesh_shape),
+           "strategies": {k: list(v) for k, v in strategies.items()}}
+    env = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={math.prod(mesh_shape)}", "JAX_PLATFORMS": "cpu"}
+    hlo = run_job(job, lambda j, o: python_worker("planner.engines.jax.xla", j, o, timeout_s, env,
+                                                  "verify: XLA compilation"))["hlo"]
     return parse_collectives(hlo, mesh_shape, axis_names), hlo
 
 
@@ -262,7 +248,7 @@ def load_job(job: dict, seed: int = 0):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Worker: ``python -m planner.engines.xla JOB.json OUT.json`` (run by ``compiled_collectives``)."""
+    """Worker: ``python -m planner.engines.jax.xla JOB.json OUT.json`` (run by ``compiled_collectives``)."""
     from planner.outputs import write_json
     job_path, out_path = (argv if argv is not None else sys.argv[1:])[:2]
     graph, exported, mesh, _, params, data = load_job(json.loads(Path(job_path).read_text()))

@@ -1,0 +1,87 @@
+"""Collectives counted where PyTorch runs them: ``CommDebugMode`` extended with each collective's
+bytes and mesh axes (DTensor's functional collectives, and FSDP2's c10d ones by process group), the
+second referee beside XLA for ``verify --torch`` and ``run-torch``."""
+
+from __future__ import annotations
+
+# CommDebugMode's funcol ops -> (cost-model kind, the bytes n as the cost model counts them)
+KINDS = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
+         "all_to_all_single": "all_to_all"}
+
+
+# c10d ops FSDP2 calls -> (cost-model kind, the argument whose bytes are n: the gathered output of
+# an all-gather, the unreduced input of a reduce-scatter, the buffer of an all-reduce)
+C10D = {"_allgather_base_": ("all_gather", 0), "_reduce_scatter_base_": ("reduce_scatter", 1),
+        "allreduce_": ("all_reduce", 0)}
+
+
+def _group_name(value) -> str | None:
+    """The name of a process group passed to a c10d op (it reaches dispatch as a ScriptObject)."""
+    import torch
+    if not isinstance(value, torch.ScriptObject) or "ProcessGroup" not in str(value._type()):
+        return None
+    return torch.distributed.ProcessGroup.unbox(value).group_name
+
+
+def counting_mode(axis_of_group: dict, track_modules: bool = True):
+    """``CommDebugMode`` that also records (kind, mesh axes, n bytes) of every collective it counts.
+    ``track_modules=False``: without CommDebugMode's per-module tracker, whose forward hooks fail on
+    the modules ``torch.distributed.pipelining`` unflattens (an empty parent list)."""
+    import torch
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    class Counting(CommDebugMode):
+        def __init__(self):
+            super().__init__()
+            self.transfers = []
+            self.fallback = []  # gloo's all-gathers that stand for an all-to-all (torch_edges)
+            if not track_modules:
+                self.advanced_module_tracker = _GlobalOnly()
+
+        def as_all_to_all(self, count_from: int, nbytes: float) -> None:
+            """The collectives recorded since ``count_from`` were DTensor's CPU fallback for one
+            all-to-all of a ``nbytes`` local buffer: record the all-to-all, keep them aside."""
+            moved, self.transfers[count_from:] = self.transfers[count_from:], []
+            self.fallback.extend(moved)
+            if moved:
+                self.transfers.append(("all_to_all", moved[0][1], nbytes))
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+            name = getattr(getattr(func, "_overloadpacket", None), "__name__", "")
+            if name in C10D:  # FSDP2's collectives (process-group objects)
+                group = next((_group_name(a) for a in args if _group_name(a)), None)
+                if group not in axis_of_group:
+                    return out
+                axis, _ = axis_of_group[group]
+                kind, index = C10D[name]
+                tensor = args[index]
+                size = tensor.numel() * tensor.element_size()
+                self.transfers.append((kind, axis, float(size)))
+                return out
+            kind = KINDS.get(name.rstrip("_"))
+            if kind and out is not NotImplemented and isinstance(args[0], torch.Tensor):
+                group = next((a for a in list(args[1:]) + list((kwargs or {}).values()) if isinstance(a, str)
+                              and a in axis_of_group), None)
+                if group is not None:
+                    size = args[0].numel() * args[0].element_size()
+                    n = size * len(axis_of_group[group][1]) if kind == "all_gather" else size
+                    self.transfers.append((kind, axis_of_group[group][0], float(n)))
+            return out
+    return Counting()
+
+
+class _GlobalOnly:
+    """CommDebugMode's module tracker reduced to what its dispatch reads: every count is "Global"."""
+
+    name, is_bw, activation_checkpointing = "Global", False, False
+    module_parents_dict = {"Global": set()}
+    module_helper_dict: dict = {}
+    module_parameters_dict: dict = {}
+    sharding_dict: dict = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *args):
+        return None
