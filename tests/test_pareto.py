@@ -143,9 +143,9 @@ def test_auto_matches_brute_force_over_every_assignment_of_layer_choices(mesh, o
     def settings(modes=None):
         if modes is None:
             return TrainingSettings(**auto)
-        return TrainingSettings(**auto, layer_recompute=tuple((l, m[0]) for l, m in zip(layers, modes))
+        return TrainingSettings(**auto, layer_recompute=tuple((k, m[0]) for k, m in zip(layers, modes))
                                 if len(recompute) > 1 else (),
-                                layer_zero=tuple((l, m[1]) for l, m in zip(layers, modes)) if len(zero) > 1 else ())
+                                layer_zero=tuple((k, m[1]) for k, m in zip(layers, modes)) if len(zero) > 1 else ())
 
     problem = build_problem(graph, cluster.mesh, cluster.profile, settings())
     pinned = {modes: build_problem(graph, cluster.mesh, cluster.profile, settings(modes))

@@ -31,8 +31,8 @@ def test_exact_counts_of_reference_implementations():
     assert load_model("gpt2-small").num_params == 124_439_808 + 47 * 768
 
 
-def megatron_formula(l, h, vocab, seq):
-    return 12 * l * h * h + 13 * l * h + (vocab + seq) * h
+def megatron_formula(layers, h, vocab, seq):
+    return 12 * layers * h * h + 13 * layers * h + (vocab + seq) * h
 
 
 def test_parametric_gpt_reproduces_megatron_table1(reference_dir):
@@ -40,9 +40,9 @@ def test_parametric_gpt_reproduces_megatron_table1(reference_dir):
     rows = list(csv.DictReader(lines))
     assert len(rows) == 10
     for row in rows:
-        l, h, a = int(row["layers"]), int(row["hidden"]), int(row["heads"])
-        graph = load_model(f"gpt:layers={l},hidden={h},heads={a},seq=2048,vocab=51200", batch=1)
-        formula = megatron_formula(l, h, 51200, 2048)
+        layers, h, a = int(row["layers"]), int(row["hidden"]), int(row["heads"])
+        graph = load_model(f"gpt:layers={layers},hidden={h},heads={a},seq=2048,vocab=51200", batch=1)
+        formula = megatron_formula(layers, h, 51200, 2048)
         assert graph.num_params - 2 * h == formula  # the formula omits the final layer norm (2h)
         assert round(formula / 1e9, 1) == pytest.approx(float(row["params_b"]), abs=0.051)
 

@@ -61,7 +61,7 @@ class PlanView:
     def field(self, name: str, kind: type | tuple = (int, float), where: dict | None = None, label: str = "") -> Any:
         where = self.data if where is None else where
         value = where.get(name)
-        if not isinstance(value, kind) or isinstance(value, bool) and kind != bool:
+        if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
             raise SettingsError(f"--plan: {self.path}: field '{label or name}' is missing or malformed "
                                 "(a plan from an earlier release? write it again with planner plan --json)")
         return value
