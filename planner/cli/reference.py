@@ -68,8 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     args = (argv if argv is not None else sys.argv[1:])
     text = markdown()
     if args:
-        with open(args[0], "w", encoding="utf-8") as out:
-            out.write(text)
+        from planner.outputs import write_text
+        write_text(args[0], text)
     else:
         sys.stdout.write(text)
     return 0

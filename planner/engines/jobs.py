@@ -15,6 +15,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -23,7 +24,7 @@ from typing import Callable, Sequence
 from planner.engines.hlo import parse_collectives
 from planner.engines.predicted import VERIFY_SETTINGS, compare, predicted_collectives, predicted_pipeline_collectives
 from planner.errors import PlannerError
-from planner.ir.crossing import stages_reading
+from planner.ir.crossing import tied_copies
 
 
 class EngineError(PlannerError):
@@ -68,7 +69,7 @@ class TrainRun:
         against ``predicted.predicted_pipeline_collectives``: per stage-mesh axis, ``pp`` (the sends)
         and ``tied`` (the all-reduce of a tied parameter's copies)."""
         predicted = predicted_pipeline_collectives(micro, stage_of, strategies, mesh, stages, num_microbatches)
-        copies = max((len(s) for s in stages_reading(micro, stage_of).values()), default=1)
+        copies = tied_copies(micro, stage_of)
         rows, _ = compare(predicted, list(self.transfers), {**dict(zip(mesh.names, mesh.shape)), "pp": stages,
                                                              "tied": copies})
         return rows
@@ -128,7 +129,6 @@ def run_job(job: dict, launch: Callable[[Path, Path], None]) -> dict:
 def python_worker(module: str, job_path: Path, out_path: Path, timeout_s: float, env: dict, what: str) -> None:
     """``python -m module JOB OUT`` in a process group of its own; a failure raises ``EngineError``
     naming ``what`` and the worker's own exception line."""
-    import sys
     proc = run_group([sys.executable, "-m", module, str(job_path), str(out_path)], timeout_s, env=dict(os.environ, **env))
     if proc.returncode != 0:
         raise EngineError(f"{what} failed ({exception_line(proc.stderr)})")

@@ -35,3 +35,8 @@ def stages_reading(graph: Graph, stage_of: Mapping[str, int]) -> dict[str, set[i
             if graph.tensor(o.tensor).role == "param":
                 out.setdefault(o.tensor, set()).add(stage_of[op.name])
     return out
+
+
+def tied_copies(graph: Graph, stage_of: Mapping[str, int]) -> int:
+    """The most stages that hold a copy of one parameter (1: nothing is tied across stages)."""
+    return max((len(s) for s in stages_reading(graph, stage_of).values()), default=1)

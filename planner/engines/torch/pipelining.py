@@ -253,13 +253,13 @@ def _chunk(layer: int | None, stage: int, starts: tuple[int, ...]) -> int:
 
 def predicted_bytes(micro, chunk_of: dict, strategies: dict, mesh, tp_axes: tuple[int, ...], chunks: int,
                     num_microbatches: int) -> dict[str, float]:
-    """``verify.predicted_pipeline_collectives`` over the model chunks (every chunk boundary a send),
-    as bytes each device sends (``verify.compare``), the stage mesh's axes named as the file's mesh
+    """``predicted.predicted_pipeline_collectives`` over the model chunks (every chunk boundary a send),
+    as bytes each device sends (``predicted.compare``), the stage mesh's axes named as the file's mesh
     dims: ``tp`` the tensor-parallel axis, ``dp`` the others (flattened); ``pp`` and ``tied``."""
-    from planner.ir.crossing import stages_reading
+    from planner.ir.crossing import tied_copies
     from planner.engines.predicted import compare, predicted_pipeline_collectives
     transfers = predicted_pipeline_collectives(micro, chunk_of, strategies, mesh, chunks, num_microbatches)
-    copies = max((len(s) for s in stages_reading(micro, chunk_of).values()), default=1)
+    copies = tied_copies(micro, chunk_of)
     rows, _ = compare(transfers, [], {**dict(zip(mesh.names, mesh.shape)), "pp": chunks, "tied": copies})
     dims = {**{name: "tp" if ax in tp_axes else "dp" for ax, name in enumerate(mesh.names)}, "pp": "pp", "tied": "tied"}
     out = {"pp": 0.0, "dp": 0.0, **({"tp": 0.0} if tp_axes else {}), "tied": 0.0}
