@@ -4,7 +4,7 @@ equal to the parser, tables equal to the committed results, and a site that buil
 from __future__ import annotations
 
 import re
-import shutil
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -55,8 +55,8 @@ def test_site_builds_strictly(tmp_path):
     pytest.importorskip("mkdocs")
     pytest.importorskip("material")
     pytest.importorskip("mkdocstrings")
-    mkdocs = shutil.which("mkdocs") or str(Path(sys.executable).with_name("mkdocs"))
-    run = subprocess.run([mkdocs, "build", "--strict", "--site-dir", str(tmp_path / "site")], cwd=ROOT,
-                         capture_output=True, text=True, env={"NO_MKDOCS_2_WARNING": "1", "PATH": ""})
+    # the interpreter's own mkdocs: a `mkdocs` on PATH may belong to another environment
+    run = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")], cwd=ROOT,
+                         capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert run.returncode == 0, run.stderr[-2000:]
     assert (tmp_path / "site" / "api" / "index.html").read_text().count("planner.api.plan") > 0
