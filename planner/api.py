@@ -22,7 +22,10 @@ from planner.cluster.profiles import DEFAULT_HARDWARE_CSV, MachineProfile, get_p
 from planner.plans import Plan, failed, pipeline_fields, make_plan, strategies_from_choice, strategies_from_mapping
 from planner.cost.problem import Problem, build_problem
 from planner.search.layer_modes import refuse_auto_without_layers
-from planner.search.exact import MAX_WHOLE_PROGRAM, Progress, program_size, solve_exact
+from planner.search.exact import solve_exact
+from planner.search.reduce import Progress
+from planner.search.solver import program_size
+from planner.search.whole import MAX_WHOLE_PROGRAM
 from planner.search.solver import solve
 from planner.pipeline import threed
 from planner.pipeline.search import METHODS as PIPELINE_METHODS

@@ -549,33 +549,36 @@ def test_beside_a_plan_in_hand_the_master_gets_the_whole_condition(monkeypatch):
     the rest, which can only find a plan that cannot win. The master, the only search that can
     prove such a condition dominated, now gets all of it (at --time-limit 12 on 2 cores: FEASIBLE
     with a 19.5%-off note -> OPTIMAL)."""
-    from planner.search import exact
+    from planner.search import exact, master
+    from planner.search.state import SearchState
     seen = []
-    real = exact._pareto
+    real = master._pareto
 
-    def spy(problem, segments, limit, deadline, *args, **kwargs):
-        seen.append((deadline, kwargs.get("incumbent", args[-1] if args else None)))
-        return real(problem, segments, limit, deadline, *args, **kwargs)
-    monkeypatch.setattr(exact, "_pareto", spy)
+    def spy(state, limit, deadline):
+        seen.append((deadline, state.incumbent))
+        return real(state, limit, deadline)
+    monkeypatch.setattr(master, "_pareto", spy)
     problem = _untied(api.make_problem(TINY, api.make_cluster("8", "a100-80g"), batch=8))
     limit = int(exact.min_memory(problem) * 1.05)
     start = __import__("time").perf_counter()
-    exact._solve_untied(problem, limit, 30.0, 0, 1, None, None, incumbent=10**12)
-    assert seen and seen[-1][0] >= start + 29.0  # the whole 30 s, not half
+    exact._solve_untied(SearchState(problem, limit, 30.0, incumbent=10**12))
+    assert seen and seen[-1] == (seen[-1][0], 10**12)
+    assert seen[-1][0] >= start + 29.0  # the whole 30 s, not half
 
 
 def test_a_cut_master_keeps_its_proven_bound_on_the_lagrangian_path():
     """A master cut after proving its Lagrangian bound handed the fallback nothing, so a run with no
     time left reported the separable bound (272% gap where 0.18% was proven)."""
     import math
-    from planner.search import exact
     from planner.search.decompose import split_segments
+    from planner.search.lagrangian import lagrangian
+    from planner.search.reduce import Workers
+    from planner.search.state import SearchState
     problem = _untied(api.make_problem(TINY, api.make_cluster("8", "a100-80g"), batch=8))
     segments = split_segments(problem)
-    now = __import__("time").perf_counter()
-    with exact.Workers(problem, 1, 1) as workers:
-        result, _ = exact._lagrangian(problem, segments, math.inf, now - 1.0, 0, workers, now, (), 0.0, None,
-                                      proven=123_456)
+    with Workers(problem, 1, 1) as workers:  # a time limit of -1 s: the deadline has passed
+        state = SearchState(problem, math.inf, -1.0, segments=segments, workers=workers)
+        result, _ = lagrangian(state, None, proven=123_456)
     assert result.bound >= 123_456 - 1
 
 

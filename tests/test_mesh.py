@@ -65,7 +65,7 @@ def test_one_worker_pool_serves_every_price_step(monkeypatch):
     import multiprocessing
 
     from planner import make_cluster, make_problem
-    from planner.search import exact
+    from planner.search import exact, lagrangian, master, reduce
     from planner.search.solver import min_memory
 
     from planner.search.ties import conditioned, owner_groups
@@ -75,7 +75,7 @@ def test_one_worker_pool_serves_every_price_step(monkeypatch):
     free, _ = exact.solve_exact(problem, jobs=1)
     limit = min_memory(problem) + 0.5 * (problem.memory(free.choice) - min_memory(problem))
     steps, pools = [], []
-    real_unary, real_context = exact.solve_unary, multiprocessing.get_context
+    real_unary, real_context = lagrangian.solve_unary, multiprocessing.get_context
 
     class Counting:
         def __init__(self, context):
@@ -85,9 +85,9 @@ def test_one_worker_pool_serves_every_price_step(monkeypatch):
             pools.append(args[0])
             return self.context.Pool(*args, **kwargs)
 
-    monkeypatch.setattr(exact.multiprocessing, "get_context", lambda kind: Counting(real_context(kind)))
-    monkeypatch.setattr(exact, "solve_unary", lambda *a, **k: steps.append(1) or real_unary(*a, **k))
-    monkeypatch.setattr(exact, "_pareto", lambda *a, **k: (None, "Pareto master off", None))
+    monkeypatch.setattr(reduce.multiprocessing, "get_context", lambda kind: Counting(real_context(kind)))
+    monkeypatch.setattr(lagrangian, "solve_unary", lambda *a, **k: steps.append(1) or real_unary(*a, **k))
+    monkeypatch.setattr(master, "_pareto", lambda *a, **k: master.MasterRun(None, "Pareto master off"))
     two, _ = exact.solve_exact(problem, limit, jobs=2, time_limit_s=120)
     one, _ = exact.solve_exact(problem, limit, jobs=1, time_limit_s=120)
     assert len(steps) > 5 and pools == [2]

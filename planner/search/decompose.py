@@ -133,14 +133,18 @@ def segment_network(problem: Problem, seg: Segment, unary: Sequence[np.ndarray])
         if e.dst not in local:
             continue
         if e.src in local:
-            net.add_factor(local[e.src], local[e.dst], e.cost[np.ix_(e.src_index, e.dst_index)])
+            net.add_factor(local[e.src], local[e.dst], _float(e.cost[np.ix_(e.src_index, e.dst_index)]))
         else:
-            net.add_factor(entry_var, local[e.dst], e.cost[:, e.dst_index])
+            net.add_factor(entry_var, local[e.dst], _float(e.cost[:, e.dst_index]))
     if exit_var is not None:
         index = problem.producer_layout_index(seg.exit_tensor)
         gate = np.where(index[:, None] == np.arange(len(net.unary[exit_var]))[None, :], 0.0, np.inf)
         net.add_factor(local[seg.exit_producer], exit_var, gate)
     return net, entry_var, exit_var
+
+
+def _float(matrix: np.ndarray) -> np.ndarray:
+    return np.asarray(matrix, dtype=np.float64)
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -1,4 +1,4 @@
-"""Pareto fronts of (cost, memory) points, and a min-sum network whose tables hold fronts.
+"""Pareto fronts of (cost, memory) points, and the semiring (``ParetoFronts``) that reduces them.
 
 Memory is additive over operators, so the plans of a segment for one (entry layout, exit layout)
 pair are summed up, without loss, by the points no other plan beats in both cost and memory:
@@ -189,6 +189,48 @@ def union(var: int, branches: list[Node], cap: int) -> Node:
     mem = np.concatenate([pad(b.mem) for b in branches], axis=-1)
     c, m, _ = prune(cost, mem, cap)
     return Node(c, m, ("union", var, tuple(branches)))
+
+
+class ParetoFronts:
+    """The semiring of front tables for ``planner.search.eliminate.Network``: ``combine`` is the
+    pruned Minkowski sum, minimising over a variable is the union of its states' fronts. Tables
+    remember how they were made (``explain``), so no trace is returned."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+
+    def unit(self) -> Node:
+        return leaf(np.zeros(()))
+
+    def combine(self, a: Node, b: Node) -> Node:
+        return add(a, b, self.cap)
+
+    def transpose(self, a: Node) -> Node:
+        return transpose(a)
+
+    def series(self, var: int, left: Node, unary: Node, right: Node) -> tuple[Node, None]:
+        return series(var, left, unary, right, self.cap), None
+
+    def chain_end(self, var: int, left: Node, unary: Node) -> tuple[Node, None]:
+        return chain_end(var, left, unary, self.cap), None
+
+    def collapse(self, var: int, unary: Node) -> tuple[Node, None]:
+        return collapse(var, unary, self.cap), None
+
+    def pick(self, unary: Node, state: int) -> Node:
+        return pick(unary, state)
+
+    def column(self, factor: Node, state: int) -> Node:
+        return column(factor, state)
+
+    def boundary(self, rows: Node | None, cols: Node | None, const: Node) -> Node:
+        return outer(rows, cols, const, self.cap)
+
+    def union(self, var: int, tables: list[Node]) -> tuple[Node, None]:
+        return union(var, tables, self.cap), None
+
+    def states(self, unary: Node) -> int:
+        return unary.shape[0]
 
 
 def explain(node: Node, index: tuple[int, ...], point: int, states: dict[int, int]) -> None:

@@ -34,9 +34,11 @@ class LayerOptions:
             ([f"ZeRO stage among {'/'.join(map(str, zero))}"] if len(zero) > 1 else []))
 
 
-def layer_options(problem: Problem, segments: Sequence[Segment], memo: dict | None = None) -> LayerOptions:
+def layer_options(problem: Problem, segments: Sequence[Segment],
+                  built: dict | None = None) -> LayerOptions:
     """The variants for recompute / zero 'auto' (none otherwise); selective recompute only where
-    there is an attention core to drop. ``memo["variants"]`` keeps them across tied-layout conditions."""
+    there is an attention core to drop. ``built`` (mode -> problem) keeps the unconditioned
+    variants across tied-layout conditions; it is filled in place."""
     settings, graph = problem.settings, problem.graph
     recompute = ("none",) + (("selective",) if attention_core(graph) else ()) + ("full",) \
         if settings.recompute == AUTO else ("none",)
@@ -45,7 +47,7 @@ def layer_options(problem: Problem, segments: Sequence[Segment], memo: dict | No
         return LayerOptions()
     layers = sorted({op.layer for op in graph.operators if op.layer is not None})
     modes = tuple(itertools.product(recompute, zero))
-    built = memo["variants"] if memo is not None else {}
+    built = built if built is not None else {}
     for mode in modes[1:]:
         if mode not in built:
             built[mode] = build_problem(graph, problem.mesh, problem.profile, pinned_settings(settings, layers, mode), problem.unit_s)

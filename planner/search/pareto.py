@@ -36,9 +36,10 @@ import numpy as np
 
 from planner.cost.problem import Problem
 from planner.search.decompose import Segment, segment_keys, segment_network
+from planner.search.eliminate import Network
 from planner.search.prices import kept_lagrangian, suffix
-from planner.search.fronts import (FrontTooLarge, Node, add, block_offsets, chain_end, collapse, column, explain, leaf,
-                                   mode_chain, outer, pick, series, transpose, union, unit_edges)
+from planner.search.fronts import (FrontTooLarge, Node, ParetoFronts, block_offsets, explain, leaf, mode_chain,
+                                   unit_edges)
 
 FRONT_CAP = 512  # points per front in a segment table
 LABEL_CAP = 16384  # labels per boundary layout in the master
@@ -59,79 +60,13 @@ class ParetoResult:
     modes: tuple[int, ...] = ()  # per segment, the settings it runs under (0: the problem's; i: variant i)
 
 
-class ParetoNetwork:
-    """A pairwise network whose unary and pairwise tables hold (cost, memory) fronts."""
-
-    def __init__(self, unary: list[Node], cap: int = FRONT_CAP) -> None:
-        self.unary = list(unary)
-        self.factors: dict[tuple[int, int], Node] = {}
-        self.neighbours: list[set[int]] = [set() for _ in unary]
-        self.const = leaf(np.zeros(()))
-        self.cap = cap
-
-    def add_factor(self, x: int, y: int, node: Node) -> None:
-        if x > y:
-            x, y, node = y, x, transpose(node)
-        key = (x, y)
-        self.factors[key] = add(self.factors[key], node, self.cap) if key in self.factors else node
-        self.neighbours[x].add(y)
-        self.neighbours[y].add(x)
-
-    def _take(self, x: int, v: int) -> Node:
-        self.neighbours[x].discard(v)
-        self.neighbours[v].discard(x)
-        return self.factors.pop((x, v)) if x < v else transpose(self.factors.pop((v, x)))
-
-    def _clone(self) -> "ParetoNetwork":
-        other = ParetoNetwork(self.unary, self.cap)
-        other.factors = dict(self.factors)
-        other.neighbours = [set(n) for n in self.neighbours]
-        other.const = self.const
-        return other
-
-    def reduce(self, entry: int | None, exit: int | None, done: frozenset[int] = frozenset()) -> Node:
-        """The [entry, exit] front table; variables eliminated min degree first, as ``Network``."""
-        keep = {k for k in (entry, exit) if k is not None}
-        alive = set(range(len(self.unary))) - keep - set(done)
-        while alive:
-            var = min(alive, key=lambda k: (len(self.neighbours[k]), k))
-            around = tuple(sorted(self.neighbours[var]))
-            if len(around) > 2:
-                pivot = max(alive, key=lambda k: (len(self.neighbours[k]), -k))
-                return self._condition(pivot, entry, exit, done | (set(range(len(self.unary))) - alive))
-            self._eliminate(var, around)
-            alive.discard(var)
-        rows = self.unary[entry] if entry is not None else None
-        cols = self.unary[exit] if exit is not None else None
-        table = outer(rows, cols, self.const, self.cap)
-        if entry is not None and exit is not None and (min(entry, exit), max(entry, exit)) in self.factors:
-            table = add(table, self._take(entry, exit), self.cap)
-        return table
-
-    def _eliminate(self, var: int, around: tuple[int, ...]) -> None:
-        if not around:
-            self.const = add(self.const, collapse(var, self.unary[var], self.cap), self.cap)
-        elif len(around) == 1:
-            (x,) = around
-            self.unary[x] = add(self.unary[x], chain_end(var, self._take(x, var), self.unary[var], self.cap), self.cap)
-        else:
-            x, y = around
-            self.add_factor(x, y, series(var, self._take(x, var), self.unary[var], self._take(var, y), self.cap))
-
-    def _condition(self, var: int, entry: int | None, exit: int | None, done: set[int]) -> Node:
-        """One reduction per state of ``var`` (fixed), the tables joined by a union of fronts."""
-        branches = []
-        for state in range(self.unary[var].shape[0]):
-            branch = self._clone()
-            branch.const = add(branch.const, pick(self.unary[var], state), self.cap)
-            for other in sorted(branch.neighbours[var]):
-                branch.unary[other] = add(branch.unary[other], column(branch._take(other, var), state), self.cap)
-            branches.append(branch.reduce(entry, exit, frozenset(done) | {var}))
-        return union(var, branches, self.cap)
-
-
-class Dominated(FrontTooLarge):
+class Dominated(Exception):
     """No plan of this problem costs less than the incumbent the caller gave: nothing to return."""
+
+
+class NoLabelFits(Exception):
+    """No label reached the last boundary within the memory limit (with no plan in hand to prune
+    by, the problem is infeasible; the caller's exact path proves and reports it)."""
 
 
 class Unproven(Exception):
@@ -149,10 +84,10 @@ def segment_front_table(problem: Problem, seg: Segment, cap: int = FRONT_CAP) ->
     net, entry, exit_ = segment_network(problem, seg, costs)
     memory = [problem.ops[op].memory.astype(np.float64) for op in seg.ops]
     unary = [leaf(u, memory[n] if n < len(seg.ops) else None) for n, u in enumerate(net.unary)]
-    fronts = ParetoNetwork(unary, cap)
+    fronts = Network(unary, ParetoFronts(cap))
     for (x, y), matrix in sorted(net.factors.items()):
         fronts.add_factor(x, y, leaf(matrix))
-    return fronts.reduce(entry, exit_)
+    return fronts.reduce(entry, exit_).table
 
 
 def pareto_search(problem: Problem, segments: Sequence[Segment], memory_limit: float, deadline: float | None = None,
@@ -168,7 +103,8 @@ def pareto_search(problem: Problem, segments: Sequence[Segment], memory_limit: f
     ``tables``: front tables kept by (option, cap, segment key) across calls whose problems differ
     only in some segments (the tied-layout conditions); ``incumbent``: the cost of a plan found
     elsewhere (another condition), which prunes the labels. Raises ``FrontTooLarge`` past the caps,
-    ``Dominated`` when no plan here beats the incumbent and ``TimeoutError`` past ``deadline``."""
+    ``Dominated`` when no plan here beats the incumbent, ``NoLabelFits`` when no plan fits and
+    ``TimeoutError`` past ``deadline``."""
     start = time.perf_counter()
     options = [problem, *variants]
     by_mode, chain = _chain(options, segments, cap, units, tables, deadline)
@@ -194,7 +130,7 @@ def pareto_search(problem: Problem, segments: Sequence[Segment], memory_limit: f
     if final is None and incumbent is not None and upper >= incumbent:
         raise Dominated(f"no label beats the plan in hand ({incumbent:.0f})")
     if final is None:
-        raise FrontTooLarge("no label fits the memory limit")  # the caller's path reports infeasibility
+        raise NoLabelFits("no label fits the memory limit")
     return _result(options, segments, by_mode, units, (back, final, best), memory_limit, bound, start)
 
 
