@@ -14,7 +14,7 @@ from planner.search.brute import brute_force
 from planner.search.decompose import split_segments
 from planner.search.exact import solve_exact
 from planner.search.fronts import FrontTooLarge, prune
-from planner.search.pareto import pareto_search, segment_front_table
+from planner.search.pareto import NoLabelFits, pareto_search, segment_front_table
 from planner.search.solver import min_memory, solve
 from test_decompose import chain_graphs
 
@@ -108,7 +108,7 @@ def _pinned_optimum(problem, limit):
             untied = conditioned(problem, {owner: layouts})
             try:
                 found.append(pareto_search(untied, split_segments(untied), limit).objective)
-            except FrontTooLarge:  # "no label fits"
+            except NoLabelFits:
                 pass
     return min(found, default=None)
 
