@@ -183,3 +183,15 @@ def test_a_rank_killed_by_a_signal_is_named():
                                      "printed no exception"
     bare = "\n".join(["[rank0]:     raise AssertionError", "[rank0]: AssertionError", stderr])
     assert exception_line(bare) == "[rank0]: AssertionError"  # an exception with no message is still the rank's
+
+
+def test_a_ranks_exception_names_where_it_was_raised():
+    """The rank's innermost frame follows its exception line, so a log's tail says where it failed."""
+    from planner.engines.jobs import exception_line
+    stderr = "\n".join([
+        "[rank1]: Traceback (most recent call last):",
+        '[rank1]:   File "/a/b/planner/engines/torch/module_worker.py", line 80, in main',
+        "[rank1]:     run()", '[rank1]:   File "/venv/lib/torch/distributed/tensor/_api.py", line 12, in shard',
+        "[rank1]:     sizes[3]", "[rank1]: IndexError: list index out of range", "E1203 torchrun: failed"])
+    assert exception_line(stderr) == \
+        "[rank1]: IndexError: list index out of range (at torch/distributed/tensor/_api.py:12 in shard)"

@@ -137,6 +137,20 @@ def python_worker(module: str, job_path: Path, out_path: Path, timeout_s: float,
 EXCEPTION = re.compile(r"^(\[rank\d+\]: )?[\w.]*(Error|Exception)\w*(: \S|\s*$)")  # a bare one: an assert
 
 
+FRAME = re.compile(r'^(?:\[rank\d+\]: )?\s*File "([^"]+)", line (\d+), in (\S+)')
+
+
+def _frame_before(lines: list[str], at: int) -> str:
+    """`` (at FILE:LINE in FUNCTION)``: the innermost traceback frame above line ``at``, so a
+    failure seen only in a log (CI's tail) says where it was raised; empty when there is none."""
+    for line in reversed(lines[max(0, at - 40):at]):
+        match = FRAME.match(line)
+        if match:
+            path, number, function = match.groups()
+            return f" (at {'/'.join(path.split('/')[-4:])}:{number} in {function})"
+    return ""
+
+
 ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+).*?traceback\s*:\s*([^\n]*)", re.S)
 
 
@@ -156,9 +170,9 @@ def exception_line(stderr: str) -> str:
     last one (a chained exception's outermost); JAX ends its tracebacks with a note on filtered frames
     and torchrun with a ChildFailedError that names no cause. Else any line naming an error."""
     lines = stderr.strip().splitlines()
-    own = [line for line in lines if EXCEPTION.match(line)]
+    own = [i for i, line in enumerate(lines) if EXCEPTION.match(line)]
     if own:
-        return own[-1].strip()
+        return lines[own[-1]].strip() + _frame_before(lines, own[-1])
     died = _root_cause(stderr)
     if died:
         return died

@@ -23,10 +23,12 @@ def _group_name(value) -> str | None:
     return torch.distributed.ProcessGroup.unbox(value).group_name
 
 
-def counting_mode(axis_of_group: dict, track_modules: bool = True):
+def counting_mode(axis_of_group: dict):
     """``CommDebugMode`` that also records (kind, mesh axes, n bytes) of every collective it counts.
-    ``track_modules=False``: without CommDebugMode's per-module tracker, whose forward hooks fail on
-    the modules ``torch.distributed.pipelining`` unflattens (an empty parent list)."""
+    It runs without CommDebugMode's per-module tracker, whose forward hooks pop an empty parent list
+    on modules whose pre-hook never fired: those ``torch.distributed.pipelining`` unflattens, and
+    Llama's modules under transformers 5.25 (IndexError in ``_fw_set_module_hook``). The counts
+    read here are the global ones."""
     import torch
     from torch.distributed.tensor.debug import CommDebugMode
 
@@ -35,8 +37,7 @@ def counting_mode(axis_of_group: dict, track_modules: bool = True):
             super().__init__()
             self.transfers = []
             self.fallback = []  # gloo's all-gathers that stand for an all-to-all (torch_edges)
-            if not track_modules:
-                self.advanced_module_tracker = _GlobalOnly()
+            self.advanced_module_tracker = _GlobalOnly()
 
         def as_all_to_all(self, count_from: int, nbytes: float) -> None:
             """The collectives recorded since ``count_from`` were DTensor's CPU fallback for one

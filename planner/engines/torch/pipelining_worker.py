@@ -36,7 +36,7 @@ def run_worker(plan, job: dict, mesh) -> dict | None:
     counts = tensor_parallel == 1 or mesh.get_local_rank("tp") == 0  # one loss per replica
     losses, transfers = [], []
     for step in range(job["steps"]):
-        record = counting_mode(groups, track_modules=False) if step == 0 else None
+        record = counting_mode(groups) if step == 0 else None
         hooks = _count_sends(stages, record) if record is not None else []
         mine: list = []
         with context(), (record if record is not None else contextlib.nullcontext()):
