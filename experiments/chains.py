@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner import LayerChain
+from planner.pipeline.schedule import LayerChain
 
 
 def random_chain(seed: int, layers: int, batch: int = 64, memory_scale: float = 1.0) -> LayerChain:

@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 import planner
+from planner.cluster.profiles import get_profile
 from experiments.common import add_output_options, png_path, pyplot, results_table, run, write_png
 
 REFERENCE = Path(__file__).resolve().parent / "data"  # published measurements, cited in each file
@@ -63,7 +64,7 @@ SETUPS = {**VARIANTS, MEGATRON: (True, "full", 25, "1f1b", True, False)}
 def _variant(args: argparse.Namespace, variant: str):
     """(profile, settings, schedule, model suffix) of an ablation step or of the Megatron setup."""
     roofline, overlap, bucket_mb, schedule, fp32_grads, dropout = SETUPS[variant]
-    profile = planner.get_profile(args.device).with_overrides(roofline=roofline)
+    profile = get_profile(args.device).with_overrides(roofline=roofline)
     settings = planner.TrainingSettings(recompute=True, overlap=overlap, bucket_bytes=bucket_mb * 2**20,
                                         fp32_grads=fp32_grads)
     return profile, settings, schedule, ",dropout=1" if dropout else ""

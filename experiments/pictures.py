@@ -1,7 +1,7 @@
 """Pictures of plans for the README: a GPT-3 175B 3D plan on 1024 A100s, gpt2-small on 2x4 (exact),
 and the search methods compared on gpt2-small 2x4.
 
-Each picture is drawn by ``planner.plan_figure`` / ``planner.compare_figure`` (what ``planner show``
+Each picture is drawn by ``planner.plan_figure`` / ``planner.show.draw.compare_figure`` (what ``planner show``
 and ``planner compare --png`` draw) and read back from the figure's artists: the CSV records, per
 picture, the plan's step time and peak memory beside the sums of the drawn bars, and the Gantt
 blocks drawn beside stages x micro-batches x passes.
@@ -17,6 +17,7 @@ import argparse
 import time
 
 import planner
+from planner.show.draw import compare_figure, figure_bytes
 from experiments.common import add_output_options, results_table, run
 from planner.outputs import write_bytes
 
@@ -72,7 +73,7 @@ def drawn_count(fig, gid: str) -> int:
 def compare_row(model: str, mesh: str, batch: int | None) -> tuple[dict, object]:
     start = time.perf_counter()
     rows = planner.compare(model, mesh, "a100-80g", methods=COMPARE_METHODS, batch=batch)
-    fig = planner.compare_figure(rows)
+    fig = compare_figure(rows)
     planned = [r for r in rows if r["status"] not in ("INFEASIBLE", "UNKNOWN")]
     return {"case": "compare", "model": model, "mesh": rows[0]["mesh"], "status": "OK",
             "objective": sum(r["estimated_step_time_s"] for r in planned),
@@ -98,14 +99,14 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             row, fig = plan_row(case, model, mesh, batch, threed)
             if args.plot:
-                write_bytes(f"{stem}_{case}.png", planner.figure_bytes(fig, "png"), "--png")
+                write_bytes(f"{stem}_{case}.png", figure_bytes(fig, "png"), "--png")
             table.add([row])
             print(f"{case}: {row['status']} {row['step_time_s'] * 1e3:.3f} ms, drawn and checked", flush=True)
         _, model, mesh, batch, _ = cases[1]
         if not table.done(case="compare"):
             row, fig = compare_row(model, mesh, batch)
             if args.plot:
-                write_bytes(f"{stem}.png", planner.figure_bytes(fig, "png"), "--png")
+                write_bytes(f"{stem}.png", figure_bytes(fig, "png"), "--png")
             table.add([row])
         table.finish()
         return 0

@@ -17,6 +17,7 @@ import sys
 import numpy as np
 
 import planner
+from planner.pipeline.search import METHODS as PIPELINE_METHODS
 from experiments.chains import random_chain
 from experiments.common import add_output_options, png_path, pyplot, results_table, run, write_png
 
@@ -28,7 +29,7 @@ METHODS = ("csimd", "exact", "even", "balanced")
 
 
 def compare_chain(chain, stages: int, memory: float | None, source: str, instance: int) -> list[dict]:
-    plans = {m: planner.PIPELINE_METHODS[m](chain, stages, "1f1b", memory) for m in METHODS}
+    plans = {m: PIPELINE_METHODS[m](chain, stages, "1f1b", memory) for m in METHODS}
     exact = plans["exact"].iteration_time_s
     rows = []
     for method, p in plans.items():

@@ -21,6 +21,8 @@ import sys
 import time
 
 import planner
+from planner.cluster.mesh import parse_mesh
+from planner.cluster.profiles import get_profile
 from experiments.common import add_output_options, png_path, pyplot, results_table, run, write_png
 
 BASE = {"devices": 64, "device": "a100-80g", "inter_gbps": None, "batch": 256}
@@ -41,7 +43,7 @@ def variations(base: dict, quick: bool) -> list[tuple[str, dict]]:
 
 def degrees(result) -> dict:
     """Pipeline, data and tensor-parallel degrees of a 3D plan (tensor: linear layers split off the batch)."""
-    mesh = planner.parse_mesh(result.stage_mesh, planner.get_profile("symbolic"))
+    mesh = parse_mesh(result.stage_mesh, get_profile("symbolic"))
     sizes = dict(zip(mesh.names, mesh.shape))
     dims = dict(result.tensor_parallel_dims)
     dp = math.prod(sizes[a] for a, d in dims.items() if d == "b")
@@ -54,7 +56,7 @@ def degrees(result) -> dict:
 
 
 def plan_row(model: str, changed: str, setting: dict) -> dict:
-    profile = planner.get_profile(setting["device"])
+    profile = get_profile(setting["device"])
     if setting["inter_gbps"] is not None:
         profile = dataclasses.replace(profile, inter_node_bandwidth=setting["inter_gbps"] * GBPS,
                                       name=f"{profile.name}@{setting['inter_gbps']}Gbps")

@@ -16,6 +16,7 @@ import sys
 import time
 
 import planner
+from planner.search.sapp import sapp_levels
 from experiments.common import add_output_options, png_path, pyplot, results_table, run, write_png
 
 MODEL = "gpt:layers={layers},hidden=12288,heads=96,seq=2048,vocab=51200"
@@ -27,7 +28,7 @@ def run_one(layers: int, devices: int, repeats: int = 3) -> dict:
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        planner.sapp_levels(graph, devices)
+        sapp_levels(graph, devices)
         times.append(time.perf_counter() - start)
     best = min(times)
     costed = planner.plan(graph, MESHES[devices], "a100-80g", method="sapp", memory=float("inf"))

@@ -31,6 +31,11 @@ import tempfile
 import time
 
 import planner
+from planner.engines.jax.train import train_3d_on_jax
+from planner.engines.torch.module import module_plan as torch_module_plan
+from planner.engines.torch.train import train_3d_on_torch, train_module_plan
+from planner.outputs import write_text
+from planner.runs import plan_for_verification
 from experiments.common import add_output_options, png_path, pyplot, results_table, run, write_png
 
 SPEC = "hf:gpt2:layers=2,hidden=256,heads=4,seq=64,vocab=512,batch=8"
@@ -46,7 +51,7 @@ TOLERANCE = 1e-4
 
 def run_one(graph, mesh: str, method: str, engine: str, steps: int, lr: float) -> dict:
     start = time.perf_counter()
-    loaded = planner.plan_for_verification(graph, mesh, method)
+    loaded = plan_for_verification(graph, mesh, method)
     train = planner.train_on_jax if engine == "jax" else planner.train_on_torch
     result = train(loaded.graph, loaded.strategies, loaded.mesh.names, loaded.mesh.shape, steps=steps, lr=lr)
     compare = result.xla_comparison if engine == "jax" else result.counted_comparison
@@ -67,13 +72,13 @@ def run_module(graph, mesh: str, method: str, steps: int, lr: float, folder: str
     torchrun: DTensor propagates the activations between the exported placements, so its bytes are
     DTensor's choice."""
     start = time.perf_counter()
-    loaded = planner.plan_for_verification(graph, mesh, method)  # dp / megatron: the same layouts under ZeRO-3
+    loaded = plan_for_verification(graph, mesh, method)  # dp / megatron: the same layouts under ZeRO-3
     source = f"{method}+zero3" if zero == 3 else method
-    exported = planner.torch_module_plan(loaded.graph, loaded.strategies, loaded.mesh, SPEC, "cross_entropy",
+    exported = torch_module_plan(loaded.graph, loaded.strategies, loaded.mesh, SPEC, "cross_entropy",
                                          f"{source} on {loaded.mesh.spec}", zero=zero)
     path = f"{folder}/plan_{source}_{mesh}.py"
-    planner.write_text(path, exported.render())
-    result = planner.train_module_plan(path, loaded.mesh.num_devices, steps=steps, lr=lr)
+    write_text(path, exported.render())
+    result = train_module_plan(path, loaded.mesh.num_devices, steps=steps, lr=lr)
     rows = result.counted_comparison(loaded.graph, loaded.strategies, loaded.mesh, zero)
     total, axes = rows[0], rows[1:]
     fsdp = f"; fully_shard on {'+'.join(exported.fully_shard_dims)}" if zero == 3 else ""
@@ -98,7 +103,7 @@ def run_3d(steps: int, lr: float, engine: str) -> dict:
     axes = tuple(operators[0]["strategy"])
     shape = tuple(int(part.split("=")[1]) for part in pipe["stage_mesh"].split(","))
     count, micro = pipe["num_microbatches"], pipe["micro_batch"]
-    train = planner.train_3d_on_jax if engine == "jax" else planner.train_3d_on_torch
+    train = train_3d_on_jax if engine == "jax" else train_3d_on_torch
     micro_graph = planner.load_model(GPT_3D, micro)
     stage_of = {o["name"]: o["stage"] for o in operators}
     strategies = {o["name"]: tuple(o["strategy"][a] for a in axes) for o in operators}

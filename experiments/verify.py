@@ -18,7 +18,7 @@ import argparse
 import sys
 import time
 
-import planner
+from planner.runs import plan_for_verification, verify_loaded
 from experiments.common import add_output_options, png_path, pyplot, results_table, run, write_png
 
 # model -> (zoo spec, global batch, sequence length): full and small settings
@@ -33,8 +33,8 @@ METHODS = ("exact", "dp", "megatron")
 def run_one(name: str, model: tuple, mesh: str, method: str) -> dict:
     start = time.perf_counter()
     spec, batch, seq = model
-    loaded = planner.plan_for_verification(spec, mesh, method, batch=batch, seq=seq)
-    report = planner.verify_loaded(loaded)
+    loaded = plan_for_verification(spec, mesh, method, batch=batch, seq=seq)
+    report = verify_loaded(loaded)
     total = report.comparisons[0]
     axes = [c for c in report.comparisons[1:]]
     return {"model": name, "spec": spec, "batch": batch, "mesh": mesh, "method": method,

@@ -18,32 +18,22 @@ The package is layered; each layer imports only the ones above it in this list:
 
 from planner.api import (METHODS, Cluster, compare, evaluate, evaluate_3d, layer_chain, make_cluster, make_problem,
                          plan, plan_pipeline, plan_problem)
-from planner.runs import LoadedPlan, export_shardings, load_plan, plan_for_verification, verify_loaded
-from planner.cluster.mesh import Mesh, parse_mesh
-from planner.cluster.profiles import MachineProfile, get_profile
 from planner.cost.settings import TrainingSettings
-from planner.errors import GraphError, MeshError, ModelError, PlannerError, ProfileError, SettingsError
-from planner.ir.graph import Graph, Operator, Tensor
-from planner.ir.graph_json import load_graph, save_graph
-from planner.ir.ops import REGISTRY, GraphBuilder
-from planner.outputs import write_csv, write_text
-from planner.pipeline.schedule import LayerChain
-from planner.pipeline.search import METHODS as PIPELINE_METHODS
-from planner.plans import Plan
+from planner.engines.jax.train import train_on_jax
 from planner.engines.torch.presets import import_spec as import_torch
-from planner.engines.torch.module import module_plan as torch_module_plan
-from planner.engines.jax.train import train_3d_on_jax, train_on_jax
-from planner.engines.jobs import TrainRun
-from planner.engines.torch.train import train_3d_on_torch, train_module_plan, train_on_torch
-from planner.search.sapp import sapp_levels
-from planner.show.draw import compare_figure, figure_bytes, plan_figure
+from planner.engines.torch.train import train_on_torch
+from planner.errors import PlannerError, SettingsError
+from planner.ir.graph import Graph
+from planner.ir.ops import GraphBuilder
+from planner.pipeline.threed import Plan3D
+from planner.plans import Plan
+from planner.runs import load_plan
+from planner.show.draw import plan_figure
 from planner.zoo import load_model, model_names
 
-__all__ = ["Cluster", "Graph", "GraphBuilder", "GraphError", "LayerChain", "LoadedPlan", "METHODS", "MachineProfile",
-           "Mesh", "MeshError", "ModelError", "Operator", "PIPELINE_METHODS", "Plan", "PlannerError", "ProfileError",
-           "REGISTRY", "SettingsError", "Tensor", "TrainRun", "TrainingSettings", "compare", "compare_figure",
-           "evaluate", "evaluate_3d", "export_shardings", "figure_bytes", "get_profile", "import_torch", "layer_chain", "load_graph",
-           "load_model", "load_plan", "make_cluster", "make_problem", "model_names", "parse_mesh", "plan",
-           "plan_figure", "plan_for_verification", "plan_pipeline", "plan_problem", "sapp_levels", "save_graph",
-           "torch_module_plan", "train_3d_on_jax", "train_3d_on_torch", "train_module_plan", "train_on_jax",
-           "train_on_torch", "verify_loaded", "write_csv", "write_text"]
+# The public API: what a script needs to plan, cost, compare, load, draw and train a plan. Everything
+# else (verification, export internals, experiment helpers) is imported from its own module.
+__all__ = ["METHODS", "Cluster", "Graph", "GraphBuilder", "Plan", "Plan3D", "PlannerError", "SettingsError",
+           "TrainingSettings", "compare", "evaluate", "evaluate_3d", "import_torch", "layer_chain", "load_model",
+           "load_plan", "make_cluster", "make_problem", "model_names", "plan", "plan_figure", "plan_pipeline",
+           "plan_problem", "train_on_jax", "train_on_torch"]

@@ -13,6 +13,8 @@ pytest.importorskip("transformers")
 pytest.importorskip("jax")
 
 import planner  # noqa: E402
+from planner.ir.graph_json import load_graph  # noqa: E402
+from planner.runs import plan_for_verification  # noqa: E402
 
 SPEC = "hf:gpt2:layers=2,hidden=256,heads=4,seq=64,vocab=512,batch=8"
 
@@ -23,7 +25,7 @@ def graph():
 
 
 def test_exact_plan_on_2x4_trains_like_one_device(graph):
-    loaded = planner.plan_for_verification(graph, "2x4", "exact")
+    loaded = plan_for_verification(graph, "2x4", "exact")
     assert sum(any(s) for s in loaded.strategies.values()) > len(loaded.strategies) // 2  # a sharded plan
     run = planner.train_on_jax(loaded.graph, loaded.strategies, loaded.mesh.names, loaded.mesh.shape, steps=5, lr=1e-4)
     assert run.devices == 8 and len(run.losses) == 5
@@ -36,21 +38,21 @@ def test_exact_plan_on_2x4_trains_like_one_device(graph):
 @pytest.mark.slow
 @pytest.mark.parametrize("mesh,method", [("4", "megatron"), ("8", "dp"), ("2x4", "sapp"), ("8", "exact")])
 def test_other_plans_train_like_one_device(graph, mesh, method):
-    loaded = planner.plan_for_verification(graph, mesh, method)
+    loaded = plan_for_verification(graph, mesh, method)
     run = planner.train_on_jax(loaded.graph, loaded.strategies, loaded.mesh.names, loaded.mesh.shape, steps=5, lr=1e-4)
     assert run.max_rel_diff < 1e-4
 
 
 @pytest.mark.slow  # 12-26 s on 2 cores: the default run keeps a faster test of the same path
 def test_seed_changes_the_initial_weights(graph):
-    loaded = planner.plan_for_verification(graph, "4", "dp")
+    loaded = plan_for_verification(graph, "4", "dp")
     first = [planner.train_on_jax(loaded.graph, loaded.strategies, loaded.mesh.names, loaded.mesh.shape, steps=1,
                                   seed=seed).losses[0] for seed in (0, 1)]
     assert first[0] != first[1]
 
 
 def _torch(graph, mesh, method, steps=5):
-    loaded = planner.plan_for_verification(graph, mesh, method)
+    loaded = plan_for_verification(graph, mesh, method)
     run = planner.train_on_torch(loaded.graph, loaded.strategies, loaded.mesh.names, loaded.mesh.shape, steps=steps,
                                  lr=1e-4)
     return loaded, run
@@ -123,7 +125,7 @@ def test_imported_model_plans_and_trains_as_3d(tmp_path, capsys):
     from planner.cli import main
     graph, plan = tmp_path / "g.json", tmp_path / "p3.json"
     assert main(["import-torch", SPEC, "--loss", "cross_entropy", "--json", str(graph), "-q"]) == 0
-    assert {op.layer for op in planner.load_graph(str(graph)).operators} == {None, 0, 1}
+    assert {op.layer for op in load_graph(str(graph)).operators} == {None, 0, 1}
     assert main(["plan", "--model", str(graph), "--mesh", "2x2", "--pipeline", "auto", "--pp", "2",
                  "--num-microbatches", "2", "--dtype", "fp32", "--optimizer", "sgd", "--json", str(plan), "-q"]) == 0
     capsys.readouterr()
