@@ -10,7 +10,7 @@ import math
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Mapping, Protocol, Sequence, runtime_checkable
 
 from planner.cost.records import CostRecord, breakdown, seconds, sum_records
 from planner.cost.terms import plan_terms
@@ -20,6 +20,40 @@ from planner.cost.problem import Problem
 from planner.cost.strategy import Strategy, enumerate_strategies
 
 FAILED = ("INFEASIBLE", "UNKNOWN")  # statuses of a search that found no plan
+
+
+@runtime_checkable
+class PlanResult(Protocol):
+    """What every plan answers, flat (``Plan``) or 3D (``pipeline.threed.Plan3D``): a script compares
+    them through these names. ``status`` is the search's word (OPTIMAL, FEASIBLE or HEURISTIC for a
+    flat plan, OK for a 3D one; INFEASIBLE or UNKNOWN when none was found), ``found`` whether there is
+    a plan, ``step_time_s`` the predicted time of one training step (a 3D plan's iteration) and
+    ``memory_per_device_bytes`` the largest memory on one device (a 3D plan's worst stage)."""
+
+    model: str
+    mesh: str
+    device: str
+    memory_limit_bytes: float | None
+    search_time_s: float
+
+    @property
+    def status(self) -> str: ...
+
+    @property
+    def found(self) -> bool: ...
+
+    @property
+    def step_time_s(self) -> float | None: ...
+
+    @property
+    def memory_per_device_bytes(self) -> float | None: ...
+
+    @property
+    def fits_memory(self) -> bool | None: ...
+
+    def to_dict(self, timings: bool = True) -> dict: ...
+
+    def summary_row(self, timings: bool = True) -> dict: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +110,11 @@ class Plan:
     def found(self) -> bool:
         """Whether the search found a plan (a failed one carries only its status and reason)."""
         return self.status not in FAILED
+
+    @property
+    def step_time_s(self) -> float | None:
+        """The predicted step time (``estimated_step_time_s``; None without a plan)."""
+        return self.estimated_step_time_s
 
     @property
     def fits_memory(self) -> bool | None:

@@ -16,7 +16,7 @@ from planner.outputs import write_bytes, write_csv, write_json
 from planner.plans import Plan, read_plan_file
 from planner.cli.recost import checked, recost, settings_from_args as _settings
 from planner.cli.engines import cmd_export, cmd_import_torch, cmd_run_jax, cmd_run_torch, cmd_verify
-from planner.cli.report import emit as _emit, format_3d, format_plan, summary_3d
+from planner.cli.report import emit as _emit, format_3d, format_plan
 from planner.cli.parser import (DEGREE_OPTIONS, EXIT_INFEASIBLE, EXIT_NOT_OPTIMAL,
                                 EXIT_OK, PIPELINE_OPTIONS, log)
 
@@ -92,7 +92,7 @@ def _finish_3d(result, args: argparse.Namespace) -> int:
         data["source"] = _source(args)
         write_json(args.json, data)
     if args.csv is not None:
-        write_csv(args.csv, [summary_3d(result, args.model, timings=not args.no_timings)])
+        write_csv(args.csv, [result.summary_row(timings=not args.no_timings)])
     _emit(format_3d(result), args)
     return _status_code(result.intra_status if result.pipeline.fits_memory else "INFEASIBLE",
                         getattr(args, "require_optimal", False))

@@ -88,21 +88,6 @@ def format_3d(result: Plan3D) -> str:
     return "\n".join(lines)
 
 
-def summary_3d(result: Plan3D, model: str, timings: bool = True) -> dict:
-    """One flat CSV row of a 3D plan."""
-    pipe = result.pipeline
-    row = {"model": model, "mesh": result.mesh, "device": result.device, "stages": pipe.stages,
-           "stage_mesh": result.stage_mesh, "num_microbatches": pipe.num_microbatches, "micro_batch": pipe.micro_batch,
-           "schedule": pipe.schedule, "method": pipe.method, "intra_method": result.intra_method,
-           "intra_status": result.intra_status, "status": pipe.status, "iteration_time_s": pipe.iteration_time_s,
-           "max_memory_bytes": pipe.max_memory_bytes, "fits_memory": pipe.fits_memory,
-           "cuts": " ".join(map(str, pipe.cuts)), "recompute": result.settings.recompute, "zero": result.settings.zero,
-           "sequence_parallel": result.settings.sequence_parallel}
-    if timings:
-        row["search_time_s"] = result.search_time_s
-    return row
-
-
 def emit(text: str, args: argparse.Namespace) -> None:
     """Print the report unless --quiet; a closed stdout (``| head``) ends the printing quietly."""
     if args.quiet:

@@ -30,6 +30,7 @@ from typing import Callable
 from planner.cost.settings import RECOMPUTE, TrainingSettings
 from planner.errors import InfeasibleError, SettingsError
 from planner.search.exact import solve_exact
+from planner.plans import FAILED
 from planner.ir.graph import Graph
 from planner.cluster.mesh import Mesh
 from planner.cluster.profiles import MachineProfile
@@ -76,6 +77,40 @@ class Plan3D:
     @property
     def status(self) -> str:
         return self.pipeline.status
+
+    @property
+    def found(self) -> bool:
+        """Whether the search found a plan (``plans.PlanResult``)."""
+        return self.status not in FAILED
+
+    @property
+    def step_time_s(self) -> float | None:
+        """One iteration's predicted time; None without a plan (``plans.PlanResult``)."""
+        return self.pipeline.iteration_time_s if self.found else None
+
+    @property
+    def memory_per_device_bytes(self) -> float:
+        """The worst stage's memory per device (``plans.PlanResult``)."""
+        return self.pipeline.max_memory_bytes
+
+    @property
+    def fits_memory(self) -> bool:
+        return self.pipeline.fits_memory
+
+    def summary_row(self, timings: bool = True) -> dict:
+        """One flat CSV row: configuration, pipeline shape and headline figures."""
+        pipe, settings = self.pipeline, self.settings
+        row = {"model": self.model, "mesh": self.mesh, "device": self.device, "stages": pipe.stages,
+               "stage_mesh": self.stage_mesh, "num_microbatches": pipe.num_microbatches,
+               "micro_batch": pipe.micro_batch, "schedule": pipe.schedule, "method": pipe.method,
+               "intra_method": self.intra_method, "intra_status": self.intra_status, "status": pipe.status,
+               "iteration_time_s": pipe.iteration_time_s, "max_memory_bytes": pipe.max_memory_bytes,
+               "fits_memory": pipe.fits_memory, "cuts": " ".join(map(str, pipe.cuts)),
+               "recompute": settings.recompute, "zero": settings.zero,
+               "sequence_parallel": settings.sequence_parallel}
+        if timings:
+            row["search_time_s"] = self.search_time_s
+        return row
 
     def to_dict(self, timings: bool = True) -> dict:
         """The 3D plan JSON (schema ``planner-3d/2``, documented in the README)."""
