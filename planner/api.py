@@ -11,6 +11,7 @@ import math
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Mapping
 
 from planner.cost.settings import AUTO, TrainingSettings
 from planner.errors import InfeasibleError, PlannerError, SettingsError
@@ -24,6 +25,7 @@ from planner.cost.problem import Problem, build_problem
 from planner.search.layer_modes import refuse_auto_without_layers
 from planner.search.exact import solve_exact
 from planner.search.reduce import Progress
+from planner.search.restrict import pinned
 from planner.search.solver import program_size
 from planner.search.whole import MAX_WHOLE_PROGRAM
 from planner.search.solver import solve
@@ -77,21 +79,38 @@ def make_problem(model: str | Graph, cluster: Cluster, settings: TrainingSetting
 def plan(model: str | Graph, mesh: str | Mesh = "8", device: str | MachineProfile = "a100-80g", *,
          method: str = "exact", batch: int | None = None, seq: int | None = None, memory: float | None = None,
          settings: TrainingSettings | None = None, time_limit_s: float = 60.0, seed: int = 0,
-         hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV, jobs: int = 1, progress: Progress | None = None) -> Plan:
+         hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV, jobs: int = 1, progress: Progress | None = None,
+         fixed: Mapping[str, Mapping[str, str | None]] | None = None) -> Plan:
     """Plan a model on a cluster with one search method (see ``METHODS``).
 
     ``time_limit_s`` counts from this call: loading the model, costing, the search and the plan
-    report; ``search_time_s`` of the result counts costing and search only."""
+    report; ``search_time_s`` of the result counts costing and search only. ``fixed={op: {mesh
+    axis: dim or None}}`` pins those operators to the given strategies (an axis left out
+    replicates); the exact methods then find the best plan of the rest (``search.restrict``)."""
     begun = time.perf_counter()
     cluster = make_cluster(mesh, device, memory, hardware_csv=hardware_csv)
     graph = resolve_model(model, batch, seq)
     start = time.perf_counter()  # search time: costing every strategy and edge, then the search
     problem = make_problem(graph, cluster, settings)
+    if fixed:
+        problem = _pin(problem, fixed, method)
     # the plan report takes time too
     report_s = REPORT_SECONDS_PER_OP * len(problem.ops)
     remaining = max(0.0, time_limit_s - (time.perf_counter() - begun) - report_s)
     result = plan_problem(problem, cluster.memory_limit, method, remaining, seed, jobs, progress)
     return replace(result, search_time_s=time.perf_counter() - start)
+
+
+def _pin(problem: Problem, fixed: Mapping[str, Mapping[str, str | None]], method: str) -> Problem:
+    """The problem with the ``fixed`` operators pinned; only the exact methods honour a pin, and
+    not under a per-layer ``auto`` (its variants are rebuilt from the graph)."""
+    if method not in ("exact", "whole"):
+        raise SettingsError(f"fixed: only the exact methods (exact, whole) search around pinned operators, "
+                            f"not method {method!r}")
+    if AUTO in (problem.settings.recompute, problem.settings.zero):
+        raise SettingsError("fixed: pinned operators with recompute or zero 'auto' are not supported; "
+                            "give fixed settings")
+    return pinned(problem, fixed)
 
 
 def plan_problem(problem: Problem, memory_limit: float | None, method: str = "exact", time_limit_s: float = 60.0,

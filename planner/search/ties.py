@@ -22,9 +22,9 @@ import time
 from dataclasses import replace
 from typing import Callable
 
-import numpy as np
 
-from planner.cost.problem import EdgeTable, OpTable, Problem
+from planner.cost.problem import Problem
+from planner.search.restrict import reindex_edge, restrict_op
 from planner.search.solver import SolveResult, separable_bound, solve
 
 MAX_CONDITIONS = 64
@@ -50,30 +50,15 @@ def conditioned(problem: Problem, chosen: dict[int, tuple]) -> Problem:
     kept = {owner: groups[owner].get(layouts, []) for owner, layouts in chosen.items()}
     ops = list(problem.ops)
     for owner, strategies in kept.items():
-        ops[owner] = _restrict(ops[owner], strategies)
+        ops[owner] = restrict_op(ops[owner], strategies)
     for tie in problem.ties:
         ties = [t for t in problem.ties if t.src == tie.src]
         row = tie.src_layouts.index(chosen[tie.src][ties.index(tie)])
         reader = ops[tie.dst]
         ops[tie.dst] = replace(reader, cost=reader.cost + tie.cost[row][tie.dst_index])
-    edges = tuple(_reindex(e, kept) for e in problem.edges)
+    edges = tuple(reindex_edge(e, kept) for e in problem.edges)
     return replace(problem, ops=tuple(ops), edges=edges, ties=(), _producer_index={},
                    conditions=tuple(sorted(chosen.items())))
-
-
-def _restrict(table: OpTable, strategies: list[int]) -> OpTable:
-    pick = lambda values: tuple(values[s] for s in strategies)
-    return replace(table, strategies=pick(table.strategies), cost=table.cost[strategies],
-                   memory=table.memory[strategies], out_layouts=pick(table.out_layouts),
-                   in_layouts=pick(table.in_layouts), records=pick(table.records) if table.records else ())
-
-
-def _reindex(edge: EdgeTable, kept: dict[int, list[int]]) -> EdgeTable:
-    if edge.src not in kept and edge.dst not in kept:
-        return edge
-    src_index = edge.src_index[kept[edge.src]] if edge.src in kept else edge.src_index
-    dst_index = edge.dst_index[kept[edge.dst]] if edge.dst in kept else edge.dst_index
-    return replace(edge, src_index=np.ascontiguousarray(src_index), dst_index=np.ascontiguousarray(dst_index))
 
 
 def solve_tied(problem: Problem, memory_limit: float | None, time_limit_s: float, seed: int,
