@@ -49,8 +49,13 @@ class Cluster:
     memory_limit: float | None
 
 
-def make_cluster(mesh: str | Mesh, device: str | MachineProfile = "a100-80g", memory: float | None = None,
+def make_cluster(mesh: str | Mesh | Cluster, device: str | MachineProfile = "a100-80g", memory: float | None = None,
                  devices: int | None = None, hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV) -> Cluster:
+    """A mesh spec (``"2x4"``, ``"node=4,gpu=8"``) or ``Mesh`` on a device, with the memory limit
+    (bytes; None: the device's, inf: none). A ``Cluster`` is returned as it is: its device and
+    memory limit are its own, so another ``device``, a ``memory`` or ``devices`` beside it is refused."""
+    if isinstance(mesh, Cluster):
+        return _given_cluster(mesh, device, memory, devices)
     profile = device if isinstance(device, MachineProfile) else get_profile(device, hardware_csv)
     mesh_obj = mesh if isinstance(mesh, Mesh) else parse_mesh(str(mesh), profile, devices)
     if memory is not None and (not isinstance(memory, (int, float)) or math.isnan(memory) or memory <= 0):
@@ -60,6 +65,15 @@ def make_cluster(mesh: str | Mesh, device: str | MachineProfile = "a100-80g", me
     else:
         limit = None if math.isinf(memory) else float(memory)
     return Cluster(mesh_obj, profile, limit)
+
+
+def _given_cluster(cluster: Cluster, device, memory, devices) -> Cluster:
+    if memory is not None or devices is not None:
+        raise SettingsError(f"{'memory' if memory is not None else 'devices'}: the Cluster has its own; "
+                            "give it to make_cluster instead")
+    if device not in ("a100-80g", cluster.profile.name, cluster.profile):
+        raise SettingsError(f"device: the Cluster is on {cluster.profile.name}, not {getattr(device, 'name', device)}")
+    return cluster
 
 
 def resolve_model(model: str | Graph, batch: int | None = None, seq: int | None = None) -> Graph:
@@ -76,7 +90,7 @@ def make_problem(model: str | Graph, cluster: Cluster, settings: TrainingSetting
     return build_problem(resolve_model(model, batch, seq), cluster.mesh, cluster.profile, settings or TrainingSettings())
 
 
-def plan(model: str | Graph, mesh: str | Mesh = "8", device: str | MachineProfile = "a100-80g", *,
+def plan(model: str | Graph, mesh: str | Mesh | Cluster = "8", device: str | MachineProfile = "a100-80g", *,
          method: str = "exact", batch: int | None = None, seq: int | None = None, memory: float | None = None,
          settings: TrainingSettings | None = None, time_limit_s: float = 60.0, seed: int = 0,
          hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV, jobs: int = 1, progress: Progress | None = None,
@@ -162,7 +176,7 @@ def _search(problem: Problem, memory_limit: float | None, method: str, time_limi
                      explanation=result.explanation, bound=result.bound)
 
 
-def evaluate(model: str | Graph, mesh: str | Mesh | None = None, device: str | MachineProfile = "a100-80g", *,
+def evaluate(model: str | Graph, mesh: str | Mesh | Cluster | None = None, device: str | MachineProfile = "a100-80g", *,
              assignment: dict | None = None, tp: int | None = None, dp: int | None = None, pp: int = 1,
              batch: int | None = None, seq: int | None = None, memory: float | None = None,
              settings: TrainingSettings | None = None, hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV) -> Plan:
@@ -193,7 +207,7 @@ def evaluate(model: str | Graph, mesh: str | Mesh | None = None, device: str | M
                      search_time_s=time.perf_counter() - start)
 
 
-def compare(model: str | Graph, mesh: str | Mesh = "8", device: str | MachineProfile = "a100-80g", *,
+def compare(model: str | Graph, mesh: str | Mesh | Cluster = "8", device: str | MachineProfile = "a100-80g", *,
             methods: tuple[str, ...] = METHODS, batch: int | None = None, seq: int | None = None,
             memory: float | None = None, settings: TrainingSettings | None = None, time_limit_s: float = 60.0,
             seed: int = 0, hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV) -> list[dict]:
@@ -245,7 +259,7 @@ def stage_planner(method: str = "exact", time_limit_s: float = 60.0, seed: int =
     return run
 
 
-def plan_pipeline(model: str, mesh: str | Mesh | None = None, device: str | MachineProfile = "a100-80g", *,
+def plan_pipeline(model: str, mesh: str | Mesh | Cluster | None = None, device: str | MachineProfile = "a100-80g", *,
                   devices: int | None = None, batch: int | None = None, seq: int | None = None,
                   memory: float | None = None, settings: TrainingSettings | None = None, schedule: str = "1f1b",
                   method: str = "csimd", intra: str = "exact", time_limit_s: float = 60.0, seed: int = 0,
@@ -256,6 +270,9 @@ def plan_pipeline(model: str, mesh: str | Mesh | None = None, device: str | Mach
 
     ``mesh`` defaults to ``node=devices/gpus_per_node,gpu=gpus_per_node`` for the profile;
     ``degrees``, ``counts`` (micro-batch counts) and ``cuts`` pin parts of the search."""
+    if isinstance(mesh, Cluster):
+        _given_cluster(mesh, device, memory, devices)
+        device = mesh.profile
     profile = device if isinstance(device, MachineProfile) else get_profile(device, hardware_csv)
     if mesh is None:
         if not devices:
