@@ -28,8 +28,10 @@ def main(argv: list[str] | None = None) -> int:
         drec(problem)
         elapsed = time.perf_counter() - start
         per_op[layers] = elapsed / len(problem.ops)
-        print(f"layers {layers:4d}: {len(problem.ops)} operators, drec {elapsed:.3f} s, "
-              f"{per_op[layers] * 1e3:.3f} ms per operator")
+        print(
+            f"layers {layers:4d}: {len(problem.ops)} operators, drec {elapsed:.3f} s, "
+            f"{per_op[layers] * 1e3:.3f} ms per operator"
+        )
     first, last = min(per_op), max(per_op)
     print(f"time per operator, {last} vs {first} layers: ratio {per_op[last] / per_op[first]:.2f}")
     return 0

@@ -5,7 +5,8 @@ at the default (binding) memory limit; a generated chain of 25,000 identical res
 (100,000 operators) with an 8 GiB limit. Each runs `planner plan` in a child process; the wall time
 less the interpreter's start-up (measured once: importing the CLI) is compared with T + max(1 s,
 10% of T); the limit counts from the planner's start, model loading included. A run may also end
-cleanly without a plan (exit 3) when loading and costing use up T. Writes results/bench_time_limit.csv.
+cleanly without a plan (exit 3) when loading and costing use up T. Writes
+results/bench_time_limit.csv.
 Usage: python benchmarks/time_limit.py [--cases a,b,c] [--limits 10,60]
 """
 
@@ -45,9 +46,23 @@ def chain_graph(path: Path, blocks: int = 25_000, batch: int = 64, hidden: int =
 
 
 CASES = {
-    "gpt2-small-whole-2x4": lambda tmp: ["--model", "gpt2-small", "--mesh", "2x4", "--method", "whole"],
+    "gpt2-small-whole-2x4": lambda tmp: [
+        "--model",
+        "gpt2-small",
+        "--mesh",
+        "2x4",
+        "--method",
+        "whole",
+    ],
     "gpt3-96-layers-8x8-memory": lambda tmp: ["--model", GPT3_96, "--mesh", "8x8", "--batch", "8"],
-    "chain-100k-ops-8GiB": lambda tmp: ["--model", str(tmp / "chain.json"), "--mesh", "8", "--memory", "8GiB"],
+    "chain-100k-ops-8GiB": lambda tmp: [
+        "--model",
+        str(tmp / "chain.json"),
+        "--mesh",
+        "8",
+        "--memory",
+        "8GiB",
+    ],
 }
 
 
@@ -59,16 +74,36 @@ def startup_seconds() -> float:
 
 def run(case: str, limit: float, tmp: Path, startup: float) -> dict:
     out = tmp / f"{case}.json"
-    cmd = [sys.executable, "-m", "planner", "plan", *CASES[case](tmp), "--time-limit", str(limit), "--json", str(out), "-q"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "planner",
+        "plan",
+        *CASES[case](tmp),
+        "--time-limit",
+        str(limit),
+        "--json",
+        str(out),
+        "-q",
+    ]
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - start
     data = json.loads(out.read_text()) if out.exists() else {}
     allowed = limit + max(1.0, 0.1 * limit)
-    return {"case": case, "time_limit_s": limit, "exit_code": proc.returncode, "status": data.get("status", "-"),
-            "gap_percent": data.get("gap_percent"), "search_time_s": data.get("search_time_s"), "wall_s": wall,
-            "startup_s": startup, "allowed_s": allowed, "within": wall - startup <= allowed,
-            "stderr": proc.stderr.strip().splitlines()[-1][:160] if proc.stderr.strip() else ""}
+    return {
+        "case": case,
+        "time_limit_s": limit,
+        "exit_code": proc.returncode,
+        "status": data.get("status", "-"),
+        "gap_percent": data.get("gap_percent"),
+        "search_time_s": data.get("search_time_s"),
+        "wall_s": wall,
+        "startup_s": startup,
+        "allowed_s": allowed,
+        "within": wall - startup <= allowed,
+        "stderr": proc.stderr.strip().splitlines()[-1][:160] if proc.stderr.strip() else "",
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,10 +33,20 @@ def main(argv: list[str] | None = None) -> int:
         problem = make_problem(args.model, cluster, batch=8)
         build_s = time.perf_counter() - start
         result = solve(problem, cluster.memory_limit, args.time_limit)
-        rows.append({"model": args.model, "mesh": mesh, "device": args.device, "method": "whole",
-                     "status": result.status, "objective": result.objective, "bound": result.bound,
-                     "booleans": result.num_booleans, "build_time_s": round(build_s, 3),
-                     "search_time_s": round(result.search_time_s, 3)})
+        rows.append(
+            {
+                "model": args.model,
+                "mesh": mesh,
+                "device": args.device,
+                "method": "whole",
+                "status": result.status,
+                "objective": result.objective,
+                "bound": result.bound,
+                "booleans": result.num_booleans,
+                "build_time_s": round(build_s, 3),
+                "search_time_s": round(result.search_time_s, 3),
+            }
+        )
         print(rows[-1], flush=True)
     write_csv(args.out, with_provenance(rows, "benchmarks/whole_graph.py", args))
     return 0

@@ -1,1 +1,2 @@
-"""Experiment scripts: each is `python -m experiments.NAME` with `main(argv)`, writing one CSV under results/."""
+"""Experiment scripts: each is `python -m experiments.NAME` with `main(argv)`, writing one CSV under
+results/."""

@@ -1,4 +1,5 @@
-"""Random layer chains for pipeline experiments and tests (heterogeneous, nonlinear in micro-batch)."""
+"""Random layer chains for pipeline experiments and tests (heterogeneous, nonlinear in
+micro-batch)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,8 @@ Each experiment (and the benchmark of the whole-graph program) is re-run on a sm
 full configuration (``SLICES``), and every re-computed row is compared with the committed row of
 the same configuration in results/:
 
-    deterministic figures (status, objective, iteration time)   equal (integers exactly; floats 1e-9 relative)
+    deterministic figures (status, objective, iteration time)   equal (integers exactly; floats
+                                                                1e-9 relative)
     fidelity errors (rel_error)                                 within 0.1 point
     search times                                                printed as new / committed (machines
                                                                 differ: never a failure)
@@ -48,31 +49,68 @@ class Slice:
 
 
 SLICES = {
-    "scaling": Slice("scaling.csv", ("--layers", "12", "--meshes", "8"), ("layers", "mesh", "memory", "method"),
-                     ("status", "objective", "whole_objective")),
-    "exact_vs_heuristic": Slice("exact_vs_heuristic.csv", ("--models", "gpt2-small", "--meshes", "8"),
-                                ("model", "mesh", "method"), ("status", "objective", "memory_per_device_bytes")),
-    "fidelity": Slice("fidelity.csv", (), ("source", "config", "variant"), ("status", "predicted_s"),
-                      (("rel_error", 0.001), ("value", 0.001))),
-    "smsg_models": Slice("smsg_models.csv", ("--devices", "8"), ("model", "devices", "method"),
-                         ("status", "objective")),
-    "sapp_scaling": Slice("sapp_scaling.csv", ("--layers", "12", "--devices", "8"), ("layers", "devices", "method"),
-                          ("status", "objective")),
-    "portability": Slice("portability.csv", ("--models", "gpt3-1.3b"),
-                         ("model", "changed", "devices", "device", "inter_gbps", "batch"),
-                         ("status", "objective", "pipeline_degree", "tensor_parallel_degree")),
-    "memory_bound": Slice("memory_bound.csv", ("--models", "mlp,transformer-block,vgg16", "--meshes", "8",
-                                                  "--decide", "none"),
-                          ("model", "mesh", "decide"), ("status", "objective", "memory_gib")),
-    "whole_graph": Slice("bench_whole_graph.csv", ("--meshes", "8", "--time-limit", "60"), ("model", "mesh", "method"),
-                         ("status", "objective"), script="benchmarks/whole_graph.py"),
+    "scaling": Slice(
+        "scaling.csv",
+        ("--layers", "12", "--meshes", "8"),
+        ("layers", "mesh", "memory", "method"),
+        ("status", "objective", "whole_objective"),
+    ),
+    "exact_vs_heuristic": Slice(
+        "exact_vs_heuristic.csv",
+        ("--models", "gpt2-small", "--meshes", "8"),
+        ("model", "mesh", "method"),
+        ("status", "objective", "memory_per_device_bytes"),
+    ),
+    "fidelity": Slice(
+        "fidelity.csv",
+        (),
+        ("source", "config", "variant"),
+        ("status", "predicted_s"),
+        (("rel_error", 0.001), ("value", 0.001)),
+    ),
+    "smsg_models": Slice(
+        "smsg_models.csv",
+        ("--devices", "8"),
+        ("model", "devices", "method"),
+        ("status", "objective"),
+    ),
+    "sapp_scaling": Slice(
+        "sapp_scaling.csv",
+        ("--layers", "12", "--devices", "8"),
+        ("layers", "devices", "method"),
+        ("status", "objective"),
+    ),
+    "portability": Slice(
+        "portability.csv",
+        ("--models", "gpt3-1.3b"),
+        ("model", "changed", "devices", "device", "inter_gbps", "batch"),
+        ("status", "objective", "pipeline_degree", "tensor_parallel_degree"),
+    ),
+    "memory_bound": Slice(
+        "memory_bound.csv",
+        ("--models", "mlp,transformer-block,vgg16", "--meshes", "8", "--decide", "none"),
+        ("model", "mesh", "decide"),
+        ("status", "objective", "memory_gib"),
+    ),
+    "whole_graph": Slice(
+        "bench_whole_graph.csv",
+        ("--meshes", "8", "--time-limit", "60"),
+        ("model", "mesh", "method"),
+        ("status", "objective"),
+        script="benchmarks/whole_graph.py",
+    ),
 }
 
 
 def rerun(name: str, piece: Slice, out: Path) -> None:
     if piece.script:
-        subprocess.run([sys.executable, piece.script, *piece.argv, "--out", str(out)], cwd=ROOT, check=True,
-                       capture_output=True, text=True)
+        subprocess.run(
+            [sys.executable, piece.script, *piece.argv, "--out", str(out)],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
         return
     code = import_module(f"experiments.{name}").main([*piece.argv, "--out", str(out), "--no-plot"])
     if code:
@@ -94,15 +132,21 @@ def compare(name: str, piece: Slice, fresh: pd.DataFrame, committed: pd.DataFram
             continue
         for column in piece.exact:
             if column in row and not _same(row[column], old.get(column), 1e-9):
-                if column.startswith("whole_") and {str(row.get("whole_status")), str(old.get("whole_status"))} \
-                        & UNSETTLED:
+                if (
+                    column.startswith("whole_")
+                    and {str(row.get("whole_status")), str(old.get("whole_status"))} & UNSETTLED
+                ):
                     continue
-                problems.append(f"{name}: {dict(zip(keys, key))}: {column} {old.get(column)!r} committed, "
-                                f"{row[column]!r} now")
+                problems.append(
+                    f"{name}: {dict(zip(keys, key))}: {column} {old.get(column)!r} committed, "
+                    f"{row[column]!r} now"
+                )
         for column, tolerance in piece.close:
             if column in row and not _close(row[column], old.get(column), tolerance):
-                problems.append(f"{name}: {dict(zip(keys, key))}: {column} {old.get(column)!r} committed, "
-                                f"{row[column]!r} now (tolerance {tolerance})")
+                problems.append(
+                    f"{name}: {dict(zip(keys, key))}: {column} {old.get(column)!r} committed, "
+                    f"{row[column]!r} now (tolerance {tolerance})"
+                )
     return problems
 
 
@@ -141,15 +185,28 @@ def times(fresh: pd.DataFrame, committed: pd.DataFrame, keys: list[str]) -> str:
         return ""
     as_text = lambda frame: frame.assign(**{k: frame[k].astype(str) for k in keys})  # noqa: E731
     joined = as_text(fresh).merge(as_text(committed), on=keys, suffixes=("", "_committed"))
-    ratio = (joined["search_time_s"] / joined["search_time_s_committed"]).replace([math.inf], math.nan).dropna()
-    return f"; search time x{ratio.median():.2f} of the committed (median of {len(ratio)})" if len(ratio) else ""
+    ratio = (
+        (joined["search_time_s"] / joined["search_time_s_committed"])
+        .replace([math.inf], math.nan)
+        .dropna()
+    )
+    return (
+        f"; search time x{ratio.median():.2f} of the committed (median of {len(ratio)})"
+        if len(ratio)
+        else ""
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments check", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments check",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--only", default=",".join(SLICES), help="which slices (default: all)")
-    parser.add_argument("--results", default=str(ROOT / "results"), help="the committed results folder")
+    parser.add_argument(
+        "--results", default=str(ROOT / "results"), help="the committed results folder"
+    )
     args = parser.parse_args(argv)
     problems = []
     for name in args.only.split(","):
@@ -162,12 +219,18 @@ def main(argv: list[str] | None = None) -> int:
             fresh = pd.read_csv(Path(tmp) / piece.csv)
         found = compare(name, piece, fresh, committed)
         keys = [k for k in piece.keys if k in fresh.columns and k in committed.columns]
-        print(f"{name}: {len(fresh)} rows re-run, {len(found)} disagreement(s){times(fresh, committed, keys)}",
-              flush=True)
+        print(
+            f"{name}: {len(fresh)} rows re-run, {len(found)} "
+            f"disagreement(s){times(fresh, committed, keys)}",
+            flush=True,
+        )
         problems += found
     for line in problems:
         print(line)
-    print("experiments check: " + ("passed" if not problems else f"FAILED ({len(problems)} disagreements)"))
+    print(
+        "experiments check: "
+        + ("passed" if not problems else f"FAILED ({len(problems)} disagreements)")
+    )
     return 1 if problems else 0
 
 

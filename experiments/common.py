@@ -17,7 +17,6 @@ import pandas as pd
 from planner.outputs import write_bytes, write_csv
 
 
-
 def gib(nbytes: float | None) -> float | None:
     """Bytes in GiB; None (a failed search's memory) stays None: an empty cell, never a number."""
     return None if nbytes is None else nbytes / 2**30
@@ -25,10 +24,17 @@ def gib(nbytes: float | None) -> float | None:
 
 def add_output_options(parser: argparse.ArgumentParser, default_out: str) -> None:
     parser.add_argument("--out", default=default_out, help=f"results CSV (default {default_out})")
-    parser.add_argument("--resume", action="store_true",
-                        help="keep the rows already in --out and skip their configurations")
-    parser.add_argument("--plot", action=argparse.BooleanOptionalAction, default=True,
-                        help="also write a PNG next to the CSV (needs matplotlib; default on)")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the rows already in --out and skip their configurations",
+    )
+    parser.add_argument(
+        "--plot",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also write a PNG next to the CSV (needs matplotlib; default on)",
+    )
 
 
 def results_table(args: argparse.Namespace, keys: tuple[str, ...]) -> ResultsTable:
@@ -37,8 +43,12 @@ def results_table(args: argparse.Namespace, keys: tuple[str, ...]) -> ResultsTab
     spelled out, defaults included)."""
     spec = sys._getframe(1).f_globals.get("__spec__")  # the calling script, also under python -m
     module = spec.name if spec is not None else "experiments"
-    return ResultsTable(args.out, keys, resume=args.resume,
-                        provenance={"commit": source_commit(), "command": command_line(module, args)})
+    return ResultsTable(
+        args.out,
+        keys,
+        resume=args.resume,
+        provenance={"commit": source_commit(), "command": command_line(module, args)},
+    )
 
 
 def command_line(module: str, args: argparse.Namespace) -> str:
@@ -56,21 +66,32 @@ def command_line(module: str, args: argparse.Namespace) -> str:
 
 
 def source_commit() -> str:
-    """The commit the code was at (``+dirty`` when the package, experiments or benchmarks differ from
-    it; ``unknown`` outside a git checkout)."""
+    """The commit the code was at (``+dirty`` when the package, experiments or benchmarks differ
+    from it; ``unknown`` outside a git checkout)."""
     root = Path(__file__).resolve().parents[1]
     try:
-        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True,
-                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "planner", "experiments", "benchmarks"],
-                               cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "planner", "experiments", "benchmarks"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + ("+dirty" if dirty else "")
 
 
 def png_path(args: argparse.Namespace) -> str | None:
-    """Where the plot goes (the CSV path with .png), or None when plots are off or matplotlib is absent."""
+    """Where the plot goes (the CSV path with .png), or None when plots are off or matplotlib is
+    absent."""
     if not args.plot:
         return None
     try:
@@ -84,8 +105,10 @@ def png_path(args: argparse.Namespace) -> str | None:
 def pyplot():
     """matplotlib's pyplot on the file-only Agg backend (plots are written, never shown)."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt
 
 
@@ -93,6 +116,7 @@ def run(main) -> int:
     """Run an experiment's ``main``: Ctrl-C or SIGTERM stops it at once (exit 130/143, one line),
     and the configuration it was on is not recorded (``--resume`` runs it again)."""
     from planner.signals import exit_code, install_handlers
+
     install_handlers()
     try:
         return main()
@@ -117,8 +141,13 @@ class ResultsTable:
     configurations to skip; ``key_columns`` name the configuration.
     """
 
-    def __init__(self, path: Path | str, key_columns: Iterable[str], resume: bool = False,
-                 provenance: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        path: Path | str,
+        key_columns: Iterable[str],
+        resume: bool = False,
+        provenance: Mapping[str, str] | None = None,
+    ) -> None:
         self.path = Path(path)
         self.partial = self.path.with_name(self.path.name + ".partial")
         self.key_columns = tuple(key_columns)
@@ -127,8 +156,10 @@ class ResultsTable:
         source = self.partial if self.partial.exists() else self.path
         if resume and source.exists():
             frame = pd.read_csv(source, keep_default_na=False, na_values=[""])
-            self.rows = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
-                         for r in frame.to_dict("records")]
+            self.rows = [
+                {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
+                for r in frame.to_dict("records")
+            ]
         self._done = {self._key(r) for r in self.rows}
 
     def _key(self, row: Mapping[str, Any]) -> tuple:
@@ -146,12 +177,15 @@ class ResultsTable:
         write_csv(self.partial, self.rows)
 
     def finish(self) -> None:
-        """Every configuration is done: the rows become the CSV (atomically), the partial file goes."""
+        """Every configuration is done: the rows become the CSV (atomically), the partial file
+        goes."""
         write_csv(self.path, self.rows)
         self.partial.unlink(missing_ok=True)
 
 
-def with_provenance(rows: Iterable[Mapping[str, Any]], script: str, args: argparse.Namespace) -> list[dict]:
+def with_provenance(
+    rows: Iterable[Mapping[str, Any]], script: str, args: argparse.Namespace
+) -> list[dict]:
     """A benchmark's rows with the commit and the command (``python SCRIPT`` and every option)."""
     command = f"python {script}" + command_line("", args).removeprefix("python -m ")
     return [{**dict(row), "commit": source_commit(), "command": command} for row in rows]

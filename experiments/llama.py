@@ -1,4 +1,5 @@
-"""LLaMA 3 on H100s: intra-operator plans of LLaMA-3 8B by every method, and 3D plans of 70B and 405B.
+"""LLaMA 3 on H100s: intra-operator plans of LLaMA-3 8B by every method, and 3D plans of 70B and
+405B.
 
 Intra-operator: ``llama3-8b`` (seq 8192, global batch 8) on meshes 8, 2x4 and 8x8 of h100-80g with
 exact, sapp, drec-cost, megatron, dp and zero (one ``planner.compare`` per mesh, so gaps are to the
@@ -17,7 +18,15 @@ import sys
 import time
 
 import planner
-from experiments.common import gib, add_output_options, png_path, pyplot, results_table, run, write_png
+from experiments.common import (
+    gib,
+    add_output_options,
+    png_path,
+    pyplot,
+    results_table,
+    run,
+    write_png,
+)
 from experiments.portability import degrees
 
 METHODS = ("exact", "sapp", "drec-cost", "megatron", "dp", "zero")
@@ -27,52 +36,107 @@ THREED = (("llama3-70b", 512, (64, 256, 1024)), ("llama3-405b", 2048, (1024, 409
 
 def intra_rows(model: str, mesh: str, methods: tuple[str, ...]) -> list[dict]:
     rows = planner.compare(model, mesh, "h100-80g", methods=methods)
-    return [{"part": "intra", "model": r["model"], "devices": planner.make_cluster(mesh, "h100-80g").mesh.num_devices,
-             "mesh": r["mesh"], "method": r["method"], "status": r["status"], "objective": r["objective"],
-             "iteration_time_s": r["estimated_step_time_s"], "gap_percent": r["gap_percent"],
-             "max_memory_gib": gib(r["memory_per_device_bytes"]), "fits_memory": r["fits_memory"],
-             "search_time_s": r["search_time_s"]} for r in rows]
+    return [
+        {
+            "part": "intra",
+            "model": r["model"],
+            "devices": planner.make_cluster(mesh, "h100-80g").mesh.num_devices,
+            "mesh": r["mesh"],
+            "method": r["method"],
+            "status": r["status"],
+            "objective": r["objective"],
+            "iteration_time_s": r["estimated_step_time_s"],
+            "gap_percent": r["gap_percent"],
+            "max_memory_gib": gib(r["memory_per_device_bytes"]),
+            "fits_memory": r["fits_memory"],
+            "search_time_s": r["search_time_s"],
+        }
+        for r in rows
+    ]
 
 
 def threed_row(model: str, batch: int, devices: int) -> dict:
-    row = {"part": "3d", "model": model, "devices": devices, "batch": batch, "method": "exact+csimd"}
+    row = {
+        "part": "3d",
+        "model": model,
+        "devices": devices,
+        "batch": batch,
+        "method": "exact+csimd",
+    }
     start = time.perf_counter()
     try:
         result = planner.plan_pipeline(model, devices=devices, device="h100-80g", batch=batch)
     except planner.PlannerError as exc:
-        return {**row, "status": "INFEASIBLE", "notes": str(exc), "search_time_s": time.perf_counter() - start}
+        return {
+            **row,
+            "status": "INFEASIBLE",
+            "notes": str(exc),
+            "search_time_s": time.perf_counter() - start,
+        }
     chosen = degrees(result)
-    return {**row, "mesh": result.mesh, "status": result.pipeline.status, **chosen,
-            "num_microbatches": result.pipeline.num_microbatches,
-            "micro_batch": batch // result.pipeline.num_microbatches // max(1, chosen["data_parallel_degree"]),
-            "sequence_parallel": result.settings.sequence_parallel, "recompute": result.settings.recompute,
-            "zero": result.settings.zero, "objective": result.pipeline.iteration_time_s,
-            "iteration_time_s": result.pipeline.iteration_time_s,
-            "max_memory_gib": result.pipeline.max_memory_bytes / 2**30, "fits_memory": True,
-            "search_time_s": result.search_time_s, "wall_time_s": time.perf_counter() - start}
+    return {
+        **row,
+        "mesh": result.mesh,
+        "status": result.pipeline.status,
+        **chosen,
+        "num_microbatches": result.pipeline.num_microbatches,
+        "micro_batch": batch
+        // result.pipeline.num_microbatches
+        // max(1, chosen["data_parallel_degree"]),
+        "sequence_parallel": result.settings.sequence_parallel,
+        "recompute": result.settings.recompute,
+        "zero": result.settings.zero,
+        "objective": result.pipeline.iteration_time_s,
+        "iteration_time_s": result.pipeline.iteration_time_s,
+        "max_memory_gib": result.pipeline.max_memory_bytes / 2**30,
+        "fits_memory": True,
+        "search_time_s": result.search_time_s,
+        "wall_time_s": time.perf_counter() - start,
+    }
 
 
 def plot(rows: list[dict], path: str) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for model in sorted({r["model"] for r in rows if r["part"] == "3d"}):
-        sel = sorted((r for r in rows if r["model"] == model and r["part"] == "3d" and r.get("iteration_time_s")),
-                     key=lambda r: r["devices"])
-        ax.plot([r["devices"] for r in sel], [r["iteration_time_s"] for r in sel], "o-", label=model)
-    ax.set(xlabel="H100 GPUs", ylabel="iteration time (s)", xscale="log", yscale="log", title="LLaMA 3, 3D plans")
+        sel = sorted(
+            (
+                r
+                for r in rows
+                if r["model"] == model and r["part"] == "3d" and r.get("iteration_time_s")
+            ),
+            key=lambda r: r["devices"],
+        )
+        ax.plot(
+            [r["devices"] for r in sel], [r["iteration_time_s"] for r in sel], "o-", label=model
+        )
+    ax.set(
+        xlabel="H100 GPUs",
+        ylabel="iteration time (s)",
+        xscale="log",
+        yscale="log",
+        title="LLaMA 3, 3D plans",
+    )
     ax.legend(fontsize=7)
     write_png(path, fig)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="8x8 only; 70B on 64 and 405B on 1024")
-    parser.add_argument("--smallest", action="store_true", help="a 2-layer LLaMA on 8, 3D on 16 devices (tests)")
+    parser.add_argument(
+        "--smallest", action="store_true", help="a 2-layer LLaMA on 8, 3D on 16 devices (tests)"
+    )
     add_output_options(parser, "results/llama.csv")
     args = parser.parse_args(argv)
     intra, threed, methods = INTRA, THREED, METHODS
     if args.quick:
-        intra, threed = ("llama3-8b", ("8x8",)), (("llama3-70b", 512, (64,)), ("llama3-405b", 2048, (1024,)))
+        intra, threed = (
+            ("llama3-8b", ("8x8",)),
+            (("llama3-70b", 512, (64,)), ("llama3-405b", 2048, (1024,))),
+        )
     if args.smallest:
         tiny = "llama:layers=2,hidden=256,heads=8,kv_heads=2,ffn=512,seq=256,vocab=1024"
         intra, threed, methods = (tiny, ("8",)), ((tiny, 16, (16,)),), ("exact", "sapp", "dp")
@@ -80,7 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     model, meshes = intra
     for mesh in meshes:
         spec = planner.make_cluster(mesh, "h100-80g").mesh.spec
-        if not table.done(part="intra", model=planner.load_model(model).name, mesh=spec, method=methods[-1]):
+        if not table.done(
+            part="intra", model=planner.load_model(model).name, mesh=spec, method=methods[-1]
+        ):
             rows = intra_rows(model, mesh, methods)
             print(*rows, sep="\n", flush=True)
             table.add(rows)
@@ -91,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(row, flush=True)
                 table.add([row])
     table.finish()
-    if (png := png_path(args)):
+    if png := png_path(args):
         plot(table.rows, png)
     return 0
 

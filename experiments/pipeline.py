@@ -1,10 +1,10 @@
 """Pipeline planning: CSIMD against the exact DP (and baselines) on random chains and zoo models.
 
 Random chains: heterogeneous layer times, nonlinear in the micro-batch size (see
-experiments.chains.random_chain), 2-8 stages, with and without a binding memory limit. Zoo models: the layer
-chain of the exact intra-operator plan on a stage sub-mesh. Columns: source, layers, stages,
-method, status, objective (iteration time, s), gap to the exact DP in percent, evaluations, search
-time, micro-batches.
+experiments.chains.random_chain), 2-8 stages, with and without a binding memory limit. Zoo models:
+the layer chain of the exact intra-operator plan on a stage sub-mesh. Columns: source, layers,
+stages, method, status, objective (iteration time, s), gap to the exact DP in percent, evaluations,
+search time, micro-batches.
 
     python -m experiments.pipeline [--quick] [--instances 1000] [--out results/pipeline.csv]
 """
@@ -22,22 +22,45 @@ from experiments.chains import random_chain
 from experiments.common import add_output_options, png_path, pyplot, results_table, run, write_png
 
 # (model, mesh, global batch, recompute): GPT-3 175B needs full recompute to fit 80 GB in 4 stages.
-ZOO = (("gpt3-13b", "node=8,gpu=8", 128, False), ("gpt3-175b", "node=128,gpu=8", 1536, True),
-       ("bert-large", "node=4,gpu=8", 64, False), ("resnet152", "node=4,gpu=8", 256, False),
-       ("vgg16", "node=4,gpu=8", 256, False))
+ZOO = (
+    ("gpt3-13b", "node=8,gpu=8", 128, False),
+    ("gpt3-175b", "node=128,gpu=8", 1536, True),
+    ("bert-large", "node=4,gpu=8", 64, False),
+    ("resnet152", "node=4,gpu=8", 256, False),
+    ("vgg16", "node=4,gpu=8", 256, False),
+)
 METHODS = ("csimd", "exact", "even", "balanced")
 
 
-def compare_chain(chain, stages: int, memory: float | None, source: str, instance: int) -> list[dict]:
+def compare_chain(
+    chain, stages: int, memory: float | None, source: str, instance: int
+) -> list[dict]:
     plans = {m: PIPELINE_METHODS[m](chain, stages, "1f1b", memory) for m in METHODS}
     exact = plans["exact"].iteration_time_s
     rows = []
     for method, p in plans.items():
-        gap = 100.0 * (p.iteration_time_s / exact - 1) if np.isfinite(exact) and np.isfinite(p.iteration_time_s) else None
-        rows.append({"source": source, "instance": instance, "layers": chain.num_layers, "stages": stages,
-                     "memory_limit": memory, "method": method, "status": p.status, "objective": p.iteration_time_s,
-                     "gap_percent": gap, "evaluations": p.evaluations, "search_time_s": p.search_time_s,
-                     "num_microbatches": p.num_microbatches, "fits_memory": p.fits_memory})
+        gap = (
+            100.0 * (p.iteration_time_s / exact - 1)
+            if np.isfinite(exact) and np.isfinite(p.iteration_time_s)
+            else None
+        )
+        rows.append(
+            {
+                "source": source,
+                "instance": instance,
+                "layers": chain.num_layers,
+                "stages": stages,
+                "memory_limit": memory,
+                "method": method,
+                "status": p.status,
+                "objective": p.iteration_time_s,
+                "gap_percent": gap,
+                "evaluations": p.evaluations,
+                "search_time_s": p.search_time_s,
+                "num_microbatches": p.num_microbatches,
+                "fits_memory": p.fits_memory,
+            }
+        )
     if plans["csimd"].fits_memory is False and plans["csimd"].status == "OK":
         raise SystemExit(f"CSIMD violated memory on {source}")
     return rows
@@ -60,7 +83,8 @@ def zoo_configs(models):
     for model, mesh, batch, recompute in models:
         settings = planner.TrainingSettings(recompute=recompute, zero=1 if recompute else 0)
         build = lambda model=model, mesh=mesh, batch=batch, settings=settings: planner.layer_chain(
-            model, mesh, stages=4, batch=batch, settings=settings)[0]
+            model, mesh, stages=4, batch=batch, settings=settings
+        )[0]
         yield model, 0, build, 4, 80e9
 
 
@@ -68,23 +92,42 @@ def plot(rows: list[dict], path: str) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for method in METHODS[:1] + METHODS[2:]:
-        gaps = sorted(r["gap_percent"] for r in rows if r["method"] == method and r["source"] == "random"
-                      and r["gap_percent"] is not None)
+        gaps = sorted(
+            r["gap_percent"]
+            for r in rows
+            if r["method"] == method and r["source"] == "random" and r["gap_percent"] is not None
+        )
         if gaps:
             ax.plot(gaps, [(i + 1) / len(gaps) for i in range(len(gaps))], label=method)
-    ax.set(xlabel="gap to the exact DP (%)", ylabel="fraction of instances", xscale="symlog",
-           title="Pipeline plans on random chains")
+    ax.set(
+        xlabel="gap to the exact DP (%)",
+        ylabel="fraction of instances",
+        xscale="symlog",
+        title="Pipeline plans on random chains",
+    )
     ax.legend(fontsize=7)
     write_png(path, fig)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--instances", type=int, default=1000)
-    parser.add_argument("--big", default="96,200,500,1000", help="layer counts of the large random chains")
-    parser.add_argument("--zoo", default=",".join(z[0] for z in ZOO), help="zoo models to chain ('' for none)")
-    parser.add_argument("--quick", action="store_true", help="100 instances, large chains 96 and 200, two zoo models")
-    parser.add_argument("--smallest", action="store_true", help="5 random instances, no zoo model (tests)")
+    parser.add_argument(
+        "--big", default="96,200,500,1000", help="layer counts of the large random chains"
+    )
+    parser.add_argument(
+        "--zoo", default=",".join(z[0] for z in ZOO), help="zoo models to chain ('' for none)"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="100 instances, large chains 96 and 200, two zoo models",
+    )
+    parser.add_argument(
+        "--smallest", action="store_true", help="5 random instances, no zoo model (tests)"
+    )
     add_output_options(parser, "results/pipeline.csv")
     args = parser.parse_args(argv)
     if args.quick:
@@ -93,19 +136,37 @@ def main(argv: list[str] | None = None) -> int:
         args.instances, args.big, args.zoo = 5, "", ""
     models = [z for z in ZOO if z[0] in args.zoo.split(",")]
     table = results_table(args, ("source", "instance"))
-    configs = list(random_configs(args.instances, [int(x) for x in args.big.split(",") if x])) + list(zoo_configs(models))
+    configs = list(
+        random_configs(args.instances, [int(x) for x in args.big.split(",") if x])
+    ) + list(zoo_configs(models))
     for source, instance, build, stages, memory in configs:
         if not table.done(source=source, instance=instance):
             table.add(compare_chain(build(), stages, memory, source, instance))
     table.finish()
     rows = table.rows
-    csimd = [r for r in rows if r["method"] == "csimd" and r["source"] == "random" and r["gap_percent"] is not None]
+    csimd = [
+        r
+        for r in rows
+        if r["method"] == "csimd" and r["source"] == "random" and r["gap_percent"] is not None
+    ]
     within = sum(r["gap_percent"] <= 1.0 for r in csimd)
     print(f"CSIMD within 1% of the exact DP on {within}/{len(csimd)} random instances")
     for r in rows:
         if r["source"] != "random":
-            print({k: r[k] for k in ("source", "layers", "method", "gap_percent", "evaluations", "search_time_s")})
-    if (png := png_path(args)):
+            print(
+                {
+                    k: r[k]
+                    for k in (
+                        "source",
+                        "layers",
+                        "method",
+                        "gap_percent",
+                        "evaluations",
+                        "search_time_s",
+                    )
+                }
+            )
+    if png := png_path(args):
         plot(rows, png)
     return 0
 

@@ -9,7 +9,8 @@ slow-network case. Each row is one 3D plan (`planner.plan_pipeline`): re-plannin
 no profiling step) and the chosen degrees: pipeline stages, data parallel, tensor parallel inside
 the node and across nodes (`inter_node_bandwidth_gbps` is per GPU).
 
-    python -m experiments.portability [--quick] [--models gpt3-1.3b,gpt3-6.7b,gpt3-13b] [--out results/portability.csv]
+    python -m experiments.portability [--quick] [--models gpt3-1.3b,gpt3-6.7b,gpt3-13b] [--out
+    results/portability.csv]
 """
 
 from __future__ import annotations
@@ -37,42 +38,73 @@ def variations(base: dict, quick: bool) -> list[tuple[str, dict]]:
     out += [("batch", {**base, "batch": b}) for b in batches]
     out += [("devices", {**base, "devices": d}) for d in devices]
     out += [("device", {**base, "device": d}) for d in ("v100-16g", "h100-80g")]
-    out += [("inter_gbps", {**base, "inter_gbps": g}) for g in ((25, 400) if quick else (25, 100, 200, 400))]
+    out += [
+        ("inter_gbps", {**base, "inter_gbps": g})
+        for g in ((25, 400) if quick else (25, 100, 200, 400))
+    ]
     return out
 
 
 def degrees(result) -> dict:
-    """Pipeline, data and tensor-parallel degrees of a 3D plan (tensor: linear layers split off the batch)."""
+    """Pipeline, data and tensor-parallel degrees of a 3D plan (tensor: linear layers split off the
+    batch)."""
     mesh = parse_mesh(result.stage_mesh, get_profile("symbolic"))
     sizes = dict(zip(mesh.names, mesh.shape))
     dims = dict(result.tensor_parallel_dims)
     dp = math.prod(sizes[a] for a, d in dims.items() if d == "b")
     tp_inter = math.prod(sizes[a] for a, d in dims.items() if d not in (None, "b") and a == "node")
     tp_intra = math.prod(sizes[a] for a, d in dims.items() if d not in (None, "b") and a != "node")
-    return {"pipeline_degree": result.pipeline.stages, "data_parallel_degree": dp,
-            "tensor_parallel_intra_node": tp_intra, "tensor_parallel_inter_node": tp_inter,
-            "tensor_parallel_degree": tp_intra * tp_inter, "stage_mesh": result.stage_mesh,
-            "split_dims": " ".join(f"{a}:{d or '-'}" for a, d in result.tensor_parallel_dims)}
+    return {
+        "pipeline_degree": result.pipeline.stages,
+        "data_parallel_degree": dp,
+        "tensor_parallel_intra_node": tp_intra,
+        "tensor_parallel_inter_node": tp_inter,
+        "tensor_parallel_degree": tp_intra * tp_inter,
+        "stage_mesh": result.stage_mesh,
+        "split_dims": " ".join(f"{a}:{d or '-'}" for a, d in result.tensor_parallel_dims),
+    }
 
 
 def plan_row(model: str, changed: str, setting: dict) -> dict:
     profile = get_profile(setting["device"])
     if setting["inter_gbps"] is not None:
-        profile = dataclasses.replace(profile, inter_node_bandwidth=setting["inter_gbps"] * GBPS,
-                                      name=f"{profile.name}@{setting['inter_gbps']}Gbps")
-    row = {"model": model, "changed": changed, **setting,
-           "inter_node_bandwidth_gbps": profile.inter_node_bandwidth / GBPS}
+        profile = dataclasses.replace(
+            profile,
+            inter_node_bandwidth=setting["inter_gbps"] * GBPS,
+            name=f"{profile.name}@{setting['inter_gbps']}Gbps",
+        )
+    row = {
+        "model": model,
+        "changed": changed,
+        **setting,
+        "inter_node_bandwidth_gbps": profile.inter_node_bandwidth / GBPS,
+    }
     start = time.perf_counter()
     try:
-        result = planner.plan_pipeline(model, devices=setting["devices"], device=profile, batch=setting["batch"])
+        result = planner.plan_pipeline(
+            model, devices=setting["devices"], device=profile, batch=setting["batch"]
+        )
     except planner.PlannerError as exc:
-        return {**row, "status": "INFEASIBLE", "notes": str(exc), "replan_time_s": time.perf_counter() - start}
-    row.update({"status": result.pipeline.status, **degrees(result),
-                "num_microbatches": result.pipeline.num_microbatches,
-                "sequence_parallel": result.settings.sequence_parallel, "recompute": result.settings.recompute,
-                "zero": result.settings.zero, "objective": result.pipeline.iteration_time_s, "iteration_time_s": result.pipeline.iteration_time_s,
-                "max_memory_gib": result.pipeline.max_memory_bytes / 2**30,
-                "replan_time_s": time.perf_counter() - start})
+        return {
+            **row,
+            "status": "INFEASIBLE",
+            "notes": str(exc),
+            "replan_time_s": time.perf_counter() - start,
+        }
+    row.update(
+        {
+            "status": result.pipeline.status,
+            **degrees(result),
+            "num_microbatches": result.pipeline.num_microbatches,
+            "sequence_parallel": result.settings.sequence_parallel,
+            "recompute": result.settings.recompute,
+            "zero": result.settings.zero,
+            "objective": result.pipeline.iteration_time_s,
+            "iteration_time_s": result.pipeline.iteration_time_s,
+            "max_memory_gib": result.pipeline.max_memory_bytes / 2**30,
+            "replan_time_s": time.perf_counter() - start,
+        }
+    )
     return row
 
 
@@ -80,19 +112,40 @@ def plot(rows: list[dict], path: str) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for model in sorted({r["model"] for r in rows}):
-        sel = sorted((r for r in rows if r["model"] == model and r["changed"] in ("base", "devices")
-                      and r["status"] == "OK"), key=lambda r: r["devices"])
+        sel = sorted(
+            (
+                r
+                for r in rows
+                if r["model"] == model
+                and r["changed"] in ("base", "devices")
+                and r["status"] == "OK"
+            ),
+            key=lambda r: r["devices"],
+        )
         ax.plot([r["devices"] for r in sel], [r["replan_time_s"] for r in sel], "o-", label=model)
-    ax.set(xscale="log", xlabel="devices", ylabel="re-planning time (s)", title="Re-planning cost (no profiling)")
+    ax.set(
+        xscale="log",
+        xlabel="devices",
+        ylabel="re-planning time (s)",
+        title="Re-planning cost (no profiling)",
+    )
     ax.legend(fontsize=7)
     write_png(path, fig)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--models", default="gpt3-1.3b,gpt3-6.7b,gpt3-13b")
-    parser.add_argument("--quick", action="store_true", help="gpt3-1.3b and gpt3-13b, fewer variations")
-    parser.add_argument("--smallest", action="store_true", help="gpt3-1.3b, base and the v100/Ethernet setting (tests)")
+    parser.add_argument(
+        "--quick", action="store_true", help="gpt3-1.3b and gpt3-13b, fewer variations"
+    )
+    parser.add_argument(
+        "--smallest",
+        action="store_true",
+        help="gpt3-1.3b, base and the v100/Ethernet setting (tests)",
+    )
     add_output_options(parser, "results/portability.csv")
     args = parser.parse_args(argv)
     if args.quick:
@@ -101,19 +154,39 @@ def main(argv: list[str] | None = None) -> int:
     for model in args.models.split(","):
         settings = variations(BASE, args.quick or args.smallest)
         if args.smallest:
-            model, settings = "gpt3-1.3b", [s for s in settings if s[0] == "base" or s[1]["device"] == "v100-16g"]
+            model, settings = (
+                "gpt3-1.3b",
+                [s for s in settings if s[0] == "base" or s[1]["device"] == "v100-16g"],
+            )
         for changed, setting in settings:
             if table.done(model=model, changed=changed, **setting):
                 continue
             row = plan_row(model, changed, setting)
-            print({k: row.get(k) for k in ("model", "changed", "devices", "device", "inter_gbps", "batch", "status",
-                                           "pipeline_degree", "data_parallel_degree", "tensor_parallel_intra_node",
-                                           "tensor_parallel_inter_node", "replan_time_s")}, flush=True)
+            print(
+                {
+                    k: row.get(k)
+                    for k in (
+                        "model",
+                        "changed",
+                        "devices",
+                        "device",
+                        "inter_gbps",
+                        "batch",
+                        "status",
+                        "pipeline_degree",
+                        "data_parallel_degree",
+                        "tensor_parallel_intra_node",
+                        "tensor_parallel_inter_node",
+                        "replan_time_s",
+                    )
+                },
+                flush=True,
+            )
             table.add([row])
         if args.smallest:
             break
     table.finish()
-    if (png := png_path(args)):
+    if png := png_path(args):
         plot(table.rows, png)
     return 0
 

@@ -1,4 +1,5 @@
-"""Across the zoo and 8 to 64 devices: step time of exact, sapp, drec-cost, dp and megatron plans, and scaling.
+"""Across the zoo and 8 to 64 devices: step time of exact, sapp, drec-cost, dp and megatron plans,
+and scaling.
 
 Strong scaling: each model keeps one global batch (language models 64 sequences, vision models
 256 images) while the devices grow from 8 (one node) to 64 (nodes of 8, a100-80g). Scaling
@@ -7,7 +8,8 @@ against the exact plan at the smallest device count where it fits: (T_ref * N_re
 is perfect scaling of the best plan and every method is measured against the same reference. Plans
 that do not fit in memory keep their row (fits_memory False) and get no efficiency.
 
-    python -m experiments.smsg_models [--quick] [--models ...] [--devices 8,16,32,64] [--out results/smsg_models.csv]
+    python -m experiments.smsg_models [--quick] [--models ...] [--devices 8,16,32,64] [--out
+    results/smsg_models.csv]
 """
 
 from __future__ import annotations
@@ -32,13 +34,25 @@ def batch_for(model: str) -> int:
 
 
 def add_efficiency(rows: list[dict]) -> None:
-    """Scaling efficiency against the exact plan at the model's smallest device count where it fits."""
+    """Scaling efficiency against the exact plan at the model's smallest device count where it
+    fits."""
     for r in rows:
-        fitting = [b for b in rows if b["model"] == r["model"] and b["method"] == "exact" and b["fits_memory"]]
+        fitting = [
+            b
+            for b in rows
+            if b["model"] == r["model"] and b["method"] == "exact" and b["fits_memory"]
+        ]
         base = min(fitting, key=lambda b: b["devices"]) if fitting else None
         ok = base is not None and r["fits_memory"] and r["estimated_step_time_s"] > 0
-        r["scaling_efficiency"] = (base["estimated_step_time_s"] * base["devices"]
-                                   / (r["estimated_step_time_s"] * r["devices"])) if ok else None
+        r["scaling_efficiency"] = (
+            (
+                base["estimated_step_time_s"]
+                * base["devices"]
+                / (r["estimated_step_time_s"] * r["devices"])
+            )
+            if ok
+            else None
+        )
         r["reference_devices"] = base["devices"] if base is not None else None
 
 
@@ -48,9 +62,22 @@ def plot(rows: list[dict], path: str) -> None:
     fig, axes = plt.subplots(1, len(models), figsize=(3 * len(models), 3), squeeze=False)
     for ax, model in zip(axes[0], models):
         for method in METHODS:
-            sel = sorted((r for r in rows if r["model"] == model and r["method"] == method and r["scaling_efficiency"]
-                          is not None), key=lambda r: r["devices"])
-            ax.plot([r["devices"] for r in sel], [r["scaling_efficiency"] for r in sel], "o-", label=method)
+            sel = sorted(
+                (
+                    r
+                    for r in rows
+                    if r["model"] == model
+                    and r["method"] == method
+                    and r["scaling_efficiency"] is not None
+                ),
+                key=lambda r: r["devices"],
+            )
+            ax.plot(
+                [r["devices"] for r in sel],
+                [r["scaling_efficiency"] for r in sel],
+                "o-",
+                label=method,
+            )
         ticks = sorted({r["devices"] for r in rows})
         ax.set(title=model, xscale="log", xlabel="devices", ylim=(0, 1.1))
         ax.set_xticks(ticks, [str(t) for t in ticks])
@@ -61,12 +88,18 @@ def plot(rows: list[dict], path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--models", default=MODELS)
     parser.add_argument("--devices", default="8,16,32,64")
     parser.add_argument("--device", default="a100-80g")
     parser.add_argument("--quick", action="store_true", help="devices 8 and 64")
-    parser.add_argument("--smallest", action="store_true", help="gpt2-small and resnet50 on 8 and 16 devices (tests)")
+    parser.add_argument(
+        "--smallest",
+        action="store_true",
+        help="gpt2-small and resnet50 on 8 and 16 devices (tests)",
+    )
     add_output_options(parser, "results/smsg_models.csv")
     args = parser.parse_args(argv)
     if args.quick:
@@ -78,17 +111,35 @@ def main(argv: list[str] | None = None) -> int:
         for devices in [int(d) for d in args.devices.split(",")]:
             if table.done(model=model, devices=devices):
                 continue
-            group = planner.compare(model, mesh_for(devices), args.device, methods=METHODS, batch=batch_for(model))
+            group = planner.compare(
+                model, mesh_for(devices), args.device, methods=METHODS, batch=batch_for(model)
+            )
             for r in group:
                 r.update(model=model, devices=devices, batch=batch_for(model))
-                print({k: r[k] for k in ("model", "devices", "method", "status", "estimated_step_time_s",
-                                         "fits_memory", "search_time_s")}, flush=True)
+                print(
+                    {
+                        k: r[k]
+                        for k in (
+                            "model",
+                            "devices",
+                            "method",
+                            "status",
+                            "estimated_step_time_s",
+                            "fits_memory",
+                            "search_time_s",
+                        )
+                    },
+                    flush=True,
+                )
             table.add(group)
-    table.rows = [{k: v for k, v in r.items() if k not in ("scaling_efficiency", "reference_devices")} for r in table.rows]
+    table.rows = [
+        {k: v for k, v in r.items() if k not in ("scaling_efficiency", "reference_devices")}
+        for r in table.rows
+    ]
     add_efficiency(table.rows)
     table.add([])  # rewrite with the efficiency column
     table.finish()
-    if (png := png_path(args)):
+    if png := png_path(args):
         plot(table.rows, png)
     return 0
 

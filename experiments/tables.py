@@ -1,6 +1,6 @@
 """Print the README's markdown tables from the CSVs under results/ (nothing is recomputed).
 
-    python -m experiments.tables [--readme README.md docs/*.md]
+python -m experiments.tables [--readme README.md docs/*.md]
 """
 
 from __future__ import annotations
@@ -20,30 +20,50 @@ def markdown(frame: pd.DataFrame) -> str:
     cols = [" ".join(map(str, c)) if isinstance(c, tuple) else str(c) for c in frame.columns]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for row in frame.itertuples(index=False):
-        lines.append("| " + " | ".join("-" if pd.isna(v) else (f"{v:.4g}" if isinstance(v, float) else str(v))
-                                       for v in row) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                "-" if pd.isna(v) else (f"{v:.4g}" if isinstance(v, float) else str(v)) for v in row
+            )
+            + " |"
+        )
     return "\n".join(lines)
 
 
 def scaling(path: Path) -> str:
     d = pd.read_csv(path)
     d = d[d["memory"] == "none"]
-    rows = ["| mesh | layers | exact status | exact search s | whole-graph status | whole-graph s | speed-up |",
-            "|---|---|---|---|---|---|---|"]
+    rows = [
+        "| mesh | layers | exact status | exact search s | whole-graph status | whole-graph s | "
+        "speed-up |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for _, r in d.iterrows():
         speed = "-" if pd.isna(r.get("speedup")) else f"{r['speedup']:.0f}x"
-        rows.append(f"| {r['mesh']} | {r['layers']} | {r['status']} | {r['search_time_s']:.2f} | {r['whole_status']} | "
-                    f"{r['whole_search_time_s']:.1f} | {speed} |")
+        rows.append(
+            f"| {r['mesh']} | {r['layers']} | {r['status']} | {r['search_time_s']:.2f} | "
+            f"{r['whole_status']} | {r['whole_search_time_s']:.1f} | {speed} |"
+        )
     return "\n".join(rows)
 
 
 def heuristics(path: Path) -> str:
     d = pd.read_csv(path)
     g = d.groupby("method")
-    table = pd.DataFrame({"median gap %": g["gap_percent"].median(), "worst gap %": g["gap_percent"].max(),
-                          "rows with a gap": g["gap_percent"].count(),
-                          "median search s": g["search_time_s"].median(), "worst search s": g["search_time_s"].max()})
-    order = [m for m in ("exact", "whole", "sapp", "drec-cost", "megatron", "dp", "zero", "greedy") if m in table.index]
+    table = pd.DataFrame(
+        {
+            "median gap %": g["gap_percent"].median(),
+            "worst gap %": g["gap_percent"].max(),
+            "rows with a gap": g["gap_percent"].count(),
+            "median search s": g["search_time_s"].median(),
+            "worst search s": g["search_time_s"].max(),
+        }
+    )
+    order = [
+        m
+        for m in ("exact", "whole", "sapp", "drec-cost", "megatron", "dp", "zero", "greedy")
+        if m in table.index
+    ]
     return markdown(table.loc[order].round(2))
 
 
@@ -51,10 +71,15 @@ def pipeline(path: Path) -> str:
     d = pd.read_csv(path)
     rnd = d[(d["source"] == "random") & (d["method"] == "csimd")]
     within = (rnd["gap_percent"] <= 1.0).sum()
-    lines = [f"CSIMD within 1% of the exact DP on {within} of {len(rnd)} random chains "
-             f"(median gap {rnd['gap_percent'].median():.3f}%, worst {rnd['gap_percent'].max():.3f}%).", ""]
+    lines = [
+        f"CSIMD within 1% of the exact DP on {within} of {len(rnd)} random chains (median gap "
+        f"{rnd['gap_percent'].median():.3f}%, worst {rnd['gap_percent'].max():.3f}%).",
+        "",
+    ]
     other = d[d["source"] != "random"]
-    pivot = other.pivot_table(index=["source", "layers"], columns="method", values=["gap_percent", "search_time_s"])
+    pivot = other.pivot_table(
+        index=["source", "layers"], columns="method", values=["gap_percent", "search_time_s"]
+    )
     lines.append(markdown(pivot))
     return "\n".join(lines)
 
@@ -62,46 +87,91 @@ def pipeline(path: Path) -> str:
 def fidelity(path: Path) -> str:
     d = pd.read_csv(path)
     t1 = d[d["source"] == "table1"]
-    lines = ["| config | tp | pp | dp | batch | measured s | predicted s | rel. error | split |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| config | tp | pp | dp | batch | measured s | predicted s | rel. error | split |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for _, r in t1.iterrows():
-        lines.append(f"| {r['config']} | {int(r['tp'])} | {int(r['pp'])} | {int(r['dp'])} | {int(r['global_batch'])} | "
-                     f"{r['measured_s']:.2f} | {r['predicted_s']:.2f} | {100 * r['rel_error']:.1f}% | {r['split']} |")
+        lines.append(
+            f"| {r['config']} | {int(r['tp'])} | {int(r['pp'])} | {int(r['dp'])} | "
+            f"{int(r['global_batch'])} | {r['measured_s']:.2f} | {r['predicted_s']:.2f} | "
+            f"{100 * r['rel_error']:.1f}% | {r['split']} |"
+        )
     summary = dict(zip(d[d["source"] == "summary"]["config"], d[d["source"] == "summary"]["value"]))
     pct = lambda key: f"{100 * float(summary[key]):.1f}%"
-    lines += ["", f"Table 1: mean relative error {pct('table1_mean_rel_error_all_raw')} (max "
-              f"{pct('table1_max_rel_error_all_raw')}) with the datasheet profile as is; with one efficiency factor "
-              f"fitted on the fit rows ({float(summary['table1_fitted_factor']):.3f}), held-out rows: mean "
-              f"{pct('table1_mean_rel_error_test_fitted')}, max {pct('table1_max_rel_error_test_fitted')} "
-              f"(raw on the same rows: mean {pct('table1_mean_rel_error_test_raw')}).", ""]
+    lines += [
+        "",
+        f"Table 1: mean relative error {pct('table1_mean_rel_error_all_raw')} (max "
+        f"{pct('table1_max_rel_error_all_raw')}) with the datasheet profile as is; with one "
+        f"efficiency factor fitted on the fit rows ({float(summary['table1_fitted_factor']):.3f}), "
+        f"held-out rows: mean {pct('table1_mean_rel_error_test_fitted')}, max "
+        f"{pct('table1_max_rel_error_test_fitted')} (raw on the same rows: mean "
+        f"{pct('table1_mean_rel_error_test_raw')}).",
+        "",
+    ]
     f13 = d[d["source"] == "fig13"].sort_values("predicted_s")
-    lines += ["| (pipeline, tensor) | predicted s/iteration | predicted rank | measured TFLOP/s per GPU |", "|---|---|---|---|"]
+    lines += [
+        "| (pipeline, tensor) | predicted s/iteration | predicted rank | measured TFLOP/s per GPU "
+        "|",
+        "|---|---|---|---|",
+    ]
     for rank, (_, r) in enumerate(f13.iterrows(), 1):
-        lines.append(f"| ({int(r['pp'])}, {int(r['tp'])}) | {r['predicted_s']:.1f} | {rank} | {r['measured_tflops']:.0f} |")
+        lines.append(
+            f"| ({int(r['pp'])}, {int(r['tp'])}) | {r['predicted_s']:.1f} | {rank} | "
+            f"{r['measured_tflops']:.0f} |"
+        )
     for key in sorted(k for k in summary if k.startswith("fig13") and k.endswith("spearman")):
         batch = key.split("_")[1]
-        lines += ["", f"Figure 13 ({batch}): Spearman {float(summary[key]):.2f}, Kendall "
-                  f"{float(summary[key.replace('spearman', 'kendall')]):.2f}; predicted best "
-                  f"{summary[key.replace('spearman', 'predicted_best')]}."]
+        lines += [
+            "",
+            f"Figure 13 ({batch}): Spearman {float(summary[key]):.2f}, Kendall "
+            f"{float(summary[key.replace('spearman', 'kendall')]):.2f}; predicted best "
+            f"{summary[key.replace('spearman', 'predicted_best')]}.",
+        ]
     ablation = d[d["source"] == "ablation"]
     if len(ablation):
-        lines += ["", "| cost model (terms added in turn) | Table 1 mean error | max error |", "|---|---|---|"]
+        lines += [
+            "",
+            "| cost model (terms added in turn) | Table 1 mean error | max error |",
+            "|---|---|---|",
+        ]
         values = dict(zip(ablation["config"], ablation["value"].astype(float)))
         for variant in dict.fromkeys(ablation["variant"]):
-            lines.append(f"| {variant} | {100 * values[f'{variant} mean']:.1f}% | {100 * values[f'{variant} max']:.1f}% |")
+            lines.append(
+                f"| {variant} | {100 * values[f'{variant} mean']:.1f}% | "
+                f"{100 * values[f'{variant} max']:.1f}% |"
+            )
     sweep = d[d["source"] == "microbatch"]
     if len(sweep):
-        lines += ["", "| micro-batch (91B GPT, t=8, p=8, 64 GPUs, batch 512) | predicted s/iteration | samples/s |",
-                  "|---|---|---|"]
+        lines += [
+            "",
+            "| micro-batch (91B GPT, t=8, p=8, 64 GPUs, batch 512) | predicted s/iteration | "
+            "samples/s |",
+            "|---|---|---|",
+        ]
         for _, r in sweep.iterrows():
-            lines.append(f"| {r['config'][1:]} | {r['predicted_s']:.2f} | {float(r['value']):.2f} |")
+            lines.append(
+                f"| {r['config'][1:]} | {r['predicted_s']:.2f} | {float(r['value']):.2f} |"
+            )
     return "\n".join(lines)
 
 
 def portability(path: Path) -> str:
     d = pd.read_csv(path)
-    cols = ["model", "changed", "devices", "device", "inter_node_bandwidth_gbps", "batch", "pipeline_degree",
-            "data_parallel_degree", "tensor_parallel_intra_node", "tensor_parallel_inter_node", "iteration_time_s",
-            "replan_time_s"]
+    cols = [
+        "model",
+        "changed",
+        "devices",
+        "device",
+        "inter_node_bandwidth_gbps",
+        "batch",
+        "pipeline_degree",
+        "data_parallel_degree",
+        "tensor_parallel_intra_node",
+        "tensor_parallel_inter_node",
+        "iteration_time_s",
+        "replan_time_s",
+    ]
     frame = d[cols].copy()
     frame["inter_node_bandwidth_gbps"] = frame["inter_node_bandwidth_gbps"].round(1)
     return markdown(frame.set_index("model").round(3))
@@ -113,89 +183,147 @@ def smsg_models(path: Path) -> str:
     step = d.pivot_table(index=["model", "devices"], columns="method", values="step_ms")
     eff = d.pivot_table(index=["model", "devices"], columns="method", values="scaling_efficiency")
     table = step.round(2).astype(str) + " (" + eff.round(2).astype(str) + ")"
-    return ("Estimated step time in ms (scaling efficiency against the exact plan at the smallest device "
-            "count where it fits; nan: does not fit in 80 GB):\n\n" + markdown(table))
+    return (
+        "Estimated step time in ms (scaling efficiency against the exact plan at the smallest "
+        "device count where it fits; nan: does not fit in 80 GB):\n\n" + markdown(table)
+    )
 
 
 def verify(path: Path) -> str:
     d = pd.read_csv(path)
-    lines = ["| model | batch | mesh | method | sharded ops | numpy max rel. error | predicted bytes | compiled bytes "
-             "| total error | worst axis error |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| model | batch | mesh | method | sharded ops | numpy max rel. error | predicted bytes | "
+        "compiled bytes | total error | worst axis error |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for _, r in d.iterrows():
-        lines.append(f"| {r['model']} | {r['batch']} | {r['mesh']} | {r['method']} | {r['sharded_ops']}/{r['operators']} | "
-                     f"{r['numpy_max_rel_error']:.1e} | {r['predicted_bytes']:,.0f} | {r['compiled_bytes']:,.0f} | "
-                     f"{100 * r['total_rel_error']:.2f}% | {100 * r['max_axis_rel_error']:.2f}% |")
+        lines.append(
+            f"| {r['model']} | {r['batch']} | {r['mesh']} | {r['method']} | "
+            f"{r['sharded_ops']}/{r['operators']} | {r['numpy_max_rel_error']:.1e} | "
+            f"{r['predicted_bytes']:,.0f} | {r['compiled_bytes']:,.0f} | "
+            f"{100 * r['total_rel_error']:.2f}% | {100 * r['max_axis_rel_error']:.2f}% |"
+        )
     ok = (d["status"] == "OK").sum()
-    return "\n".join(lines) + f"\n\n{ok} of {len(d)} plans within 5% in total and on every mesh axis."
+    return (
+        "\n".join(lines) + f"\n\n{ok} of {len(d)} plans within 5% in total and on every mesh axis."
+    )
 
 
 def sapp_scaling(path: Path) -> str:
     d = pd.read_csv(path)
-    lines = ["| devices (order) | layers | operators | search ms | us per operator | x of the fewest layers |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| devices (order) | layers | operators | search ms | us per operator | x of the fewest "
+        "layers |",
+        "|---|---|---|---|---|---|",
+    ]
     for devices, group in d.groupby("devices"):
         group = group.sort_values("layers")
         first = group["us_per_operator"].iloc[0]
         for _, r in group.iterrows():
-            lines.append(f"| {devices} ({r['order']}) | {r['layers']} | {r['operators']} | {1e3 * r['search_time_s']:.1f} | "
-                         f"{r['us_per_operator']:.1f} | {r['us_per_operator'] / first:.2f} |")
+            lines.append(
+                f"| {devices} ({r['order']}) | {r['layers']} | {r['operators']} | "
+                f"{1e3 * r['search_time_s']:.1f} | {r['us_per_operator']:.1f} | "
+                f"{r['us_per_operator'] / first:.2f} |"
+            )
     return "\n".join(lines)
 
 
 def llama(path: Path) -> str:
     d = pd.read_csv(path)
     intra = d[d["part"] == "intra"]
-    lines = ["| llama3-8b mesh | method | status | step s | gap % | GiB per device | fits | search s |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| llama3-8b mesh | method | status | step s | gap % | GiB per device | fits | search s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for _, r in intra.iterrows():
         gap = "-" if pd.isna(r["gap_percent"]) else f"{r['gap_percent']:.1f}"
-        lines.append(f"| {r['mesh']} | {r['method']} | {r['status']} | {r['iteration_time_s']:.3f} | {gap} | "
-                     f"{r['max_memory_gib']:.1f} | {r['fits_memory']} | {r['search_time_s']:.2f} |")
-    lines += ["", "| model | H100s | pp | tp | dp | micro-batches | recompute | seq. parallel | ZeRO | s / iteration | "
-              "GiB | search s |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {r['mesh']} | {r['method']} | {r['status']} | {r['iteration_time_s']:.3f} | {gap} "
+            f"| {r['max_memory_gib']:.1f} | {r['fits_memory']} | {r['search_time_s']:.2f} |"
+        )
+    lines += [
+        "",
+        "| model | H100s | pp | tp | dp | micro-batches | recompute | seq. parallel | ZeRO | s / "
+        "iteration | GiB | search s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for _, r in d[d["part"] == "3d"].iterrows():
-        lines.append(f"| {r['model']} | {int(r['devices'])} | {int(r['pipeline_degree'])} | {int(r['tensor_parallel_degree'])} | "
-                     f"{int(r['data_parallel_degree'])} | {int(r['num_microbatches'])} | {r['recompute']} | "
-                     f"{r['sequence_parallel']} | {int(r['zero'])} | {r['iteration_time_s']:.2f} | "
-                     f"{r['max_memory_gib']:.1f} | {r['search_time_s']:.1f} |")
+        lines.append(
+            f"| {r['model']} | {int(r['devices'])} | {int(r['pipeline_degree'])} | "
+            f"{int(r['tensor_parallel_degree'])} | {int(r['data_parallel_degree'])} | "
+            f"{int(r['num_microbatches'])} | {r['recompute']} | {r['sequence_parallel']} | "
+            f"{int(r['zero'])} | {r['iteration_time_s']:.2f} | {r['max_memory_gib']:.1f} | "
+            f"{r['search_time_s']:.1f} |"
+        )
     return "\n".join(lines)
 
 
 def train_check(path: Path) -> str:
     d = pd.read_csv(path)
-    lines = ["| mesh | plan | engine | steps | first loss | last loss | max rel. loss difference | predicted bytes | "
-             "engine's bytes | worst axis error |", "|---|---|---|---|---|---|---|---|---|---|"]
-    number = lambda v, fmt: "-" if pd.isna(v) else format(v, fmt)  # noqa: E731 (the 3D row counts no bytes)
+    lines = [
+        "| mesh | plan | engine | steps | first loss | last loss | max rel. loss difference | "
+        "predicted bytes | engine's bytes | worst axis error |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    # the 3D row counts no bytes
+    number = lambda v, fmt: "-" if pd.isna(v) else format(v, fmt)  # noqa: E731
     for _, r in d.iterrows():
         plan = r["plan_source"] if r["plan_source"] != "3d" else f"3D ({r.get('notes', '')})"
-        lines.append(f"| {r['mesh']} | {plan} | {r['engine']} | {r['steps']} | {r['first_loss']:.3f} | "
-                     f"{r['last_loss']:.3f} | {r['max_loss_rel_diff']:.1e} | {number(r['predicted_bytes'], ',.0f')} | "
-                     f"{number(r['observed_bytes'], ',.0f')} | {number(100 * r['max_axis_rel_error'], '.2f')}% |")
+        lines.append(
+            f"| {r['mesh']} | {plan} | {r['engine']} | {r['steps']} | {r['first_loss']:.3f} | "
+            f"{r['last_loss']:.3f} | {r['max_loss_rel_diff']:.1e} | "
+            f"{number(r['predicted_bytes'], ',.0f')} | {number(r['observed_bytes'], ',.0f')} | "
+            f"{number(100 * r['max_axis_rel_error'], '.2f')}% |"
+        )
     counted = d[d["max_axis_rel_error"].notna()]
-    close = {engine: f"{(rows['max_axis_rel_error'] <= 0.05).sum()} of {len(rows)}"
-             for engine, rows in counted.groupby("engine")}
-    what = {"jax": "JAX (XLA's compiled collectives)", "torch": "torch (CommDebugMode's count, the plan's edges)",
-            "torch-module": "torch-module (DTensor's propagation between the exported layouts: for information)"}
-    return "\n".join(lines) + (f"\n\n{(d['status'] == 'OK').sum()} of {len(d)} runs match one device within 1e-4 at "
-                               "every step. Within 5% of the predicted bytes on every mesh axis: "
-                               + "; ".join(f"{what.get(e, e)} {c}" for e, c in sorted(close.items())) + ".")
+    close = {
+        engine: f"{(rows['max_axis_rel_error'] <= 0.05).sum()} of {len(rows)}"
+        for engine, rows in counted.groupby("engine")
+    }
+    what = {
+        "jax": "JAX (XLA's compiled collectives)",
+        "torch": "torch (CommDebugMode's count, the plan's edges)",
+        "torch-module": (
+            "torch-module (DTensor's propagation between the exported layouts: for information)"
+        ),
+    }
+    return "\n".join(lines) + (
+        f"\n\n{(d['status'] == 'OK').sum()} of {len(d)} runs match one device within 1e-4 at every "
+        "step. Within 5% of the predicted bytes on every mesh axis: "
+        + "; ".join(f"{what.get(e, e)} {c}" for e, c in sorted(close.items()))
+        + "."
+    )
 
 
 def pictures(path: Path) -> str:
     """The pictures' checks and the 175B 3D plan's headline figures, as one paragraph."""
     d = pd.read_csv(path).set_index("case")
     big, small = d.loc["gpt3-175b-3d"], d.loc["gpt2-small-2x4"]
-    return (f"`results/pictures.csv`: GPT-3 175B on `{big['mesh']}`, {int(big['gantt_blocks'])} of "
-            f"{int(big['expected_blocks'])} blocks, drawn peak memory {big['drawn_memory_bytes'] / 2**30:.2f} GiB "
-            f"against the plan's {big['memory_bytes'] / 2**30:.2f} GiB ({int(big['stages'])} stages, "
-            f"{int(big['num_microbatches'])} micro-batches, {big['schedule']}, {big['step_time_s']:.2f} s per "
-            f"iteration); gpt2-small on 2x4: drawn step {small['drawn_step_time_s'] * 1e3:.3f} ms against the "
-            f"plan's {small['step_time_s'] * 1e3:.3f} ms.")
+    return (
+        f"`results/pictures.csv`: GPT-3 175B on `{big['mesh']}`, {int(big['gantt_blocks'])} of "
+        f"{int(big['expected_blocks'])} blocks, drawn peak memory "
+        f"{big['drawn_memory_bytes'] / 2**30:.2f} GiB against the plan's "
+        f"{big['memory_bytes'] / 2**30:.2f} GiB ({int(big['stages'])} stages, "
+        f"{int(big['num_microbatches'])} micro-batches, {big['schedule']}, "
+        f"{big['step_time_s']:.2f} s per iteration); gpt2-small on 2x4: drawn step "
+        f"{small['drawn_step_time_s'] * 1e3:.3f} ms against the plan's "
+        f"{small['step_time_s'] * 1e3:.3f} ms."
+    )
 
 
-TABLES = (("PICTURES_TEXT", pictures, "pictures.csv"), ("TRAIN_CHECK_TABLE", train_check, "train_check.csv"), ("SCALING_TABLE", scaling, "scaling.csv"), ("LLAMA_TABLE", llama, "llama.csv"), ("SAPP_SCALING_TABLE", sapp_scaling, "sapp_scaling.csv"), ("HEURISTIC_TABLE", heuristics, "exact_vs_heuristic.csv"),
-          ("PIPELINE_TABLE", pipeline, "pipeline.csv"), ("FIDELITY_TABLE", fidelity, "fidelity.csv"),
-          ("PORTABILITY_TABLE", portability, "portability.csv"), ("SMSG_TABLE", smsg_models, "smsg_models.csv"), ("VERIFY_TABLE", verify, "verify.csv"))
+TABLES = (
+    ("PICTURES_TEXT", pictures, "pictures.csv"),
+    ("TRAIN_CHECK_TABLE", train_check, "train_check.csv"),
+    ("SCALING_TABLE", scaling, "scaling.csv"),
+    ("LLAMA_TABLE", llama, "llama.csv"),
+    ("SAPP_SCALING_TABLE", sapp_scaling, "sapp_scaling.csv"),
+    ("HEURISTIC_TABLE", heuristics, "exact_vs_heuristic.csv"),
+    ("PIPELINE_TABLE", pipeline, "pipeline.csv"),
+    ("FIDELITY_TABLE", fidelity, "fidelity.csv"),
+    ("PORTABILITY_TABLE", portability, "portability.csv"),
+    ("SMSG_TABLE", smsg_models, "smsg_models.csv"),
+    ("VERIFY_TABLE", verify, "verify.csv"),
+)
 
 
 def fill(readme: str, base: Path) -> str:
@@ -211,12 +339,17 @@ def fill(readme: str, base: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--results", default="results")
-    parser.add_argument("--readme", nargs="+", metavar="FILE",
-                        help="rewrite the marked tables of these markdown files in place (README.md docs/*.md)")
+    parser.add_argument(
+        "--readme",
+        nargs="+",
+        metavar="FILE",
+        help="rewrite the marked tables of these markdown files in place (README.md docs/*.md)",
+    )
     args = parser.parse_args(argv)
     base = Path(args.results)
     if args.readme:
         from planner.outputs import write_text
+
         for path in args.readme:
             write_text(path, fill(Path(path).read_text(), base))
         return 0

@@ -5,7 +5,8 @@ exact, dp and megatron plans (a100-80g costs, float32, SGD): the largest relativ
 executor against the unsharded forward, and the bytes each device sends in the compiled training
 step against the prediction, in total and per mesh axis (see `planner verify`). Needs JAX.
 
-    python -m experiments.verify [--quick] [--models ...] [--meshes 4,8,2x4] [--methods exact,dp,megatron]
+    python -m experiments.verify [--quick] [--models ...] [--meshes 4,8,2x4] [--methods
+    exact,dp,megatron]
                                  [--batches 2,4,8] [--resume] [--out results/verify.csv]
 
 With --batches each model is verified at those global batches instead of its own (the exact plan
@@ -22,11 +23,17 @@ from planner.runs import plan_for_verification, verify_loaded
 from experiments.common import add_output_options, png_path, pyplot, results_table, run, write_png
 
 # model -> (zoo spec, global batch, sequence length): full and small settings
-FULL = {"mlp": ("mlp:hidden=512", 4096, None), "transformer-block": ("transformer-block:hidden=1024,heads=16", 8, 256),
-        "gpt-2layer": ("gpt:layers=2,hidden=512,heads=8,seq=256,vocab=2048", 8, None),
-        "gpt2-small": ("gpt2-small", 8, None)}
-SMALL = {"mlp": ("mlp:hidden=256", 1024, None), "transformer-block": ("transformer-block:hidden=256,heads=8", 4, 64),
-         "gpt-2layer": ("gpt:layers=2,hidden=128,heads=4,seq=64,vocab=512", 8, None)}
+FULL = {
+    "mlp": ("mlp:hidden=512", 4096, None),
+    "transformer-block": ("transformer-block:hidden=1024,heads=16", 8, 256),
+    "gpt-2layer": ("gpt:layers=2,hidden=512,heads=8,seq=256,vocab=2048", 8, None),
+    "gpt2-small": ("gpt2-small", 8, None),
+}
+SMALL = {
+    "mlp": ("mlp:hidden=256", 1024, None),
+    "transformer-block": ("transformer-block:hidden=256,heads=8", 4, 64),
+    "gpt-2layer": ("gpt:layers=2,hidden=128,heads=4,seq=64,vocab=512", 8, None),
+}
 METHODS = ("exact", "dp", "megatron")
 
 
@@ -37,13 +44,25 @@ def run_one(name: str, model: tuple, mesh: str, method: str) -> dict:
     report = verify_loaded(loaded)
     total = report.comparisons[0]
     axes = [c for c in report.comparisons[1:]]
-    return {"model": name, "spec": spec, "batch": batch, "mesh": mesh, "method": method,
-            "status": "OK" if report.ok else "MISMATCH", "sharded_ops": sum(any(s) for s in loaded.strategies.values()),
-            "operators": len(loaded.strategies), "numpy_max_rel_error": report.numpy_max_rel_error,
-            "predicted_bytes": total.predicted, "compiled_bytes": total.compiled, "objective": total.rel_error,
-            "total_rel_error": total.rel_error, "max_axis_rel_error": max((c.rel_error for c in axes), default=0.0),
-            "per_axis": " ".join(f"{c.axes}:{c.predicted:.0f}/{c.compiled:.0f}" for c in axes),
-            "compiled_collectives": report.compiled_count, "wall_time_s": time.perf_counter() - start}
+    return {
+        "model": name,
+        "spec": spec,
+        "batch": batch,
+        "mesh": mesh,
+        "method": method,
+        "status": "OK" if report.ok else "MISMATCH",
+        "sharded_ops": sum(any(s) for s in loaded.strategies.values()),
+        "operators": len(loaded.strategies),
+        "numpy_max_rel_error": report.numpy_max_rel_error,
+        "predicted_bytes": total.predicted,
+        "compiled_bytes": total.compiled,
+        "objective": total.rel_error,
+        "total_rel_error": total.rel_error,
+        "max_axis_rel_error": max((c.rel_error for c in axes), default=0.0),
+        "per_axis": " ".join(f"{c.axes}:{c.predicted:.0f}/{c.compiled:.0f}" for c in axes),
+        "compiled_collectives": report.compiled_count,
+        "wall_time_s": time.perf_counter() - start,
+    }
 
 
 def plot(rows: list[dict], path: str) -> None:
@@ -51,25 +70,42 @@ def plot(rows: list[dict], path: str) -> None:
     fig, ax = plt.subplots(figsize=(5, 4))
     for method in METHODS:
         sel = [r for r in rows if r["method"] == method and r["predicted_bytes"] > 0]
-        ax.loglog([r["predicted_bytes"] for r in sel], [r["compiled_bytes"] for r in sel], "o", label=method)
+        ax.loglog(
+            [r["predicted_bytes"] for r in sel],
+            [r["compiled_bytes"] for r in sel],
+            "o",
+            label=method,
+        )
     values = [r["predicted_bytes"] for r in rows if r["predicted_bytes"] > 0]
     if values:
         ax.plot([min(values), max(values)], [min(values), max(values)], "k--", lw=0.8)
-    ax.set(xlabel="predicted bytes sent per device", ylabel="compiled (XLA, CPU) bytes sent per device",
-           title="Cost model vs compiled collectives")
+    ax.set(
+        xlabel="predicted bytes sent per device",
+        ylabel="compiled (XLA, CPU) bytes sent per device",
+        title="Cost model vs compiled collectives",
+    )
     ax.legend(fontsize=7)
     write_png(path, fig)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--models", default=",".join(FULL))
     parser.add_argument("--meshes", default="4,8,2x4")
     parser.add_argument("--quick", action="store_true", help="small sizes, meshes 4 and 2x4")
-    parser.add_argument("--smallest", action="store_true", help="small mlp on 2x4, megatron only (tests)")
-    parser.add_argument("--methods", default=",".join(METHODS), help="plans to verify (default: all three)")
-    parser.add_argument("--batches", default=None,
-                        help="global batches to verify each model at (default: the model's own batch)")
+    parser.add_argument(
+        "--smallest", action="store_true", help="small mlp on 2x4, megatron only (tests)"
+    )
+    parser.add_argument(
+        "--methods", default=",".join(METHODS), help="plans to verify (default: all three)"
+    )
+    parser.add_argument(
+        "--batches",
+        default=None,
+        help="global batches to verify each model at (default: the model's own batch)",
+    )
     add_output_options(parser, "results/verify.csv")
     args = parser.parse_args(argv)
     try:
@@ -99,11 +135,26 @@ def main(argv: list[str] | None = None) -> int:
                     if table.done(model=name, mesh=mesh, method=method, batch=batch):
                         continue
                     row = run_one(name, (spec, batch, seq), mesh, method)
-                    print({k: row[k] for k in ("model", "batch", "mesh", "method", "status", "numpy_max_rel_error",
-                                               "total_rel_error", "max_axis_rel_error", "wall_time_s")}, flush=True)
+                    print(
+                        {
+                            k: row[k]
+                            for k in (
+                                "model",
+                                "batch",
+                                "mesh",
+                                "method",
+                                "status",
+                                "numpy_max_rel_error",
+                                "total_rel_error",
+                                "max_axis_rel_error",
+                                "wall_time_s",
+                            )
+                        },
+                        flush=True,
+                    )
                     table.add([row])
     table.finish()
-    if (png := png_path(args)):
+    if png := png_path(args):
         plot(table.rows, png)
     return 0
 

@@ -1,4 +1,5 @@
-"""Exception types. Every planner error is a ``ValueError`` whose message names the offending field."""
+"""Exception types. Every planner error is a ``ValueError`` whose message names the offending
+field."""
 
 from __future__ import annotations
 

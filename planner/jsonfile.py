@@ -26,7 +26,9 @@ def read_json(path: Path | str, what: str, error: type[PlannerError] = PlannerEr
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise error(f"{what}: {path} is not UTF-8 text (byte {exc.start}; a binary file?)") from None
+        raise error(
+            f"{what}: {path} is not UTF-8 text (byte {exc.start}; a binary file?)"
+        ) from None
     return loads(text, f"{what}: {path}", error)
 
 
@@ -79,5 +81,7 @@ def _check_tree(value: object, where: str, error: type[PlannerError]) -> None:
             try:
                 item.encode("utf-8")
             except UnicodeEncodeError:
-                raise error(f"{where}: a string holds a lone surrogate ({item[:20]!r}); names must be "
-                            "valid Unicode") from None
+                raise error(
+                    f"{where}: a string holds a lone surrogate ({item[:20]!r}); names must be "
+                    "valid Unicode"
+                ) from None

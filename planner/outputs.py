@@ -33,7 +33,8 @@ def atomic_write(path: Path | str, data: str | bytes, field: str = "output") -> 
         if mode is not None and stat.S_ISDIR(mode):
             raise IsADirectoryError(errno.EISDIR, "is a directory")
         if mode is not None and not stat.S_ISREG(mode):
-            with open(path, "wb") as handle:  # FIFO, device, /dev/stdout: written in place, never replaced
+            # FIFO, device, /dev/stdout: written in place, never replaced
+            with open(path, "wb") as handle:
                 handle.write(raw)
             return
         _replace(Path(os.path.realpath(path)), raw)  # a symlink is written through to its target
@@ -74,6 +75,7 @@ def write_json(path: Path | str, data: Any, field: str = "--json") -> None:
 
 def write_csv(path: Path | str, rows: Iterable[Mapping[str, Any]], field: str = "--csv") -> None:
     import pandas as pd
+
     atomic_write(path, pd.DataFrame(list(rows)).to_csv(index=False), field)
 
 

@@ -15,7 +15,8 @@ from planner.cluster.profiles import get_profile
 from planner.cost.problem import build_problem
 from planner.errors import SettingsError
 from planner.ir.graph import Graph
-from planner.plans import read_plan_file, strategies_from_mapping
+from planner.plan_files import read_plan_file
+from planner.plans import strategies_from_mapping
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,13 +28,20 @@ class LoadedPlan:
     strategies: dict
 
 
-def load_plan(path: Path | str, model: str | Graph | None = None, batch: int | None = None,
-              seq: int | None = None) -> LoadedPlan:
-    """Read a flat plan JSON (``planner plan --json``); the model comes from its 'source' unless given."""
+def load_plan(
+    path: Path | str,
+    model: str | Graph | None = None,
+    batch: int | None = None,
+    seq: int | None = None,
+) -> LoadedPlan:
+    """Read a flat plan JSON (``planner plan --json``); the model comes from its 'source' unless
+    given."""
     data = read_plan_file(path)
     if "pipeline" in data:
-        raise SettingsError(f"--plan: {path} is a 3D plan; export and verify take intra-operator plans "
-                            "(`planner plan` without --pipeline)")
+        raise SettingsError(
+            f"--plan: {path} is a 3D plan; export and verify take intra-operator plans (`planner "
+            "plan` without --pipeline)"
+        )
     source = data.get("source") or {}
     if model is None:
         if "model" not in source:
@@ -47,10 +55,18 @@ def load_plan(path: Path | str, model: str | Graph | None = None, batch: int | N
     return LoadedPlan(graph, mesh, {t.op.name: s for t, s in zip(problem.ops, strategies)})
 
 
-def plan_for_verification(model: str | Graph, mesh: str, method: str = "exact", *, batch: int | None = None,
-                          seq: int | None = None, device: str = "a100-80g") -> LoadedPlan:
+def plan_for_verification(
+    model: str | Graph,
+    mesh: str,
+    method: str = "exact",
+    *,
+    batch: int | None = None,
+    seq: int | None = None,
+    device: str = "a100-80g",
+) -> LoadedPlan:
     """Plan under the settings the XLA check compiles (float32, SGD, no ZeRO, no memory limit)."""
     from planner.engines.predicted import VERIFY_SETTINGS
+
     cluster = make_cluster(mesh, device, float("inf"))
     graph = resolve_model(model, batch, seq)
     result = plan_problem(make_problem(graph, cluster, VERIFY_SETTINGS), None, method)
@@ -61,43 +77,87 @@ def plan_for_verification(model: str | Graph, mesh: str, method: str = "exact", 
 def export_shardings(loaded: LoadedPlan, tensor_axis: str | None = None) -> dict:
     """JAX PartitionSpecs, DTensor placements and a Linear parallelize plan of a loaded plan."""
     from planner.engines.export import export_plan, linear_parallel_plan
+
     exported = export_plan(loaded.graph, loaded.strategies, loaded.mesh)
     data = exported.to_dict(loaded.graph)
     axis = tensor_axis or loaded.mesh.names[-1]
     if axis not in loaded.mesh.names:
-        raise SettingsError(f"--tensor-axis: {axis!r} is no axis of the plan's mesh {loaded.mesh.spec} "
-                            f"(axes: {', '.join(loaded.mesh.names)})")
-    data["parallelize_plan"] = {"mesh_axis": axis, "modules": linear_parallel_plan(loaded.graph, exported, axis)}
+        raise SettingsError(
+            f"--tensor-axis: {axis!r} is no axis of the plan's mesh {loaded.mesh.spec} (axes: "
+            f"{', '.join(loaded.mesh.names)})"
+        )
+    data["parallelize_plan"] = {
+        "mesh_axis": axis,
+        "modules": linear_parallel_plan(loaded.graph, exported, axis),
+    }
     return data
 
 
-def verify_loaded(loaded: LoadedPlan, *, run_numpy: bool = True, run_xla: bool = True, tolerance: float = 0.05,
-                  devices: int | None = None, max_memory: float | None = None, run_torch: bool = False):
-    """Numpy executor and XLA checks of a loaded plan (``planner.engines.verify``). Refuses at once (one line
-    with the estimate) when they would need more than ``max_memory`` bytes (default: half the free memory)."""
+def verify_loaded(
+    loaded: LoadedPlan,
+    *,
+    run_numpy: bool = True,
+    run_xla: bool = True,
+    tolerance: float = 0.05,
+    devices: int | None = None,
+    max_memory: float | None = None,
+    run_torch: bool = False,
+):
+    """Numpy executor and XLA checks of a loaded plan (``planner.engines.verify``). Refuses at once
+    (one line with the estimate) when they would need more than ``max_memory`` bytes (default: half
+    the free memory)."""
     from planner.engines.verify import check_memory
+
     if devices is not None and devices != loaded.mesh.num_devices:
-        raise SettingsError(f"--devices: the plan's mesh {loaded.mesh.spec} has {loaded.mesh.num_devices} devices, not {devices}")
+        raise SettingsError(
+            f"--devices: the plan's mesh {loaded.mesh.spec} has {loaded.mesh.num_devices} devices, "
+            f"not {devices}"
+        )
     check_memory(loaded.graph, loaded.strategies, loaded.mesh, run_numpy, run_xla, max_memory)
-    return run_checks(loaded.graph, loaded.strategies, loaded.mesh, run_numpy=run_numpy, run_xla=run_xla,
-                      run_torch=run_torch, tolerance=tolerance)
+    return run_checks(
+        loaded.graph,
+        loaded.strategies,
+        loaded.mesh,
+        run_numpy=run_numpy,
+        run_xla=run_xla,
+        run_torch=run_torch,
+        tolerance=tolerance,
+    )
 
 
-def run_checks(graph: Graph, strategies: dict, mesh: Mesh, *, run_numpy: bool = True, run_xla: bool = True,
-               run_torch: bool = False, tolerance: float = 0.05):
+def run_checks(
+    graph: Graph,
+    strategies: dict,
+    mesh: Mesh,
+    *,
+    run_numpy: bool = True,
+    run_xla: bool = True,
+    run_torch: bool = False,
+    tolerance: float = 0.05,
+):
     """The checks of ``planner verify`` on a graph and its strategies: the numpy executor, XLA's
     compiled step (``planner.engines.jax``) and one PyTorch step on gloo processes
     (``planner.engines.torch``), each against the cost model (``planner.engines.verify``)."""
     from planner.engines.verify import verify_plan
+
     compiled = None
     if run_xla:
         from planner.engines.jax.xla import compiled_collectives
+
         collectives = compiled_collectives(graph, strategies, mesh.names, mesh.shape)[0]
         compiled = [(c.kind, c.axes, c.nbytes) for c in collectives]
     counted = ()
     if run_torch:  # DTensor's collectives counted by CommDebugMode in one training step
         from planner.engines.torch.train import train_on_torch
+
         run = train_on_torch(graph, strategies, mesh.names, mesh.shape, steps=1, timeout_s=600.0)
         counted = run.counted_comparison(graph, strategies, mesh)
-    return verify_plan(graph, strategies, mesh, run_numpy=run_numpy, compiled=compiled, counted=counted,
-                       tolerance=tolerance)
+    return verify_plan(
+        graph,
+        strategies,
+        mesh,
+        run_numpy=run_numpy,
+        compiled=compiled,
+        counted=counted,
+        tolerance=tolerance,
+    )

@@ -18,7 +18,8 @@ EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised like Ctrl-C so that every ``finally`` runs and nothing half-done is written."""
+    """SIGTERM, raised like Ctrl-C so that every ``finally`` runs and nothing half-done is
+    written."""
 
 
 def _raise_terminated(signum, frame) -> None:
@@ -33,13 +34,17 @@ def install_handlers() -> None:
 
 def exit_code(exc: KeyboardInterrupt, prog: str = "planner") -> int:
     """One line on stderr and the conventional exit code of the signal."""
-    print(f"{prog}: {'terminated' if isinstance(exc, Terminated) else 'interrupted'}; no result written",
-          file=sys.stderr)
+    print(
+        f"{prog}: {'terminated' if isinstance(exc, Terminated) else 'interrupted'}; no result "
+        "written",
+        file=sys.stderr,
+    )
     return EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED
 
 
-def run_interruptible(work: Callable[[], T], stop: Callable[[], None], poll_s: float = 0.05,
-                      grace_s: float = 1.5) -> T:
+def run_interruptible(
+    work: Callable[[], T], stop: Callable[[], None], poll_s: float = 0.05, grace_s: float = 1.5
+) -> T:
     """Run ``work`` in a helper thread; on KeyboardInterrupt call ``stop``, wait for the helper to
     return (at most ``grace_s``), and re-raise. The wait is on an Event, not ``Thread.join``, which
     an interrupt can leave in a state where it no longer waits."""

@@ -9,6 +9,7 @@ REFERENCE = REPO / "experiments" / "data"  # published measurements, cited in ea
 @pytest.fixture(scope="session")
 def a100():
     from planner.cluster.profiles import get_profile
+
     return get_profile("a100-80g")
 
 
@@ -18,5 +19,9 @@ def reference_dir():
 
 
 def pytest_addoption(parser):
-    parser.addoption("--fuzz-scale", type=int, default=1,
-                     help="multiply the generated cases of tests/test_fuzz.py (default 1: about 300; CI: 10)")
+    parser.addoption(
+        "--fuzz-scale",
+        type=int,
+        default=1,
+        help="multiply the generated cases of tests/test_fuzz.py (default 1: about 300; CI: 10)",
+    )

@@ -21,7 +21,9 @@ from test_dtensor import make_mlp  # noqa: E402
 def main() -> None:
     export = json.loads(open(sys.argv[1]).read())
     dist.init_process_group("gloo")
-    mesh = init_device_mesh("cpu", tuple(export["mesh"]["shape"]), mesh_dim_names=tuple(export["mesh"]["axis_names"]))
+    mesh = init_device_mesh(
+        "cpu", tuple(export["mesh"]["shape"]), mesh_dim_names=tuple(export["mesh"]["axis_names"])
+    )
     module, x = make_mlp()
     reference = module(x)
     reference.sum().backward()
@@ -31,7 +33,13 @@ def main() -> None:
     for name, param in list(module.named_parameters()):
         owner, leaf = name.rsplit(".", 1)
         sub = module.get_submodule(owner)
-        setattr(sub, leaf, torch.nn.Parameter(distribute_tensor(param.detach(), mesh, torch_placements(tuple(placements[name])))))
+        setattr(
+            sub,
+            leaf,
+            torch.nn.Parameter(
+                distribute_tensor(param.detach(), mesh, torch_placements(tuple(placements[name])))
+            ),
+        )
     x_placements = torch_placements(tuple(export["input_placements"]))
     out = module(distribute_tensor(x, mesh, x_placements))
     out = out.full_tensor() if isinstance(out, DTensor) else out
@@ -41,7 +49,9 @@ def main() -> None:
         grad = param.grad.full_tensor() if isinstance(param.grad, DTensor) else param.grad
         errors.append(float((grad - ref_grads[name]).abs().max() / ref_grads[name].abs().max()))
     if dist.get_rank() == 0:
-        open(sys.argv[2], "w").write(json.dumps({"max_rel_error": max(errors), "placements": placements}))
+        open(sys.argv[2], "w").write(
+            json.dumps({"max_rel_error": max(errors), "placements": placements})
+        )
     dist.barrier()  # no rank tears gloo down while another still talks (seen to abort under load)
     dist.destroy_process_group()
 

@@ -52,30 +52,52 @@ def recost_agrees(plan_path: Path, work: Path) -> None:
     code, _, err = cli("evaluate", "--plan", plan_path, "--json", again, "--no-timings", "-q")
     assert code in (0, 3), f"evaluate --plan exited {code}: {err}"
     fresh = json.loads(again.read_text())
-    keys = ("iteration_time_s", "max_memory_bytes") if "pipeline" in written else \
-        ("objective", "estimated_step_time_s", "memory_per_device_bytes", "fits_memory")
+    keys = (
+        ("iteration_time_s", "max_memory_bytes")
+        if "pipeline" in written
+        else ("objective", "estimated_step_time_s", "memory_per_device_bytes", "fits_memory")
+    )
     for key in keys:
         assert fresh[key] == written[key], f"{key}: written {written[key]}, re-costed {fresh[key]}"
     if "pipeline" in written:
         return
     source, settings = written["source"], written["settings"]
-    plan = api.evaluate(source["model"], written["mesh"], source.get("device", written["device"]),
-                        assignment={o["name"]: o["strategy"] for o in written["operators"]},
-                        batch=source.get("batch"), seq=source.get("seq"),
-                        memory=written["memory_limit_bytes"] or math.inf, settings=_settings(settings),
-                        hardware_csv=source.get("hardware"))
-    assert plan.objective == written["objective"], f"API re-costs {plan.objective}, written {written['objective']}"
+    plan = api.evaluate(
+        source["model"],
+        written["mesh"],
+        source.get("device", written["device"]),
+        assignment={o["name"]: o["strategy"] for o in written["operators"]},
+        batch=source.get("batch"),
+        seq=source.get("seq"),
+        memory=written["memory_limit_bytes"] or math.inf,
+        settings=_settings(settings),
+        hardware_csv=source.get("hardware"),
+    )
+    assert plan.objective == written["objective"], (
+        f"API re-costs {plan.objective}, written {written['objective']}"
+    )
 
 
 def _settings(recorded: dict):
     from planner.cost.settings import TrainingSettings, parse_layer_modes
-    return TrainingSettings(recorded["dtype"], recorded["optimizer"], recorded["zero"], recorded["recompute"],
-                            recorded["overlap"], recorded["bucket_mb"] * 2**20, recorded["fp32_grads"],
-                            recorded["sequence_parallel"], parse_layer_modes(recorded["layer_recompute"]),
-                            parse_layer_modes(recorded["layer_zero"], "layer_zero"))
+
+    return TrainingSettings(
+        recorded["dtype"],
+        recorded["optimizer"],
+        recorded["zero"],
+        recorded["recompute"],
+        recorded["overlap"],
+        recorded["bucket_mb"] * 2**20,
+        recorded["fp32_grads"],
+        recorded["sequence_parallel"],
+        parse_layer_modes(recorded["layer_recompute"]),
+        parse_layer_modes(recorded["layer_zero"], "layer_zero"),
+    )
 
 
-def status_is_earned(written: dict, problem, memory_limit: float | None, heuristics: dict[str, dict]) -> None:
+def status_is_earned(
+    written: dict, problem, memory_limit: float | None, heuristics: dict[str, dict]
+) -> None:
     """Invariant 2: OPTIMAL equals brute force where the strategies can be enumerated, and is never
     worse than a heuristic method's plan that fits; FEASIBLE carries a bound no greater than its
     objective, and its printed gap is (objective - bound) / bound."""
@@ -83,17 +105,28 @@ def status_is_earned(written: dict, problem, memory_limit: float | None, heurist
     if status == "OPTIMAL":
         assert bound == objective, f"OPTIMAL with bound {bound} != objective {objective}"
         combos = math.prod(len(t.strategies) for t in problem.ops)
-        if combos <= BRUTE_LIMIT and not problem.settings.layer_zero and not problem.settings.layer_recompute:
+        if (
+            combos <= BRUTE_LIMIT
+            and not problem.settings.layer_zero
+            and not problem.settings.layer_recompute
+        ):
             best = brute_force(problem, memory_limit)
-            assert best is not None and best[0] == objective, f"OPTIMAL {objective}, brute force {best}"
+            assert best is not None and best[0] == objective, (
+                f"OPTIMAL {objective}, brute force {best}"
+            )
         for method, other in heuristics.items():
             if other.get("fits_memory") and other.get("objective") is not None:
-                assert objective <= other["objective"], f"OPTIMAL {objective} worse than {method} {other['objective']}"
+                assert objective <= other["objective"], (
+                    f"OPTIMAL {objective} worse than {method} {other['objective']}"
+                )
     if status == "FEASIBLE":
-        assert bound is not None and 0 <= bound <= objective, f"FEASIBLE bound {bound}, objective {objective}"
+        assert bound is not None and 0 <= bound <= objective, (
+            f"FEASIBLE bound {bound}, objective {objective}"
+        )
         gap = 100.0 * (objective - bound) / max(1, bound)
-        assert written["gap_percent"] is not None and math.isclose(written["gap_percent"], gap, rel_tol=1e-9,
-                                                                  abs_tol=1e-9)
+        assert written["gap_percent"] is not None and math.isclose(
+            written["gap_percent"], gap, rel_tol=1e-9, abs_tol=1e-9
+        )
 
 
 def fits_are_true(code: int, written: dict | None, plan_path: Path) -> None:
@@ -106,8 +139,9 @@ def fits_are_true(code: int, written: dict | None, plan_path: Path) -> None:
         return
     limit = written["memory_limit_bytes"]
     if written["fits_memory"]:
-        assert limit is None or written["memory_per_device_bytes"] <= limit, \
+        assert limit is None or written["memory_per_device_bytes"] <= limit, (
             f"says it fits: {written['memory_per_device_bytes']} > {limit}"
+        )
     if written["status"] in ("INFEASIBLE", "UNKNOWN"):
         assert written["objective"] is None and written["memory_per_device_bytes"] is None
 
@@ -118,9 +152,13 @@ def notes_agree_with_status(written: dict) -> None:
     if written["status"] == "OPTIMAL":
         for note in written.get("notes", ()):
             if any(word in note for word in TIME_WORDS):
-                assert any(part in note for part in SUB_SEARCHES), f"OPTIMAL, yet the note says {note!r}"
+                assert any(part in note for part in SUB_SEARCHES), (
+                    f"OPTIMAL, yet the note says {note!r}"
+                )
     if written.get("bound") is not None and written.get("objective") is not None:
-        assert 0 <= written["bound"] <= written["objective"], f"bound {written['bound']} outside [0, objective]"
+        assert 0 <= written["bound"] <= written["objective"], (
+            f"bound {written['bound']} outside [0, objective]"
+        )
 
 
 def same_bytes(argv: list[str], plan_path: Path, first: bytes, jobs: int | None = None) -> None:
@@ -130,11 +168,14 @@ def same_bytes(argv: list[str], plan_path: Path, first: bytes, jobs: int | None 
     again = argv + (["--jobs", str(jobs)] if jobs else [])
     code, _, err = cli(*again)
     assert code == 0, err
-    assert plan_path.read_bytes() == first, f"a second run{f' with --jobs {jobs}' if jobs else ''} wrote other bytes"
+    assert plan_path.read_bytes() == first, (
+        f"a second run{f' with --jobs {jobs}' if jobs else ''} wrote other bytes"
+    )
 
 
-def option_changes_result(base: dict | None, varied: dict | None, code: int, option: str,
-                          base_code: int = 0) -> None:
+def option_changes_result(
+    base: dict | None, varied: dict | None, code: int, option: str, base_code: int = 0
+) -> None:
     """Invariant 4: an option given at a value other than its default changes the result (a
     number, a strategy, a per-layer choice, the limit it is checked against, or whether a plan
     fits at all), or the run exits 2."""
@@ -146,11 +187,23 @@ def option_changes_result(base: dict | None, varied: dict | None, code: int, opt
 
 def _figures(plan: dict) -> tuple:
     if "pipeline" in plan:
-        return (plan["iteration_time_s"], plan["max_memory_bytes"], plan["fits_memory"], plan["memory_limit_bytes"],
-                json.dumps(plan["pipeline"], sort_keys=True))
-    return (plan["fits_memory"], plan["memory_limit_bytes"], plan["objective"], plan["estimated_step_time_s"], plan["memory_per_device_bytes"],
-            json.dumps([o["strategy"] for o in plan["operators"]], sort_keys=True),
-            plan["settings"]["layer_recompute"], plan["settings"]["layer_zero"])
+        return (
+            plan["iteration_time_s"],
+            plan["max_memory_bytes"],
+            plan["fits_memory"],
+            plan["memory_limit_bytes"],
+            json.dumps(plan["pipeline"], sort_keys=True),
+        )
+    return (
+        plan["fits_memory"],
+        plan["memory_limit_bytes"],
+        plan["objective"],
+        plan["estimated_step_time_s"],
+        plan["memory_per_device_bytes"],
+        json.dumps([o["strategy"] for o in plan["operators"]], sort_keys=True),
+        plan["settings"]["layer_recompute"],
+        plan["settings"]["layer_zero"],
+    )
 
 
 def consumers_check_the_plan(edited: Path, commands: tuple[str, ...] = ("show",)) -> None:

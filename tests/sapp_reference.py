@@ -33,7 +33,9 @@ def mlp(rows: int, hidden: int) -> Graph:
     return gb.build()
 
 
-def _block(gb: GraphBuilder, i: int, x: str, bs: int, seq: int, hidden: int, heads: int, ffn: int) -> str:
+def _block(
+    gb: GraphBuilder, i: int, x: str, bs: int, seq: int, hidden: int, heads: int, ffn: int
+) -> str:
     p, head_dim = f"l{i}.", hidden // heads
     gb.layer = i
 
@@ -42,25 +44,59 @@ def _block(gb: GraphBuilder, i: int, x: str, bs: int, seq: int, hidden: int, hea
         return gb.op("layernorm", p + name, "rh,h,h->rh", [t, gamma, beta], norm="h")
 
     def head(name: str, t: str, seq_dim: str) -> str:
-        t = gb.op("reshape", p + "reshape_" + name, f"({'b' + seq_dim})(ad)->b{seq_dim}ad", [t],
-                  sizes={"b": bs, seq_dim: seq, "a": heads, "d": head_dim})
+        t = gb.op(
+            "reshape",
+            p + "reshape_" + name,
+            f"({'b' + seq_dim})(ad)->b{seq_dim}ad",
+            [t],
+            sizes={"b": bs, seq_dim: seq, "a": heads, "d": head_dim},
+        )
         return gb.op("transpose", p + "tr_" + name, f"b{seq_dim}ad->ba{seq_dim}d", [t])
 
-    qkv = gb.op("linear", p + "mm_qkv", "rh,hn->rn", [norm("ln1", x), gb.param(p + "wqkv", (hidden, 3 * hidden))])
+    qkv = gb.op(
+        "linear",
+        p + "mm_qkv",
+        "rh,hn->rn",
+        [norm("ln1", x), gb.param(p + "wqkv", (hidden, 3 * hidden))],
+    )
     q, k, v = (f"{p}split.{j}" for j in range(3))
-    gb.op("split", p + "split", "r(cm)->rm,rm,rm", [qkv], sizes={"c": 3, "m": hidden}, out=[q, k, v],
-          unsplittable="c")
-    scores = gb.op("batch_matmul", p + "bmm_qk", "basd,batd->bast", [head("q", q, "s"), head("k", k, "t")])
-    probs = gb.op("softmax", p + "softmax", "bast->bast", [gb.op("unary", p + "mul", "bast->bast", [scores])],
-                  norm="t")
+    gb.op(
+        "split",
+        p + "split",
+        "r(cm)->rm,rm,rm",
+        [qkv],
+        sizes={"c": 3, "m": hidden},
+        out=[q, k, v],
+        unsplittable="c",
+    )
+    scores = gb.op(
+        "batch_matmul", p + "bmm_qk", "basd,batd->bast", [head("q", q, "s"), head("k", k, "t")]
+    )
+    probs = gb.op(
+        "softmax",
+        p + "softmax",
+        "bast->bast",
+        [gb.op("unary", p + "mul", "bast->bast", [scores])],
+        norm="t",
+    )
     ctx = gb.op("batch_matmul", p + "bmm_av", "bast,batd->basd", [probs, head("v", v, "t")])
     ctx = gb.op("transpose", p + "tr_o", "basd->bsad", [ctx])
     ctx = gb.op("reshape", p + "reshape_o", "bsad->(bs)(ad)", [ctx])
-    x = gb.op("add", p + "add1", "rh,rh->rh",
-              [x, gb.op("linear", p + "mm_o", "rh,hn->rn", [ctx, gb.param(p + "wo", (hidden, hidden))])])
-    up = gb.op("linear", p + "mm_1", "rh,hf->rf", [norm("ln2", x), gb.param(p + "w1", (hidden, ffn))])
-    down = gb.op("linear", p + "mm_2", "rf,fh->rh", [gb.op("gelu", p + "gelu", "rf->rf", [up]),
-                                                      gb.param(p + "w2", (ffn, hidden))])
+    x = gb.op(
+        "add",
+        p + "add1",
+        "rh,rh->rh",
+        [x, gb.op("linear", p + "mm_o", "rh,hn->rn", [ctx, gb.param(p + "wo", (hidden, hidden))])],
+    )
+    up = gb.op(
+        "linear", p + "mm_1", "rh,hf->rf", [norm("ln2", x), gb.param(p + "w1", (hidden, ffn))]
+    )
+    down = gb.op(
+        "linear",
+        p + "mm_2",
+        "rf,fh->rh",
+        [gb.op("gelu", p + "gelu", "rf->rf", [up]), gb.param(p + "w2", (ffn, hidden))],
+    )
     return gb.op("add", p + "add2", "rh,rh->rh", [x, down])
 
 
@@ -78,18 +114,31 @@ def graph_for(reference: dict) -> Graph:
     shapes = reference["shapes"]
     if reference["model"] == "mlp":
         return mlp(shapes["rows"], shapes["hidden"])
-    return blocks(shapes["layers"], shapes["tokens"], shapes["seq"], shapes["hidden"], shapes["heads"], shapes["ffn"])
+    return blocks(
+        shapes["layers"],
+        shapes["tokens"],
+        shapes["seq"],
+        shapes["hidden"],
+        shapes["heads"],
+        shapes["ffn"],
+    )
 
 
 def op_name(entry: dict) -> str:
     return entry["name"] if entry["layer"] is None else f"l{entry['layer']}.{entry['name']}"
 
 
-def splits(graph: Graph, name: str, strategy: dict[str, str | None], axis_sizes: dict[str, int]) -> list[list[int]]:
+def splits(
+    graph: Graph, name: str, strategy: dict[str, str | None], axis_sizes: dict[str, int]
+) -> list[list[int]]:
     """Number of pieces per dimension of each input of an operator under a per-axis strategy."""
     op = graph.operator(name)
     out = []
     for operand in op.inputs:
-        out.append([math.prod(axis_sizes[a] for a, d in strategy.items() if d is not None and d in g)
-                    for g in operand.dims])
+        out.append(
+            [
+                math.prod(axis_sizes[a] for a, d in strategy.items() if d is not None and d in g)
+                for g in operand.dims
+            ]
+        )
     return out

@@ -58,8 +58,15 @@ def profiles():
 
 # Compute costs time here (10^9 FLOP/s: a 8x8x8 matmul takes 1 us, a ring step 1-8 us), so the
 # random optima split something; under SYMBOLIC (no compute weight) replicating all costs 0.
-COMPUTE_BOUND = MachineProfile("compute-bound", peak_flops=1e9, memory_bytes=1e12, intra_node_bandwidth=100e9,
-                               inter_node_bandwidth=10e9, gpus_per_node=8, kernel_launch_s=0.0)
+COMPUTE_BOUND = MachineProfile(
+    "compute-bound",
+    peak_flops=1e9,
+    memory_bytes=1e12,
+    intra_node_bandwidth=100e9,
+    inter_node_bandwidth=10e9,
+    gpus_per_node=8,
+    kernel_launch_s=0.0,
+)
 
 
 def sharded(problem, choice) -> bool:

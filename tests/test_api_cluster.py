@@ -20,7 +20,9 @@ def test_a_cluster_plans_as_its_spec_and_device(h100):
     assignment = {op.name: dict(op.strategy) for op in given.operators}
     assert planner.evaluate("gpt2-small", h100, assignment=assignment).objective == given.objective
     rows = planner.compare("gpt2-small", h100, methods=("exact", "dp"))
-    assert {row["device"] for row in rows} == {"h100-80g"} and rows[0]["objective"] == given.objective
+    assert {row["device"] for row in rows} == {"h100-80g"} and rows[0][
+        "objective"
+    ] == given.objective
 
 
 def test_a_cluster_plans_a_pipeline_as_its_spec():
@@ -30,8 +32,13 @@ def test_a_cluster_plans_a_pipeline_as_its_spec():
     assert given.device == "h100-80g" and given.step_time_s == spelled.step_time_s
 
 
-@pytest.mark.parametrize("extra,message", [({"memory": 1e9}, "memory: the Cluster has its own"),
-                                           ({"device": "a40-48g"}, "device: the Cluster is on h100-80g")])
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        ({"memory": 1e9}, "memory: the Cluster has its own"),
+        ({"device": "a40-48g"}, "device: the Cluster is on h100-80g"),
+    ],
+)
 def test_a_setting_beside_a_cluster_is_refused(h100, extra, message):
     with pytest.raises(planner.SettingsError, match=message):
         planner.plan("gpt2-small", h100, **extra)

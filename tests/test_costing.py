@@ -23,14 +23,22 @@ from strategies_gen import graphs, meshes, profiles
 
 
 def _layered(graph: Graph, per_layer: int) -> Graph:
-    ops = tuple(dataclasses.replace(op, layer=i // per_layer) for i, op in enumerate(graph.operators))
+    ops = tuple(
+        dataclasses.replace(op, layer=i // per_layer) for i, op in enumerate(graph.operators)
+    )
     return Graph(graph.name, graph.tensors, ops)
 
 
 @seed(20261130)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(graph=graphs(), mesh=meshes(max_axes=2), profile=profiles(), zero=st.sampled_from((0, 1, 3)),
-       per_layer=st.integers(1, 3), data=st.data())
+@given(
+    graph=graphs(),
+    mesh=meshes(max_axes=2),
+    profile=profiles(),
+    zero=st.sampled_from((0, 1, 3)),
+    per_layer=st.integers(1, 3),
+    data=st.data(),
+)
 def test_every_caller_costs_a_plan_the_same(graph, mesh, profile, zero, per_layer, data):
     graph = _layered(graph, per_layer)
     settings_ = TrainingSettings(dtype="fp32", optimizer="sgd", zero=zero)
@@ -45,17 +53,29 @@ def test_every_caller_costs_a_plan_the_same(graph, mesh, profile, zero, per_laye
     assert plan.objective == objective
     assert math.isclose(plan.memory_per_device_bytes, record.memory.total, rel_tol=1e-12)
     # pipeline layer chains: per-layer sums add up to the whole plan
-    layers = cost_layers(graph, mesh, profile, settings_, {t.op.name: s for t, s in zip(problem.ops, strategies)})
+    layers = cost_layers(
+        graph, mesh, profile, settings_, {t.op.name: s for t, s in zip(problem.ops, strategies)}
+    )
     total = breakdown(record, mesh, profile).total_s
-    assert math.isclose(float(np.sum(layers["time"]) + np.sum(layers["sync"])), total, rel_tol=1e-9, abs_tol=1e-15)
-    assert math.isclose(float(np.sum(layers["activation_memory"]) + np.sum(layers["static_memory"])),
-                        record.memory.total, rel_tol=1e-9, abs_tol=1e-9)
+    assert math.isclose(
+        float(np.sum(layers["time"]) + np.sum(layers["sync"])), total, rel_tol=1e-9, abs_tol=1e-15
+    )
+    assert math.isclose(
+        float(np.sum(layers["activation_memory"]) + np.sum(layers["static_memory"])),
+        record.memory.total,
+        rel_tol=1e-9,
+        abs_tol=1e-9,
+    )
     # verification (float32, SGD, no ZeRO): the predicted collectives are the record's
     if zero:
         problem = build_problem(graph, mesh, profile, dataclasses.replace(settings_, zero=0))
         record = integer_objective(problem, strategies)[1]
-    predicted = predicted_collectives(graph, {t.op.name: s for t, s in zip(problem.ops, strategies)}, mesh)
-    assert math.isclose(sum(n for *_, n in predicted), sum(c.nbytes for c in record.comm), rel_tol=1e-12)
+    predicted = predicted_collectives(
+        graph, {t.op.name: s for t, s in zip(problem.ops, strategies)}, mesh
+    )
+    assert math.isclose(
+        sum(n for *_, n in predicted), sum(c.nbytes for c in record.comm), rel_tol=1e-12
+    )
 
 
 def test_collective_formula_by_hand():

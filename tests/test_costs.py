@@ -1,6 +1,6 @@
-"""Symbolic costs against hand-computed numbers (DESIGN section 4): cost model v1's terms (compute as
-flops / (peak x efficiency), no overlap, one collective per parameter tensor). The v2 terms (roofline,
-overlap, buckets) have their own hand-computed tests in tests/test_cost_v2.py."""
+"""Symbolic costs against hand-computed numbers (DESIGN section 4): cost model v1's terms (compute
+as flops / (peak x efficiency), no overlap, one collective per parameter tensor). The v2 terms
+(roofline, overlap, buckets) have their own hand-computed tests in tests/test_cost_v2.py."""
 
 import pytest
 
@@ -10,7 +10,13 @@ from planner.cost.redistribution import edge_cost
 from planner.cost.settings import TrainingSettings
 from planner.cluster.mesh import parse_mesh
 from planner.ir.ops import GraphBuilder
-from planner.cost.strategy import GRAD_PARTIAL, PARTIAL, REPLICATE, enumerate_strategies, operand_layout
+from planner.cost.strategy import (
+    GRAD_PARTIAL,
+    PARTIAL,
+    REPLICATE,
+    enumerate_strategies,
+    operand_layout,
+)
 
 B, K, N = 64, 128, 256
 V1_SETTINGS = TrainingSettings(overlap="none", bucket_bytes=0)
@@ -100,7 +106,14 @@ def test_memory_of_strategies(setup, a100):
     assert rec.memory.grads == K * N * BF16 / 8
     assert rec.memory.optimizer == K * N * 12 / 8
     assert rec.memory.activations == B * K * BF16  # x saved, replicated
-    zero = op_cost(op, ("b",), mesh, TrainingSettings(zero=3, overlap="none", bucket_bytes=0), infos["mm"], V1(a100))
+    zero = op_cost(
+        op,
+        ("b",),
+        mesh,
+        TrainingSettings(zero=3, overlap="none", bucket_bytes=0),
+        infos["mm"],
+        V1(a100),
+    )
     assert zero.memory.params == K * N * BF16 / 8 and zero.memory.optimizer == K * N * 12 / 8
     kinds = sorted((c.kind, c.phase) for c in zero.comm)
     assert kinds == [("all_gather", "bwd"), ("all_gather", "fwd"), ("reduce_scatter", "grad")]
@@ -109,10 +122,15 @@ def test_memory_of_strategies(setup, a100):
 def test_layernorm_split_of_normalised_dim_allreduces_statistics(a100):
     gb = GraphBuilder("ln")
     x = gb.data("x", (4, 16, 64))
-    gb.op("layernorm", "ln", "bsh,h,h->bsh", [x, gb.param("g", (64,)), gb.param("b", (64,))], norm="h")
+    gb.op(
+        "layernorm", "ln", "bsh,h,h->bsh", [x, gb.param("g", (64,)), gb.param("b", (64,))], norm="h"
+    )
     graph = gb.build()
     mesh = parse_mesh("8", a100)
     infos = operand_infos(graph, TrainingSettings())
     rec = op_cost(graph.operator("ln"), ("h",), mesh, TrainingSettings(), infos["ln"], V1(a100))
     stats = 2 * 4 * 16 * BF16
-    assert sorted((c.kind, c.phase, c.nbytes) for c in rec.comm) == [("all_reduce", "bwd", stats), ("all_reduce", "fwd", stats)]
+    assert sorted((c.kind, c.phase, c.nbytes) for c in rec.comm) == [
+        ("all_reduce", "bwd", stats),
+        ("all_reduce", "fwd", stats),
+    ]

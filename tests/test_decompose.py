@@ -1,4 +1,5 @@
-"""The homomorphism decomposition equals the whole-graph program, with and without binding memory."""
+"""The homomorphism decomposition equals the whole-graph program, with and without binding
+memory."""
 
 import numpy as np
 import pytest
@@ -15,11 +16,20 @@ from planner.ir.ops import GraphBuilder
 from planner.plans import make_plan, strategies_from_choice
 from planner.cost.problem import build_problem
 from planner.search.brute import brute_force
-from planner.search.solver import min_memory, solve
+from planner.search.fallback import min_memory
+from planner.search.solver import solve
 from strategies_gen import COMPUTE_BOUND, sharded
 
-MATRIX = [("mlp", "8"), ("transformer-block", "2x4"), ("gpt2-small", "8"), ("resnet50", "8"), ("moe-gpt", "8"),
-          ("bert-base", "8"), ("vgg16", "2x4"), ("gpt:layers=2,hidden=256,heads=4,seq=128,vocab=1024", "2x4")]
+MATRIX = [
+    ("mlp", "8"),
+    ("transformer-block", "2x4"),
+    ("gpt2-small", "8"),
+    ("resnet50", "8"),
+    ("moe-gpt", "8"),
+    ("bert-base", "8"),
+    ("vgg16", "2x4"),
+    ("gpt:layers=2,hidden=256,heads=4,seq=128,vocab=1024", "2x4"),
+]
 
 
 def _check(problem, limit):
@@ -31,7 +41,12 @@ def _check(problem, limit):
     else:  # CP-SAT stopped at its limit: the exact optimum lies between its bound and its plan
         assert whole.status == "FEASIBLE" and whole.bound <= decomposed.objective <= whole.objective
     assert problem.objective(decomposed.choice) == decomposed.objective
-    plan = make_plan(problem, strategies_from_choice(problem, decomposed.choice), method="exact", status="OPTIMAL")
+    plan = make_plan(
+        problem,
+        strategies_from_choice(problem, decomposed.choice),
+        method="exact",
+        status="OPTIMAL",
+    )
     assert plan.objective == decomposed.objective
     if limit is not None:
         assert problem.memory(decomposed.choice) <= limit
@@ -111,7 +126,10 @@ def test_power_and_bracketing_agree_with_plain_products():
     states = power.boundaries(1, 3)
     assert len(states) == 8 and states[0] == 1 and states[-1] == 3
     assert sum(base[a, b] for a, b in zip(states, states[1:])) == power.table[1, 3]
-    tables = [rng.integers(0, 50, size=(1 if k == 0 else 4, 1 if k == 5 else 4)).astype(float) for k in range(6)]
+    tables = [
+        rng.integers(0, 50, size=(1 if k == 0 else 4, 1 if k == 5 else 4)).astype(float)
+        for k in range(6)
+    ]
     value, _ = chain(tables)
     assert value == tree_product(tables)[0, 0]
 
@@ -127,7 +145,15 @@ def test_gpt_layers_are_solved_once_and_cut_at_the_residual_stream():
 def test_graph_without_cuts_falls_back_to_whole_program():
     gb = GraphBuilder("nocut")
     x = gb.data("x", (8, 8))
-    gb.op("split", "s", "bi->bj,bl", [x], sizes={"j": 4, "l": 4}, out=["left", "right"], unsplittable="ijl")
+    gb.op(
+        "split",
+        "s",
+        "bi->bj,bl",
+        [x],
+        sizes={"j": 4, "l": 4},
+        out=["left", "right"],
+        unsplittable="ijl",
+    )
     gb.op("add", "c", "bk,bk->bk", ["left", "right"])
     problem = build_problem(gb.build(), Mesh((MeshAxis("a", 2, 1e9, 0.0),)), SYMBOLIC)
     result, notes = solve_exact(problem)

@@ -38,10 +38,13 @@ def test_cli_reference_is_the_parser_and_lists_every_option():
 
 def test_every_marked_table_equals_the_committed_results():
     from experiments.tables import fill
+
     for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         text = path.read_text()
-        assert fill(text, ROOT / "results") == text, \
-            f"{path.name}: a table differs from results/ (python -m experiments.tables --readme README.md docs/*.md)"
+        assert fill(text, ROOT / "results") == text, (
+            f"{path.name}: a table differs from results/ (python -m experiments.tables --readme "
+            "README.md docs/*.md)"
+        )
 
 
 def test_every_page_is_in_the_site_navigation():
@@ -56,7 +59,12 @@ def test_site_builds_strictly(tmp_path):
     pytest.importorskip("material")
     pytest.importorskip("mkdocstrings")
     # the interpreter's own mkdocs: a `mkdocs` on PATH may belong to another environment
-    run = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")], cwd=ROOT,
-                         capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    run = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     assert (tmp_path / "site" / "api" / "index.html").read_text().count("planner.api.plan") > 0

@@ -25,7 +25,8 @@ def make_mlp():
 
 
 def _megatron_by_hand(graph):
-    """Column-parallel fc1, row-parallel fc2 on the imported graph (its letters are per operator)."""
+    """Column-parallel fc1, row-parallel fc2 on the imported graph (its letters are per
+    operator)."""
     linears = [op for op in graph.operators if op.kind == "linear"]
     strategies = {op.name: (None,) for op in graph.operators}
     strategies[linears[0].name] = (linears[0].inputs[1].dims[0][0],)  # weight [out, in]: split out
@@ -62,12 +63,24 @@ def test_exported_placements_run_on_four_gloo_processes(tmp_path, method):
     spec.write_text(json.dumps(export))
     out = tmp_path / "result.json"
     port = {"megatron": "29517", "dp": "29518", "exact": "29519"}[method]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-port", port,
-           str(HERE / "dtensor_worker.py"), str(spec), str(out), str(HERE)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "4",
+        "--master-port",
+        port,
+        str(HERE / "dtensor_worker.py"),
+        str(spec),
+        str(out),
+        str(HERE),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=HERE.parent)
     if proc.returncode != 0 and "Signal 6 (SIGABRT)" in proc.stderr:
         # gloo on 4 processes over 2 cores has aborted under load in a collective ("terminate called
-        # without an active exception"): one retry; a numerical failure would not abort, and fails below
+        # without an active exception"): one retry; a numerical failure would not abort, and fails
+        # below
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=HERE.parent)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
@@ -76,4 +89,5 @@ def test_exported_placements_run_on_four_gloo_processes(tmp_path, method):
 
 def _leaf_placements(graph, strategies, mesh, tensor):
     from planner.engines.export import export_plan, placements_of
+
     return placements_of(export_plan(graph, strategies, mesh).leaf_layout(tensor))

@@ -20,7 +20,9 @@ SMALL = {
     "mlp": lambda: mlp(batch=8, hidden=8),
     "block": lambda: transformer_block(batch=2, seq=8, hidden=16, heads=4),
     "gpt": lambda: load_model("gpt:layers=1,hidden=16,heads=4,seq=8,vocab=32", batch=4),
-    "moe": lambda: load_model("moe-gpt:layers=2,hidden=16,heads=4,seq=8,vocab=32,experts=4", batch=4),
+    "moe": lambda: load_model(
+        "moe-gpt:layers=2,hidden=16,heads=4,seq=8,vocab=32,experts=4", batch=4
+    ),
 }
 
 
@@ -28,6 +30,7 @@ SMALL = {
 def test_interpreter_numpy_matches_jax():
     jnp = pytest.importorskip("jax.numpy")
     import jax
+
     jax.config.update("jax_enable_x64", True)
     for build in list(SMALL.values()) + [lambda: resnet((1, 1, 1, 1), 2, name="r")]:
         graph = build()
@@ -40,11 +43,16 @@ def test_interpreter_numpy_matches_jax():
 
 def test_interpreter_hand_computed_mlp():
     graph = mlp(batch=2, hidden=2, ffn=2)
-    feeds = {"x": np.array([[1.0, 3.0], [2.0, -2.0]]), "fc1.weight": np.eye(2), "fc2.weight": np.eye(2) * 2,
-             "ln.weight": np.ones(2), "ln.bias": np.zeros(2)}
+    feeds = {
+        "x": np.array([[1.0, 3.0], [2.0, -2.0]]),
+        "fc1.weight": np.eye(2),
+        "fc2.weight": np.eye(2) * 2,
+        "ln.weight": np.ones(2),
+        "ln.bias": np.zeros(2),
+    }
     out = run_graph(graph, feeds, np)
     normed = np.array([[-1.0, 1.0], [1.0, -1.0]]) / np.sqrt(1 + 1e-5)  # layer norm without scale
-    gelu = 0.5 * normed * (1 + np.tanh(0.7978845608028654 * (normed + 0.044715 * normed ** 3)))
+    gelu = 0.5 * normed * (1 + np.tanh(0.7978845608028654 * (normed + 0.044715 * normed**3)))
     assert np.allclose(out["loss"], (normed + 2 * gelu).sum())
 
 
@@ -59,7 +67,9 @@ def test_redistribution_collectives_by_hand():
     assert both.local[(0, 1)].tolist() == value[1:2].tolist()  # axis 0 major: block 0*2+1
     swapped = redistribute(t, (1, 0), mesh_shape)  # all-to-all on both axes
     assert swapped.local[(1, 0)].tolist() == value[:2, 2:].tolist()
-    partial = t.__class__({c: v * 0 + 1 for c, v in whole.local.items()}, (PARTIAL, REPLICATE), value.shape)
+    partial = t.__class__(
+        {c: v * 0 + 1 for c, v in whole.local.items()}, (PARTIAL, REPLICATE), value.shape
+    )
     reduced = redistribute(partial, (0, REPLICATE), mesh_shape)  # reduce-scatter
     assert reduced.local[(0, 0)].tolist() == (2 * np.ones((2, 4))).tolist()
 
@@ -72,7 +82,10 @@ def test_random_plans_execute_exactly(name, mesh, data):
     """Any valid strategy per operator, run on virtual devices, equals the unsharded forward."""
     graph = SMALL[name]()
     cluster = make_cluster(mesh, "symbolic")
-    strategies = {op.name: data.draw(st.sampled_from(enumerate_strategies(op, cluster.mesh))) for op in graph.operators}
+    strategies = {
+        op.name: data.draw(st.sampled_from(enumerate_strategies(op, cluster.mesh)))
+        for op in graph.operators
+    }
     errors = check_plan(graph, strategies, cluster.mesh)
     assert max(errors.values()) < 1e-10
 
@@ -84,7 +97,11 @@ def test_export_specs_and_placements():
     strategies.update({"fc1": ("b", "f"), "gelu": ("b", "f"), "fc2": ("b", "f")})
     exported = export_plan(graph, strategies, cluster.mesh)
     specs = exported.partition_specs(graph)
-    assert specs["fc1.weight"] == (None, "gpu") and specs["fc2.weight"] == ("gpu", None) and specs["x"] == ("node", None)
+    assert (
+        specs["fc1.weight"] == (None, "gpu")
+        and specs["fc2.weight"] == ("gpu", None)
+        and specs["x"] == ("node", None)
+    )
     assert exported.dtensor_placements(graph)["fc1.weight"] == ("Replicate()", "Shard(1)")
     assert spec_of((PARTIAL, 0), 2, ("node", "gpu")) is None
     assert spec_of((0, 0), 2, ("node", "gpu")) == (("node", "gpu"), None)

@@ -20,23 +20,37 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_smallest_setting_writes_csv_and_png(tmp_path, name):
     out = tmp_path / f"{name}.csv"
-    assert importlib.import_module(f"experiments.{name}").main(["--smallest", "--out", str(out)]) == 0
+    assert (
+        importlib.import_module(f"experiments.{name}").main(["--smallest", "--out", str(out)]) == 0
+    )
     frame = pd.read_csv(out)
     assert len(frame) > 0 and "status" in frame.columns
     # provenance: the commit the rows were computed at and the command that reproduces them
-    head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    assert set(frame["commit"]) == {frame["commit"][0]} and str(frame["commit"][0]).startswith(head.stdout.strip())
+    head = subprocess.run(
+        ["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert set(frame["commit"]) == {frame["commit"][0]} and str(frame["commit"][0]).startswith(
+        head.stdout.strip()
+    )
     command = str(frame["command"][0])
-    assert command.startswith(f"python -m experiments.{name} ") and "--smallest" in command and str(out) in command
+    assert (
+        command.startswith(f"python -m experiments.{name} ")
+        and "--smallest" in command
+        and str(out) in command
+    )
     pytest.importorskip("matplotlib")
     assert out.with_suffix(".png").stat().st_size > 1000
 
 
 def test_fidelity_summary_rows_are_computed(tmp_path):
     out = tmp_path / "f.csv"
-    importlib.import_module("experiments.fidelity").main(["--smallest", "--out", str(out), "--no-plot"])
+    importlib.import_module("experiments.fidelity").main(
+        ["--smallest", "--out", str(out), "--no-plot"]
+    )
     frame = pd.read_csv(out)
-    summary = dict(zip(frame[frame.source == "summary"].config, frame[frame.source == "summary"].value))
+    summary = dict(
+        zip(frame[frame.source == "summary"].config, frame[frame.source == "summary"].value)
+    )
     assert summary["fig13_b128_predicted_best"] == "p8-t8"
     assert -1.0 <= float(summary["fig13_b128_spearman"]) <= 1.0
 
@@ -47,8 +61,24 @@ def test_memory_bound_decide_adds_rows_where_memory_binds_and_refuses_unknown_ch
     script = importlib.import_module("experiments.memory_bound")
     out = tmp_path / "mb.csv"
     gpt = "gpt3-6.7b"
-    assert script.main(["--models", f"mlp,{gpt}", "--meshes", "8", "--decide", "none,zero", "--whole-limit", "0",
-                        "--no-plot", "--out", str(out)]) == 0
+    assert (
+        script.main(
+            [
+                "--models",
+                f"mlp,{gpt}",
+                "--meshes",
+                "8",
+                "--decide",
+                "none,zero",
+                "--whole-limit",
+                "0",
+                "--no-plot",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     frame = pd.read_csv(out)
     assert sorted(frame[frame.model == "mlp"].decide) == ["none"]
     rows = frame[frame.model == gpt].set_index("decide")
@@ -66,8 +96,22 @@ def _rows(path: Path) -> int:
 @pytest.mark.slow  # 12-26 s on 2 cores: the default run keeps a faster test of the same path
 def test_killed_experiment_leaves_a_complete_csv_and_resumes(tmp_path):
     out = tmp_path / "pipe.csv"
-    cmd = [sys.executable, "-m", "experiments.pipeline", "--instances", "40", "--big", "", "--zoo", "", "--no-plot", "--out", str(out)]
-    partial = tmp_path / "pipe.csv.partial"  # the rows so far; pipe.csv itself only once the run ends
+    cmd = [
+        sys.executable,
+        "-m",
+        "experiments.pipeline",
+        "--instances",
+        "40",
+        "--big",
+        "",
+        "--zoo",
+        "",
+        "--no-plot",
+        "--out",
+        str(out),
+    ]
+    # the rows so far; pipe.csv itself only once the run ends
+    partial = tmp_path / "pipe.csv.partial"
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 120
     while _rows(partial) < 8 and time.time() < deadline and proc.poll() is None:
@@ -85,15 +129,19 @@ def test_killed_experiment_leaves_a_complete_csv_and_resumes(tmp_path):
     assert len(after) == 160 and sorted(set(after["instance"])) == list(range(40))
     pd.testing.assert_frame_equal(after.iloc[:killed_rows], before)  # kept rows untouched
     fresh = tmp_path / "fresh.csv"
-    subprocess.run(cmd[:-2] + ["--out", str(fresh)], cwd=ROOT, check=True, capture_output=True, timeout=600)
+    subprocess.run(
+        cmd[:-2] + ["--out", str(fresh)], cwd=ROOT, check=True, capture_output=True, timeout=600
+    )
     reference = pd.read_csv(fresh)
-    pd.testing.assert_series_equal(after["objective"], reference["objective"])  # resume changes nothing
+    # resume changes nothing
+    pd.testing.assert_series_equal(after["objective"], reference["objective"])
 
 
 def test_check_passes_on_the_committed_rows_and_fails_on_an_edited_objective(tmp_path):
     """`python -m experiments check` re-runs a slice and compares it with results/: the committed
     rows agree with the code, and one objective edited by hand is caught."""
     from experiments import check
+
     committed = pd.read_csv(ROOT / "results" / "sapp_scaling.csv")
     (tmp_path / "sapp_scaling.csv").write_text(committed.to_csv(index=False))
     assert check.main(["--only", "sapp_scaling", "--results", str(tmp_path)]) == 0
@@ -111,8 +159,24 @@ def test_verify_batches_and_methods_choose_the_rows(tmp_path):
     pytest.importorskip("jax")
     script = importlib.import_module("experiments.verify")
     out = tmp_path / "v.csv"
-    assert script.main(["--models", "mlp", "--meshes", "4", "--methods", "megatron", "--batches", "64,128",
-                        "--no-plot", "--out", str(out)]) == 0
+    assert (
+        script.main(
+            [
+                "--models",
+                "mlp",
+                "--meshes",
+                "4",
+                "--methods",
+                "megatron",
+                "--batches",
+                "64,128",
+                "--no-plot",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     frame = pd.read_csv(out)
     assert sorted(frame["batch"]) == [64, 128] and set(frame["method"]) == {"megatron"}
     assert frame["predicted_bytes"].nunique() == 2  # the plans' activations scale with the batch

@@ -1,12 +1,13 @@
 """Hardening 3: the invariants of ``tests/fuzz_invariants.py`` on generated inputs, and each
 invariant against a deliberately broken build.
 
-Generated (Hypothesis, fixed seeds): graph JSONs (random einsum operators and shapes, fan-outs,
-odd names), topologies (mesh specs of 1-3 axes, named or not, with the node size of a drawn JSON
-profile or datasheet table deciding which axes cross nodes), device profiles, training settings and option combinations of ``plan`` and
-``evaluate`` (pairs and triples), and plan JSONs derived from real plans by small edits. Each case
-either exits 2 with one line naming the field, or satisfies every invariant. The default run draws
-about 300 cases (``--fuzz-scale 1``); ``.ci/run`` passes ``--fuzz-scale 10`` (about 3,000).
+Generated (Hypothesis, fixed seeds): graph JSONs (random einsum operators and shapes, fan-outs, odd
+names), topologies (mesh specs of 1-3 axes, named or not, with the node size of a drawn JSON profile
+or datasheet table deciding which axes cross nodes), device profiles, training settings and option
+combinations of ``plan`` and ``evaluate`` (pairs and triples), and plan JSONs derived from real
+plans by small edits. Each case either exits 2 with one line naming the field, or satisfies every
+invariant. The default run draws about 300 cases (``--fuzz-scale 1``); ``.ci/run`` passes
+``--fuzz-scale 10`` (about 3,000).
 """
 
 from __future__ import annotations
@@ -29,8 +30,15 @@ from strategies_gen import COMPUTE_BOUND, graphs
 DEVICES = ("a100-80g", "h100-80g", "symbolic", "custom", "table")
 AXIS_NAMES = ("node", "gpu", "x", "y", "rack", "a0")
 METHODS = ("exact", "whole", "dp", "megatron", "greedy", "sapp")
-ODD = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x2FFF, blacklist_categories=("Cs", "Cc", "Cf", "Co", "Cn", "Zs", "Zl", "Zp")),
-              min_size=1, max_size=12)
+ODD = st.text(
+    st.characters(
+        min_codepoint=0x21,
+        max_codepoint=0x2FFF,
+        blacklist_categories=("Cs", "Cc", "Cf", "Co", "Cn", "Zs", "Zl", "Zp"),
+    ),
+    min_size=1,
+    max_size=12,
+)
 
 
 def budget(request, base: int) -> int:
@@ -38,28 +46,49 @@ def budget(request, base: int) -> int:
 
 
 def fuzzed(request, base: int):
-    """Hypothesis settings of this suite: ``base`` x --fuzz-scale cases, fixed seeds, no database."""
-    return settings(max_examples=budget(request, base), deadline=None, derandomize=True, database=None,
-                    suppress_health_check=list(HealthCheck))
+    """Hypothesis settings of this suite: ``base`` x --fuzz-scale cases, fixed seeds, no
+    database."""
+    return settings(
+        max_examples=budget(request, base),
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
 
 
 def _profile(draw) -> dict:
-    return {"name": "custom", "peak_flops": draw(st.sampled_from((1e9, 1e12, 312e12))),
-            "memory_bytes": draw(st.sampled_from((1e6, 1e9, 80e9))),
-            "intra_node_bandwidth": draw(st.sampled_from((1e9, 300e9))),
-            "inter_node_bandwidth": draw(st.sampled_from((1e9, 25e9))),
-            "gpus_per_node": draw(st.sampled_from((1, 2, 4, 8))),
-            "kernel_launch_s": draw(st.sampled_from((0.0, 5e-6)))}
+    return {
+        "name": "custom",
+        "peak_flops": draw(st.sampled_from((1e9, 1e12, 312e12))),
+        "memory_bytes": draw(st.sampled_from((1e6, 1e9, 80e9))),
+        "intra_node_bandwidth": draw(st.sampled_from((1e9, 300e9))),
+        "inter_node_bandwidth": draw(st.sampled_from((1e9, 25e9))),
+        "gpus_per_node": draw(st.sampled_from((1, 2, 4, 8))),
+        "kernel_launch_s": draw(st.sampled_from((0.0, 5e-6))),
+    }
 
 
 def _hardware_table(draw) -> str:
     """A datasheet table of one device row, in the format of planner/cluster/data/hardware.csv."""
-    values = [draw(st.sampled_from(v)) for v in (("125e12", "1e12"), ("16e9", "80e9"), ("900e9", "3e12"),
-                                                  ("150e9", "450e9"), ("1", "2", "4", "8"), ("0.39e9", "50e9"))]
+    values = [
+        draw(st.sampled_from(v))
+        for v in (
+            ("125e12", "1e12"),
+            ("16e9", "80e9"),
+            ("900e9", "3e12"),
+            ("150e9", "450e9"),
+            ("1", "2", "4", "8"),
+            ("0.39e9", "50e9"),
+        )
+    ]
     flops, hbm, hbm_bw, nvlink, per_node, net = values
-    return ("device,peak_bf16_flops,hbm_bytes,hbm_bandwidth,intra_node_link,intra_node_bandwidth,gpus_per_node,"
-            "inter_node_link,inter_node_bandwidth_per_gpu,sm_count,fp32_vector_flops\n"
-            f"fuzzdev,{flops},{hbm},{hbm_bw},nvlink,{nvlink},{per_node},ib,{net},100,20e12\n")
+    return (
+        "device,peak_bf16_flops,hbm_bytes,hbm_bandwidth,intra_node_link,"
+        "intra_node_bandwidth,gpus_per_node,"
+        "inter_node_link,inter_node_bandwidth_per_gpu,sm_count,fp32_vector_flops\n"
+        f"fuzzdev,{flops},{hbm},{hbm_bw},nvlink,{nvlink},{per_node},ib,{net},100,20e12\n"
+    )
 
 
 @st.composite
@@ -67,13 +96,20 @@ def topologies(draw) -> str:
     """A mesh spec of 1 to 3 axes, sizes 1-4 and 2 to 8 devices: unnamed (``2x2``) or named
     (``node=2,gpu=2``), and one in six with a repeated or non-identifier name (refused)."""
     # 2 first: Hypothesis draws towards the first value, and 1-device meshes have nothing to split
-    sizes = draw(st.lists(st.sampled_from((2, 4, 1, 3)), min_size=1, max_size=3)
-                 .filter(lambda s: 2 <= math.prod(s) <= 8))
+    sizes = draw(
+        st.lists(st.sampled_from((2, 4, 1, 3)), min_size=1, max_size=3).filter(
+            lambda s: 2 <= math.prod(s) <= 8
+        )
+    )
     form = draw(st.sampled_from(("x", "x", "named", "named", "named", "bad")))
     if form == "x":
         return "x".join(map(str, sizes))
     pool = AXIS_NAMES + (("1a", "gpu-0", "gpu") if form == "bad" else ())
-    names = draw(st.lists(st.sampled_from(pool), min_size=len(sizes), max_size=len(sizes), unique=form != "bad"))
+    names = draw(
+        st.lists(
+            st.sampled_from(pool), min_size=len(sizes), max_size=len(sizes), unique=form != "bad"
+        )
+    )
     return ",".join(f"{name}={size}" for name, size in zip(names, sizes))
 
 
@@ -84,26 +120,58 @@ def plan_cases(draw):
     ``planner plan`` and the files it needs."""
     if draw(st.integers(0, 3)) == 0:
         layers, hidden = draw(st.integers(1, 3)), draw(st.sampled_from((16, 32)))
-        spec = f"gpt:layers={layers},hidden={hidden},heads=2,seq=8,vocab={draw(st.sampled_from((32, 64)))}"
+        vocab = draw(st.sampled_from((32, 64)))
+        spec = f"gpt:layers={layers},hidden={hidden},heads=2,seq=8,vocab={vocab}"
         graph = graph_to_dict(load_model(spec, draw(st.sampled_from((2, 4, 8)))))
     else:
         graph = graph_to_dict(draw(graphs(min_ops=2, max_ops=6)))
     if draw(st.booleans()):
-        names = draw(st.lists(ODD, min_size=len(graph["operators"]), max_size=len(graph["operators"]), unique=True))
+        names = draw(
+            st.lists(
+                ODD, min_size=len(graph["operators"]), max_size=len(graph["operators"]), unique=True
+            )
+        )
         for op, name in zip(graph["operators"], names):
             op["name"] = name
     device = draw(st.sampled_from(DEVICES))
     argv = ["--mesh", draw(topologies()), "--device", "fuzzdev" if device == "table" else device]
     if device == "table":
         argv += ["--hardware", "table.csv"]
-    options = draw(st.dictionaries(st.sampled_from(("--dtype", "--optimizer", "--zero", "--recompute", "--overlap",
-                                                     "--bucket-mb", "--memory", "--fp32-grads", "--method")),
-                                   st.none(), max_size=3))
-    values = {"--dtype": ("fp32", "fp16"), "--optimizer": ("sgd",), "--zero": ("1", "2", "3", "auto"),
-              "--recompute": ("full", "selective", "auto"), "--overlap": ("none", "grad"),
-              "--bucket-mb": ("0", "1"), "--memory": ("20MB", "2MB", "none"), "--method": METHODS[1:]}
+    options = draw(
+        st.dictionaries(
+            st.sampled_from(
+                (
+                    "--dtype",
+                    "--optimizer",
+                    "--zero",
+                    "--recompute",
+                    "--overlap",
+                    "--bucket-mb",
+                    "--memory",
+                    "--fp32-grads",
+                    "--method",
+                )
+            ),
+            st.none(),
+            max_size=3,
+        )
+    )
+    values = {
+        "--dtype": ("fp32", "fp16"),
+        "--optimizer": ("sgd",),
+        "--zero": ("1", "2", "3", "auto"),
+        "--recompute": ("full", "selective", "auto"),
+        "--overlap": ("none", "grad"),
+        "--bucket-mb": ("0", "1"),
+        "--memory": ("20MB", "2MB", "none"),
+        "--method": METHODS[1:],
+    }
     for option in sorted(options):
-        argv += [option] if option == "--fp32-grads" else [option, draw(st.sampled_from(values[option]))]
+        argv += (
+            [option]
+            if option == "--fp32-grads"
+            else [option, draw(st.sampled_from(values[option]))]
+        )
     files = {"custom.json": json.dumps(_profile(draw))} if device == "custom" else {}
     if device == "table":
         files["table.csv"] = _hardware_table(draw)
@@ -121,8 +189,17 @@ def _materialise(files: dict[str, str], argv: list[str], work: Path) -> list[str
 def _run_plan(case, work: Path):
     graph, files, argv = case
     (work / "g.json").write_text(json.dumps(graph))
-    argv = ["plan", "--model", str(work / "g.json"), *_materialise(files, argv, work), "--json", str(work / "p.json"),
-            "--no-timings", "--time-limit", "20"]
+    argv = [
+        "plan",
+        "--model",
+        str(work / "g.json"),
+        *_materialise(files, argv, work),
+        "--json",
+        str(work / "p.json"),
+        "--no-timings",
+        "--time-limit",
+        "20",
+    ]
     code, out, err = inv.cli(*argv)
     return argv, code, out, err
 
@@ -146,12 +223,15 @@ def test_plan_on_generated_graphs_keeps_every_invariant(request):
             inv.notes_agree_with_status(written)
             inv.recost_agrees(plan_path, work)
             if written["method"] == "exact":
-                inv.status_is_earned(written, _exact_problem(written, argv, case), written["memory_limit_bytes"],
-                                     {})
+                inv.status_is_earned(
+                    written, _exact_problem(written, argv, case), written["memory_limit_bytes"], {}
+                )
             first = plan_path.read_bytes()
             inv.same_bytes(argv, plan_path, first)
-            if written["method"] == "exact" and len(case[0]["operators"]) == 7:  # one case in ~8: a pool starts
+            # one case in ~8: a pool starts
+            if written["method"] == "exact" and len(case[0]["operators"]) == 7:
                 inv.same_bytes(argv, plan_path, first, jobs=2)
+
     check()
 
 
@@ -159,14 +239,20 @@ def _exact_problem(written: dict, argv: list[str], case):
     """The costed problem of a written plan (same model, mesh, device, settings)."""
     device = argv[argv.index("--device") + 1]
     table = argv[argv.index("--hardware") + 1] if "--hardware" in argv else None
-    cluster = api.make_cluster(written["mesh"], device, written["memory_limit_bytes"] or math.inf, hardware_csv=table)
+    cluster = api.make_cluster(
+        written["mesh"], device, written["memory_limit_bytes"] or math.inf, hardware_csv=table
+    )
     return api.make_problem(written["source"]["model"], cluster, inv._settings(written["settings"]))
 
 
 EDITS = {
     "objective": lambda d: d.__setitem__("objective", (d["objective"] or 0) + 1),
-    "step time": lambda d: d.__setitem__("estimated_step_time_s", d["estimated_step_time_s"] * 1.5 + 1e-6),
-    "memory": lambda d: d.__setitem__("memory_per_device_bytes", d["memory_per_device_bytes"] + 4096),
+    "step time": lambda d: d.__setitem__(
+        "estimated_step_time_s", d["estimated_step_time_s"] * 1.5 + 1e-6
+    ),
+    "memory": lambda d: d.__setitem__(
+        "memory_per_device_bytes", d["memory_per_device_bytes"] + 4096
+    ),
     "fits": lambda d: d.__setitem__("fits_memory", not d["fits_memory"]),
     "strategy": lambda d: d["operators"][0].__setitem__("strategy", {"zz": "q"}),
     "settings": lambda d: d["settings"].__setitem__("zero", 2.5),
@@ -192,34 +278,65 @@ def test_edited_plans_are_refused_by_their_consumers(request):
             EDITS[edit](data)
             (work / "e.json").write_text(json.dumps(data))
             inv.consumers_check_the_plan(work / "e.json", ("show", "export"))
+
     check()
 
 
 # options with a physical effect on a fixed Megatron-style configuration (evaluate --tp --dp)
-EFFECTS = {"--dtype": ("fp32",), "--optimizer": ("sgd",), "--zero": ("1", "2", "3"), "--recompute": ("full", "selective"),
-           "--fp32-grads": (None,), "--bucket-mb": ("0",), "--sequence-parallel": (None,), "--memory": ("1MB",)}
+EFFECTS = {
+    "--dtype": ("fp32",),
+    "--optimizer": ("sgd",),
+    "--zero": ("1", "2", "3"),
+    "--recompute": ("full", "selective"),
+    "--fp32-grads": (None,),
+    "--bucket-mb": ("0",),
+    "--sequence-parallel": (None,),
+    "--memory": ("1MB",),
+}
 # overlap none: gradient reduction is exposed, so its bucket and dtype show in the step time
-BASE = ["evaluate", "--model", "gpt:layers=2,hidden=64,heads=4,seq=16,vocab=128", "--batch", "8", "--tp", "2",
-        "--dp", "2", "--overlap", "none"]
+BASE = [
+    "evaluate",
+    "--model",
+    "gpt:layers=2,hidden=64,heads=4,seq=16,vocab=128",
+    "--batch",
+    "8",
+    "--tp",
+    "2",
+    "--dp",
+    "2",
+    "--overlap",
+    "none",
+]
 
 
 def test_every_option_given_changes_the_result_or_is_refused(request):
-    """Invariant 4 on about 40 option pairs and triples (x --fuzz-scale): each option at a non-default
-    value, added to the others, changes a figure of the result, or the run exits 2."""
+    """Invariant 4 on about 40 option pairs and triples (x --fuzz-scale): each option at a
+    non-default value, added to the others, changes a figure of the result, or the run exits 2."""
 
     @fuzzed(request, 40)
-    @given(st.lists(st.sampled_from(sorted(EFFECTS)), min_size=2, max_size=3, unique=True), st.data())
+    @given(
+        st.lists(st.sampled_from(sorted(EFFECTS)), min_size=2, max_size=3, unique=True), st.data()
+    )
     def check(options, data):
         chosen = [(o, data.draw(st.sampled_from(EFFECTS[o]))) for o in options]
         with tempfile.TemporaryDirectory() as tmp:
             work = Path(tmp)
             for k in range(len(chosen)):
-                others = [w for i, (o, v) in enumerate(chosen) if i != k for w in ((o,) if v is None else (o, v))]
+                others = [
+                    w
+                    for i, (o, v) in enumerate(chosen)
+                    if i != k
+                    for w in ((o,) if v is None else (o, v))
+                ]
                 option, value = chosen[k]
                 base = _evaluate(work, "base.json", others)
-                varied = _evaluate(work, "varied.json", others + ([option] if value is None else [option, value]))
-                inv.option_changes_result(base[1], varied[1], varied[0], f"{option} {value or ''} with {others}",
-                                          base[0])
+                varied = _evaluate(
+                    work, "varied.json", others + ([option] if value is None else [option, value])
+                )
+                inv.option_changes_result(
+                    base[1], varied[1], varied[0], f"{option} {value or ''} with {others}", base[0]
+                )
+
     check()
 
 
@@ -236,25 +353,44 @@ def test_exact_plans_equal_brute_force_and_beat_every_heuristic(request):
     the exact plan against brute force and against every heuristic method's fitting plan."""
 
     @fuzzed(request, 40)
-    @given(graphs(min_ops=2, max_ops=5), st.sampled_from(("4", "2x2")), st.sampled_from((None, 0.6, 0.9)))
+    @given(
+        graphs(min_ops=2, max_ops=5),
+        st.sampled_from(("4", "2x2")),
+        st.sampled_from((None, 0.6, 0.9)),
+    )
     def check(graph, mesh, tight):
         # compute costs time here, so the optima split something (on a100-80g these tiny graphs
         # replicate: a planner that never shards would pass)
         cluster = api.make_cluster(mesh, COMPUTE_BOUND, math.inf)
         problem = api.make_problem(graph, cluster, TrainingSettings())
         assume(math.prod(len(t.strategies) for t in problem.ops) <= inv.BRUTE_LIMIT)
-        from planner.search.solver import min_memory
+        from planner.search.fallback import min_memory
+
         free = api.plan_problem(problem, None, "exact")
-        limit = None if tight is None else max(min_memory(problem), int(free.memory_per_device_bytes * tight))
+        limit = (
+            None
+            if tight is None
+            else max(min_memory(problem), int(free.memory_per_device_bytes * tight))
+        )
         exact = api.plan_problem(problem, limit, "exact").to_dict()
-        sharded.append(any(v is not None for o in exact["operators"] for v in o["strategy"].values()))
-        others = {m: api.plan_problem(problem, limit, m).to_dict() for m in ("dp", "megatron", "greedy", "sapp")}
+        sharded.append(
+            any(v is not None for o in exact["operators"] for v in o["strategy"].values())
+        )
+        others = {
+            m: api.plan_problem(problem, limit, m).to_dict()
+            for m in ("dp", "megatron", "greedy", "sapp")
+        }
         inv.status_is_earned(exact, problem, limit, others)
         inv.notes_agree_with_status(exact)
+
     sharded: list[bool] = []
     check()
-    assert len(sharded) >= budget(request, 40) // 2, f"only {len(sharded)} cases passed the size filter"
-    assert sum(sharded) >= 0.6 * len(sharded), f"only {sum(sharded)} of {len(sharded)} optima split an operator"
+    assert len(sharded) >= budget(request, 40) // 2, (
+        f"only {len(sharded)} cases passed the size filter"
+    )
+    assert sum(sharded) >= 0.6 * len(sharded), (
+        f"only {sum(sharded)} of {len(sharded)} optima split an operator"
+    )
 
 
 GPT_TINY = "gpt:layers=4,hidden=64,heads=4,seq=16,vocab=128"
@@ -264,11 +400,26 @@ GPT_TINY = "gpt:layers=4,hidden=64,heads=4,seq=16,vocab=128"
 def pipeline_cases(draw):
     """`planner pipeline` (or `plan --pipeline auto`) with a drawn pair or triple of its options."""
     command = draw(st.sampled_from((["pipeline"], ["plan", "--pipeline", "auto"])))
-    argv = [*command, "--model", GPT_TINY, "--batch", "8", "--mesh", draw(st.sampled_from(("node=2,gpu=2", "4", "2x2")))]
-    choices = {"--schedule": ("gpipe", "1f1b", "interleaved:2"), "--pp": ("1", "2", "4"),
-               "--num-microbatches": ("1", "2", "4", "3"), "--pipeline-method": ("csimd", "exact", "even", "brute"),
-               "--cuts": ("2", "1,3"), "--zero": ("1", "3"), "--recompute": ("full",), "--memory": ("30MB", "none"),
-               "--dtype": ("fp32",)}
+    argv = [
+        *command,
+        "--model",
+        GPT_TINY,
+        "--batch",
+        "8",
+        "--mesh",
+        draw(st.sampled_from(("node=2,gpu=2", "4", "2x2"))),
+    ]
+    choices = {
+        "--schedule": ("gpipe", "1f1b", "interleaved:2"),
+        "--pp": ("1", "2", "4"),
+        "--num-microbatches": ("1", "2", "4", "3"),
+        "--pipeline-method": ("csimd", "exact", "even", "brute"),
+        "--cuts": ("2", "1,3"),
+        "--zero": ("1", "3"),
+        "--recompute": ("full",),
+        "--memory": ("30MB", "none"),
+        "--dtype": ("fp32",),
+    }
     for option in sorted(draw(st.sets(st.sampled_from(sorted(choices)), min_size=2, max_size=3))):
         argv += [option, draw(st.sampled_from(choices[option]))]
     return argv
@@ -294,10 +445,14 @@ def test_pipeline_options_in_combination_keep_the_invariants(request):
             if code != 0:
                 return
             written = json.loads(path.read_text())
-            assert written["fits_memory"] is False or written["memory_limit_bytes"] is None or \
-                written["max_memory_bytes"] <= written["memory_limit_bytes"]
+            assert (
+                written["fits_memory"] is False
+                or written["memory_limit_bytes"] is None
+                or written["max_memory_bytes"] <= written["memory_limit_bytes"]
+            )
             inv.recost_agrees(path, work)
             inv.same_bytes(argv, path, path.read_bytes())
+
     check()
 
 
@@ -312,14 +467,25 @@ def test_compare_rows_keep_the_invariants(request):
         graph, files, argv = case
         if "--method" in argv:
             i = argv.index("--method")
-            argv = argv[:i] + argv[i + 2:]
+            argv = argv[:i] + argv[i + 2 :]
         with tempfile.TemporaryDirectory() as tmp:
             work = Path(tmp)
             (work / "g.json").write_text(json.dumps(graph))
             argv = _materialise(files, argv, work)
-            code, _, err = inv.cli("compare", "--model", str(work / "g.json"), *argv, "--methods",
-                                   ",".join(["exact", *sorted(methods)]), "--json", str(work / "c.json"),
-                                   "--no-timings", "-q", "--time-limit", "20")
+            code, _, err = inv.cli(
+                "compare",
+                "--model",
+                str(work / "g.json"),
+                *argv,
+                "--methods",
+                ",".join(["exact", *sorted(methods)]),
+                "--json",
+                str(work / "c.json"),
+                "--no-timings",
+                "-q",
+                "--time-limit",
+                "20",
+            )
             inv.refusal_is_one_line(code, err)
             assert code in (0, 2), (code, err)
             if code:
@@ -330,5 +496,10 @@ def test_compare_rows_keep_the_invariants(request):
                 if row["status"] in ("INFEASIBLE", "UNKNOWN"):
                     assert row["objective"] is None and row["memory_per_device_bytes"] is None, row
                 elif exact["status"] == "OPTIMAL" and row["fits_memory"]:
-                    assert exact["objective"] <= row["objective"], (method, row["objective"], exact["objective"])
+                    assert exact["objective"] <= row["objective"], (
+                        method,
+                        row["objective"],
+                        exact["objective"],
+                    )
+
     check()

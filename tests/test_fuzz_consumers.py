@@ -27,21 +27,39 @@ from test_fuzz import EDITS, fuzzed
 
 MODEL = "gpt:layers=2,hidden=32,heads=2,seq=8,vocab=64"
 # option -> (valid values, invalid values); None: a flag without a value
-RUN = {"--steps": (("1", "2"), ("0", "x", "1e3")), "--lr": (("1e-3",), ("2", "nan", "0")),
-       "--seed": (("0", "7"), ("-1", "2147483648")), "--tolerance": (("1e-3", "0.5"), ("-1", "nan", "inf")),
-       "--max-memory": (("64GB",), ("1", "-5", "zz")), "--batch": (("4",), ("3", "0")),
-       "--model": ((MODEL,), ("gpt2-small",))}
+RUN = {
+    "--steps": (("1", "2"), ("0", "x", "1e3")),
+    "--lr": (("1e-3",), ("2", "nan", "0")),
+    "--seed": (("0", "7"), ("-1", "2147483648")),
+    "--tolerance": (("1e-3", "0.5"), ("-1", "nan", "inf")),
+    "--max-memory": (("64GB",), ("1", "-5", "zz")),
+    "--batch": (("4",), ("3", "0")),
+    "--model": ((MODEL,), ("gpt2-small",)),
+}
 OPTIONS = {
-    "verify": {"--tolerance": (("0.05", "0.5"), ("-1", "nan", "1e400")), "--no-xla": ((None,), ()),
-               "--no-numpy": ((None,), ()), "--max-memory": (("64GB",), ("1", "-5")),
-               "--devices": (("2",), ("3", "0")), "--batch": (("4",), ("3", "0")), "--seq": (("8",), ("7", "-8"))},
+    "verify": {
+        "--tolerance": (("0.05", "0.5"), ("-1", "nan", "1e400")),
+        "--no-xla": ((None,), ()),
+        "--no-numpy": ((None,), ()),
+        "--max-memory": (("64GB",), ("1", "-5")),
+        "--devices": (("2",), ("3", "0")),
+        "--batch": (("4",), ("3", "0")),
+        "--seq": (("8",), ("7", "-8")),
+    },
     "run-torch": {**RUN, "--nproc": (("2",), ("3", "0"))},
     "run-jax": {**RUN, "--devices": (("2",), ("3", "0"))},
-    "export": {"--target": (("json", "torch", "jax"), ("onnx",)), "--tensor-axis": (("gpu",), ("zz", "node")),
-               "--module": (("hf:gpt2:layers=2,hidden=32,heads=2,seq=8,vocab=64",), ("hf:gpt2:layers=2",)),
-               "--out": (("x.py",), ("",))},
-    "show": {"--what": (("schedule", "memory", "sharding", "all"), ("zz",)), "--png": (("a.png",), ("a.jpg",)),
-             "--svg": (("a.svg",), ("a.png",)), "--text": ((None,), ())},
+    "export": {
+        "--target": (("json", "torch", "jax"), ("onnx",)),
+        "--tensor-axis": (("gpu",), ("zz", "node")),
+        "--module": (("hf:gpt2:layers=2,hidden=32,heads=2,seq=8,vocab=64",), ("hf:gpt2:layers=2",)),
+        "--out": (("x.py",), ("",)),
+    },
+    "show": {
+        "--what": (("schedule", "memory", "sharding", "all"), ("zz",)),
+        "--png": (("a.png",), ("a.jpg",)),
+        "--svg": (("a.svg",), ("a.png",)),
+        "--text": ((None,), ()),
+    },
 }
 
 
@@ -66,8 +84,19 @@ def consumer_cases(draw):
 @pytest.fixture(scope="module")
 def plan_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("consumers") / "p.json"
-    code, _, err = inv.cli("plan", "--model", MODEL, "--batch", "4", "--mesh", "2", "--json", path,
-                           "--no-timings", "-q")
+    code, _, err = inv.cli(
+        "plan",
+        "--model",
+        MODEL,
+        "--batch",
+        "4",
+        "--mesh",
+        "2",
+        "--json",
+        path,
+        "--no-timings",
+        "-q",
+    )
     assert code == 0, err
     return path
 
@@ -93,11 +122,13 @@ def test_consumer_options_in_combination_keep_their_promises(request, plan_file)
                 assert code == 2, f"{argv} on a plan edited by {edit!r}: exit {code}, {err[-300:]}"
                 return
             _kept_promise(argv, code, out, err)
+
     check()
 
 
 def _kept_promise(argv: list[str], code: int, out: str, err: str) -> None:
-    """A valid combination: refused in one line (a pair that cannot go together), or done as promised."""
+    """A valid combination: refused in one line (a pair that cannot go together), or done as
+    promised."""
     if code == 2:
         return
     command = argv[0]
@@ -113,6 +144,8 @@ def _kept_promise(argv: list[str], code: int, out: str, err: str) -> None:
         for option, magic in (("--png", b"\x89PNG"), ("--svg", b"<")):
             if option in argv:
                 picture = Path(argv[argv.index(option) + 1])
-                assert picture.read_bytes().lstrip()[:4].startswith(magic), f"{argv}: {picture} is no {option[2:]}"
-    elif argv[argv.index("--target") + 1:][:1] != ["json"] and "--target" in argv:
+                assert picture.read_bytes().lstrip()[:4].startswith(magic), (
+                    f"{argv}: {picture} is no {option[2:]}"
+                )
+    elif argv[argv.index("--target") + 1 :][:1] != ["json"] and "--target" in argv:
         assert Path(argv[argv.index("--out") + 1]).stat().st_size > 0, f"{argv}: nothing written"

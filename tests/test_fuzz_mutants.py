@@ -24,7 +24,19 @@ TINY = "gpt:layers=2,hidden=64,heads=4,seq=16,vocab=128"
 
 def _plan(tmp_path: Path, *extra: str) -> tuple[list[str], Path]:
     path = tmp_path / "p.json"
-    argv = ["plan", "--model", TINY, "--mesh", "2x2", "--batch", "8", "--json", str(path), "--no-timings", *extra]
+    argv = [
+        "plan",
+        "--model",
+        TINY,
+        "--mesh",
+        "2x2",
+        "--batch",
+        "8",
+        "--json",
+        str(path),
+        "--no-timings",
+        *extra,
+    ]
     code, _, err = inv.cli(*argv)
     assert code == 0, err
     return argv, path
@@ -32,6 +44,7 @@ def _plan(tmp_path: Path, *extra: str) -> tuple[list[str], Path]:
 
 def test_a_refusal_of_two_lines_is_caught(monkeypatch):
     from planner.errors import PlannerError
+
     monkeypatch.setattr(PlannerError, "__str__", lambda self: self.args[0] + "\n  (more detail)")
     code, _, err = inv.cli("plan", "--model", "gpt2-smal")
     with pytest.raises(AssertionError, match="lines"):
@@ -45,7 +58,12 @@ def test_an_evaluate_that_drops_a_cost_term_is_caught(tmp_path, monkeypatch):
 
     def cheaper(problem, strategies, **kwargs):
         plan = real(problem, strategies, **kwargs)
-        return replace(plan, objective=plan.objective - 1) if kwargs.get("method") == "evaluate" else plan
+        return (
+            replace(plan, objective=plan.objective - 1)
+            if kwargs.get("method") == "evaluate"
+            else plan
+        )
+
     monkeypatch.setattr(api, "make_plan", cheaper)
     with pytest.raises(AssertionError, match="objective"):
         inv.recost_agrees(path, tmp_path)
@@ -53,23 +71,43 @@ def test_an_evaluate_that_drops_a_cost_term_is_caught(tmp_path, monkeypatch):
 
 def test_a_status_forced_to_optimal_is_caught(monkeypatch):
     """Mutant: the exact method returns the greedy plan and calls it OPTIMAL."""
-    from planner.search.solver import greedy_result
-    monkeypatch.setattr(api, "solve_exact", lambda problem, memory_limit, *a, **k: (
-        replace(greedy_result(problem, memory_limit, 0.0), status="OPTIMAL",
-                bound=greedy_result(problem, memory_limit, 0.0).objective), ()))
+    from planner.search.fallback import greedy_result
+
+    monkeypatch.setattr(
+        api,
+        "solve_exact",
+        lambda problem, memory_limit, *a, **k: (
+            replace(
+                greedy_result(problem, memory_limit, 0.0),
+                status="OPTIMAL",
+                bound=greedy_result(problem, memory_limit, 0.0).objective,
+            ),
+            (),
+        ),
+    )
     caught = []
 
-    @settings(max_examples=30, deadline=None, derandomize=True, database=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=30,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(graphs(min_ops=3, max_ops=5), st.sampled_from(("4", "2x2")))
     def check(graph, mesh):
-        problem = api.make_problem(graph, api.make_cluster(mesh, COMPUTE_BOUND, math.inf), TrainingSettings())
+        problem = api.make_problem(
+            graph, api.make_cluster(mesh, COMPUTE_BOUND, math.inf), TrainingSettings()
+        )
         if math.prod(len(t.strategies) for t in problem.ops) > inv.BRUTE_LIMIT:
             return
         try:
-            inv.status_is_earned(api.plan_problem(problem, None, "exact").to_dict(), problem, None, {})
+            inv.status_is_earned(
+                api.plan_problem(problem, None, "exact").to_dict(), problem, None, {}
+            )
         except AssertionError:
             caught.append(graph.name)
+
     check()
     assert caught, "no generated case told the greedy plan from the optimum"
 
@@ -85,9 +123,13 @@ def test_a_plan_that_claims_to_fit_is_caught(tmp_path, monkeypatch):
 def test_an_option_made_a_no_op_is_caught(tmp_path, monkeypatch):
     """Mutant: `--optimizer` is parsed and then ignored."""
     from planner.cli import commands
+
     real = commands._settings
-    monkeypatch.setattr(commands, "_settings", lambda args, base=None: replace(real(args, base), optimizer="adam"))
+    monkeypatch.setattr(
+        commands, "_settings", lambda args, base=None: replace(real(args, base), optimizer="adam")
+    )
     import test_fuzz
+
     base = test_fuzz._evaluate(tmp_path, "base.json", [])
     varied = test_fuzz._evaluate(tmp_path, "varied.json", ["--optimizer", "sgd"])
     with pytest.raises(AssertionError, match="changed nothing"):
@@ -97,8 +139,13 @@ def test_an_option_made_a_no_op_is_caught(tmp_path, monkeypatch):
 def test_a_time_limit_note_on_an_optimal_plan_is_caught(tmp_path, monkeypatch):
     """Mutant: an OPTIMAL result keeps a stale "the time limit ended the search" note."""
     real = api.solve_exact
-    monkeypatch.setattr(api, "solve_exact", lambda *a, **k: (lambda r: (r[0], r[1] + (
-        "memory binds: the time limit ended the search",)))(real(*a, **k)))
+    monkeypatch.setattr(
+        api,
+        "solve_exact",
+        lambda *a, **k: (
+            lambda r: (r[0], r[1] + ("memory binds: the time limit ended the search",))
+        )(real(*a, **k)),
+    )
     _, path = _plan(tmp_path)
     written = json.loads(path.read_text())
     assert written["status"] == "OPTIMAL"
@@ -110,7 +157,9 @@ def test_a_plan_file_that_differs_between_runs_is_caught(tmp_path, monkeypatch):
     """Mutant: the plan JSON carries a run counter (as a timestamp would)."""
     counter = itertools.count()
     real = Plan.to_dict
-    monkeypatch.setattr(Plan, "to_dict", lambda self, timings=True: {**real(self, timings), "run": next(counter)})
+    monkeypatch.setattr(
+        Plan, "to_dict", lambda self, timings=True: {**real(self, timings), "run": next(counter)}
+    )
     argv, path = _plan(tmp_path)
     with pytest.raises(AssertionError, match="other bytes"):
         inv.same_bytes(argv, path, path.read_bytes())
@@ -119,6 +168,7 @@ def test_a_plan_file_that_differs_between_runs_is_caught(tmp_path, monkeypatch):
 def test_a_consumer_that_trusts_an_edited_plan_is_caught(tmp_path, monkeypatch):
     """Mutant: `show` no longer checks the recorded figures against the re-costed plan."""
     from planner.cli import recost
+
     monkeypatch.setattr(recost, "check_recorded", lambda *a, **k: None)
     _, path = _plan(tmp_path)
     data = json.loads(path.read_text())

@@ -1,4 +1,5 @@
-"""Graph validation: every malformed graph raises a ValueError subclass naming the operator and the field."""
+"""Graph validation: every malformed graph raises a ValueError subclass naming the operator and the
+field."""
 
 import pytest
 
@@ -20,13 +21,20 @@ def test_shape_mismatch_names_operator_and_field():
     x = gb.data("x", (4, 8))
     y = gb.op("relu", "r", "bk->bk", [x])
     op = make_operator("matmul", "mm", "bk,kn->bn", [y, "w"], ["out"], {"b": 4, "k": 6, "n": 2})
-    tensors = (Tensor("x", (4, 8), "data"), Tensor("r", (4, 8)), Tensor("w", (6, 2), "param"), Tensor("out", (4, 2)))
+    tensors = (
+        Tensor("x", (4, 8), "data"),
+        Tensor("r", (4, 8)),
+        Tensor("w", (6, 2), "param"),
+        Tensor("out", (4, 2)),
+    )
     with pytest.raises(GraphError, match=r"operator mm: field 'inputs' sees r with shape \(4, 6\)"):
         Graph("g", tensors, (gb.build().operator("r"), op))
 
 
 def test_unknown_operator_kind():
-    with pytest.raises(GraphError, match=r"operator foo: field 'kind' is unknown operator 'frobnicate'"):
+    with pytest.raises(
+        GraphError, match=r"operator foo: field 'kind' is unknown operator 'frobnicate'"
+    ):
         make_operator("frobnicate", "foo", "a->a", ["x"], ["y"], {"a": 2})
 
 
@@ -44,7 +52,9 @@ def test_duplicate_names_and_dangling_tensor():
     with pytest.raises(GraphError, match="field 'name' is not unique"):
         Graph("g", (Tensor("x", (2,)), Tensor("x", (2,))), ())
     op = make_operator("relu", "r", "a->a", ["missing"], ["y"], {"a": 2})
-    with pytest.raises(GraphError, match="operator r: field 'inputs' names unknown tensor 'missing'"):
+    with pytest.raises(
+        GraphError, match="operator r: field 'inputs' names unknown tensor 'missing'"
+    ):
         Graph("g", (Tensor("y", (2,)),), (op,))
 
 
@@ -56,7 +66,11 @@ def test_networkx_view_and_topological_order():
     gb.op("add", "c", "bk,bk->bk", [a, b])
     g = gb.build()
     nxg = g.to_networkx()
-    assert sorted((u, v, d["tensor"]) for u, v, d in nxg.edges(data=True)) == [("a", "b", "a"), ("a", "c", "a"), ("b", "c", "b")]
+    assert sorted((u, v, d["tensor"]) for u, v, d in nxg.edges(data=True)) == [
+        ("a", "b", "a"),
+        ("a", "c", "a"),
+        ("b", "c", "b"),
+    ]
     assert [op.name for op in g.operators] == ["a", "b", "c"]
 
 
@@ -71,6 +85,7 @@ def _two_layer(batch_dim: str, batch: int = 8) -> Graph:
 
 def test_batch_dim_is_a_property_of_the_graph(tmp_path):
     from planner.ir.graph_json import load_graph, save_graph
+
     graph = _two_layer("n", batch=24)
     assert (graph.batch_dim, graph.batch_size) == ("n", 24)
     save_graph(graph, tmp_path / "g.json")
@@ -82,12 +97,16 @@ def test_batch_dim_is_a_property_of_the_graph(tmp_path):
 
 def test_dim_names_round_trip_and_are_checked(tmp_path):
     from planner.ir.graph_json import load_graph, save_graph
+
     graph = _two_layer("n")
-    assert graph.dim_names == "semantic"  # the zoo's letters, the default (and of older graph files)
+    # the zoo's letters, the default (and of older graph files)
+    assert graph.dim_names == "semantic"
     positional = Graph(graph.name, graph.tensors, graph.operators, "n", "positional")
     save_graph(positional, tmp_path / "g.json")
     assert load_graph(tmp_path / "g.json").dim_names == "positional"
-    with pytest.raises(GraphError, match="field 'dim_names' 'sorted' is not one of semantic, positional"):
+    with pytest.raises(
+        GraphError, match="field 'dim_names' 'sorted' is not one of semantic, positional"
+    ):
         Graph(graph.name, graph.tensors, graph.operators, "n", "sorted")
 
 
@@ -106,5 +125,6 @@ def test_data_parallel_splits_the_graphs_batch_dim():
     but has no 'b' in a layer gets no split there."""
     from planner import make_cluster, make_problem
     from planner.search.baselines import data_parallel
+
     problem = make_problem(_two_layer("n"), make_cluster("4", "a100-80g"))
     assert [s for s in data_parallel(problem)] == [("n",), ("n",), ("n",)]

@@ -1,4 +1,5 @@
-"""Each heuristic on a case whose answer is known by hand, and exact <= heuristics under one cost model."""
+"""Each heuristic on a case whose answer is known by hand, and exact <= heuristics under one cost
+model."""
 
 import numpy as np
 import pytest
@@ -23,13 +24,26 @@ def test_dp_splits_batch_everywhere(cluster):
 def test_megatron_on_gpt_block_is_column_then_row(cluster):
     problem = make_problem(transformer_block(batch=1, seq=64, hidden=1024, heads=16), cluster)
     chosen = {t.op.name: s[0] for t, s in zip(problem.ops, megatron(problem))}
-    assert [chosen[n] for n in ("attn.q", "attn.k", "attn.v", "attn.scores", "attn.softmax", "attn.context", "attn.proj")] == ["a"] * 7
+    assert [
+        chosen[n]
+        for n in (
+            "attn.q",
+            "attn.k",
+            "attn.v",
+            "attn.scores",
+            "attn.softmax",
+            "attn.context",
+            "attn.proj",
+        )
+    ] == ["a"] * 7
     assert [chosen[n] for n in ("mlp.fc1", "mlp.gelu", "mlp.fc2")] == ["f"] * 3
     assert chosen["ln1"] is None and chosen["attn_residual"] is None
 
 
 def test_megatron_uses_fastest_axis_for_tensor_parallel():
-    problem = make_problem(transformer_block(batch=8, seq=64, hidden=1024, heads=16), make_cluster("2x4", "a100-80g"))
+    problem = make_problem(
+        transformer_block(batch=8, seq=64, hidden=1024, heads=16), make_cluster("2x4", "a100-80g")
+    )
     chosen = {t.op.name: s for t, s in zip(problem.ops, megatron(problem))}
     assert chosen["mlp.fc1"] == ("b", "f") and chosen["mlp.fc2"] == ("b", "f")
 
@@ -50,11 +64,13 @@ def test_greedy_takes_locally_cheapest_given_producers(cluster):
             if e.dst == i:
                 local += e.cost[e.src_index[choice[e.src]], e.dst_index]
         assert choice[i] == int(np.argmin(local))
-    # The layer norm is HBM-bound: splitting the batch divides its traffic by 8, and the gradient of its
-    # scale and shift rides in a bucket behind the backward pass; splitting h costs a statistics
+    # The layer norm is HBM-bound: splitting the batch divides its traffic by 8, and the gradient of
+    # its scale and shift rides in a bucket behind the backward pass; splitting h costs a statistics
     # all-reduce per pass. So the greedy choice (nothing upstream) splits the batch.
     assert strategies[0] == ("b",)
-    assert table_cost(problem, 0, ("b",)) < min(table_cost(problem, 0, (None,)), table_cost(problem, 0, ("h",)))
+    assert table_cost(problem, 0, ("b",)) < min(
+        table_cost(problem, 0, (None,)), table_cost(problem, 0, ("h",))
+    )
 
 
 def table_cost(problem, index, strategy):
@@ -63,16 +79,31 @@ def table_cost(problem, index, strategy):
 
 
 def test_zero_shards_optimizer_state(cluster):
-    rows = {r["method"]: r for r in compare(mlp(batch=64, hidden=1024), "8", "a100-80g", methods=("exact", "dp", "zero"))}
+    rows = {
+        r["method"]: r
+        for r in compare(
+            mlp(batch=64, hidden=1024), "8", "a100-80g", methods=("exact", "dp", "zero")
+        )
+    }
     assert rows["zero"]["memory_per_device_bytes"] < rows["dp"]["memory_per_device_bytes"]
 
 
-@pytest.mark.parametrize("model,mesh", [("gpt2-small", "8"), ("resnet50", "8"), ("bert-base", "2x4"),
-                                        ("moe-gpt", "8"), ("vgg16", "8")])
+@pytest.mark.parametrize(
+    "model,mesh",
+    [
+        ("gpt2-small", "8"),
+        ("resnet50", "8"),
+        ("bert-base", "2x4"),
+        ("moe-gpt", "8"),
+        ("vgg16", "8"),
+    ],
+)
 def test_exact_is_never_worse_than_a_heuristic(model, mesh):
     # zero is left out: it runs other settings (ZeRO-3), whose optimizer step and prefetched gathers
     # can be cheaper than the exact plan's settings (ZeRO-0); exactness is per settings.
-    rows = compare(model, mesh, "a100-80g", methods=("exact", "sapp", "drec-cost", "dp", "megatron", "greedy"))
+    rows = compare(
+        model, mesh, "a100-80g", methods=("exact", "sapp", "drec-cost", "dp", "megatron", "greedy")
+    )
     exact = next(r for r in rows if r["method"] == "exact")
     assert exact["status"] == "OPTIMAL"
     for r in rows:

@@ -1,4 +1,5 @@
-"""Graph JSON round trip and malformed graph files (one-line errors naming file, operator, field)."""
+"""Graph JSON round trip and malformed graph files (one-line errors naming file, operator,
+field)."""
 
 import json
 
@@ -27,15 +28,27 @@ def _broken(tmp_path, mutate):
     return path
 
 
-@pytest.mark.parametrize("mutate,message", [
-    (lambda d: d["operators"][1].update(kind="frob"), "operator fc1: field 'kind' is unknown operator"),
-    (lambda d: d["operators"][1]["sizes"].update(h=0), "operator fc1: field 'sizes.h'"),
-    (lambda d: d["operators"][1]["sizes"].update(h="x"), "operator fc1: field 'sizes.h'"),
-    (lambda d: d["tensors"][0].pop("shape"), "tensor x: missing field 'shape'"),
-    (lambda d: d["operators"][1].update(inputs=["nope", "fc1.weight"]), "operator fc1: field 'inputs' names unknown tensor"),
-    (lambda d: d["operators"][0].update(inputs=["residual", "ln.weight", "ln.bias"]), "closes a cycle"),
-    (lambda d: d.pop("operators"), "missing field 'operators'"),
-])
+@pytest.mark.parametrize(
+    "mutate,message",
+    [
+        (
+            lambda d: d["operators"][1].update(kind="frob"),
+            "operator fc1: field 'kind' is unknown operator",
+        ),
+        (lambda d: d["operators"][1]["sizes"].update(h=0), "operator fc1: field 'sizes.h'"),
+        (lambda d: d["operators"][1]["sizes"].update(h="x"), "operator fc1: field 'sizes.h'"),
+        (lambda d: d["tensors"][0].pop("shape"), "tensor x: missing field 'shape'"),
+        (
+            lambda d: d["operators"][1].update(inputs=["nope", "fc1.weight"]),
+            "operator fc1: field 'inputs' names unknown tensor",
+        ),
+        (
+            lambda d: d["operators"][0].update(inputs=["residual", "ln.weight", "ln.bias"]),
+            "closes a cycle",
+        ),
+        (lambda d: d.pop("operators"), "missing field 'operators'"),
+    ],
+)
 def test_malformed_graph_files(tmp_path, mutate, message):
     with pytest.raises(GraphError, match=message):
         load_graph(_broken(tmp_path, mutate))

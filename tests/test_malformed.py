@@ -1,4 +1,5 @@
-"""The malformed-input corpus: every case exits 2 with one line on stderr naming the field, no traceback.
+"""The malformed-input corpus: every case exits 2 with one line on stderr naming the field, no
+traceback.
 
 Three families: hand-written graph JSON defects (mutations of a valid file, plus raw texts),
 command-line defects, and hypothesis-generated graph JSON (random field deletions, wrong types and
@@ -56,21 +57,37 @@ GRAPH_CASES = [
     ("missing-equation", _pop(lambda d: _op(d, "fc1"), "equation"), "field 'equation'"),
     ("equation-no-arrow", _set(lambda d: _op(d, "fc1"), equation="bh,hf"), "field 'equation'"),
     ("equation-bad-char", _set(lambda d: _op(d, "fc1"), equation="b1,hf->bf"), "field 'equation'"),
-    ("equation-unbalanced", _set(lambda d: _op(d, "fc1"), equation="b(h,hf->bf"), "field 'equation'"),
+    (
+        "equation-unbalanced",
+        _set(lambda d: _op(d, "fc1"), equation="b(h,hf->bf"),
+        "field 'equation'",
+    ),
     ("equation-arity", _set(lambda d: _op(d, "fc1"), equation="bh->bf"), "field 'equation'"),
     ("equation-rank", _set(lambda d: _op(d, "fc1"), equation="bhx,hf->bf"), "fc1"),
     ("missing-inputs", _pop(lambda d: _op(d, "fc1"), "inputs"), "field 'inputs'"),
     ("inputs-not-list", _set(lambda d: _op(d, "fc1"), inputs="ln"), "field 'inputs'"),
     ("input-not-string", _set(lambda d: _op(d, "fc1"), inputs=["ln", 7]), "'inputs'"),
-    ("dangling-input", _set(lambda d: _op(d, "fc1"), inputs=["nope", "fc1.weight"]), "unknown tensor 'nope'"),
+    (
+        "dangling-input",
+        _set(lambda d: _op(d, "fc1"), inputs=["nope", "fc1.weight"]),
+        "unknown tensor 'nope'",
+    ),
     ("dangling-output", _set(lambda d: _op(d, "gelu"), outputs=["ghost"]), "field"),
     ("missing-outputs", _pop(lambda d: _op(d, "gelu"), "outputs"), "field 'outputs'"),
     ("two-producers", _set(lambda d: _op(d, "gelu"), outputs=["fc1"]), "field 'outputs'"),
     ("writes-param", _set(lambda d: _op(d, "gelu"), outputs=["fc2.weight"]), "field 'outputs'"),
-    ("cycle", _set(lambda d: _op(d, "ln"), inputs=["residual", "ln.weight", "ln.bias"]), "closes a cycle"),
+    (
+        "cycle",
+        _set(lambda d: _op(d, "ln"), inputs=["residual", "ln.weight", "ln.bias"]),
+        "closes a cycle",
+    ),
     ("self-loop", _set(lambda d: _op(d, "gelu"), inputs=["gelu"]), "field"),
     ("shape-mismatch-edge", lambda d: _tensor(d, "fc1")["shape"].__setitem__(1, 65), "fc1"),
-    ("param-shape-mismatch", _set(lambda d: _tensor(d, "fc2.weight"), shape=[64, 17]), "fc2.weight"),
+    (
+        "param-shape-mismatch",
+        _set(lambda d: _tensor(d, "fc2.weight"), shape=[64, 17]),
+        "fc2.weight",
+    ),
     ("missing-shape", _pop(lambda d: _tensor(d, "x"), "shape"), "field 'shape'"),
     ("shape-not-list", _set(lambda d: _tensor(d, "x"), shape=8), "field 'shape'"),
     ("shape-negative", _set(lambda d: _tensor(d, "x"), shape=[-8, 16]), "field 'shape'"),
@@ -78,7 +95,11 @@ GRAPH_CASES = [
     ("shape-huge", _set(lambda d: _tensor(d, "x"), shape=[2**62, 16]), "field 'shape'"),
     ("bad-role", _set(lambda d: _tensor(d, "x"), role="weights"), "field 'role'"),
     ("role-not-string", _set(lambda d: _tensor(d, "x"), role=1), "field 'role'"),
-    ("orphan-activation", lambda d: d["tensors"].append({"name": "lost", "shape": [4], "role": "activation"}), "lost"),
+    (
+        "orphan-activation",
+        lambda d: d["tensors"].append({"name": "lost", "shape": [4], "role": "activation"}),
+        "lost",
+    ),
     ("duplicate-tensor", lambda d: d["tensors"].append(dict(d["tensors"][0])), "field 'name'"),
     ("duplicate-operator", lambda d: d["operators"].append(copy.deepcopy(_op(d, "gelu"))), "field"),
     ("tensor-no-name", _pop(lambda d: d["tensors"][0], "name"), "field 'name'"),
@@ -93,17 +114,33 @@ GRAPH_CASES = [
     ("saved-not-list", _set(lambda d: _op(d, "fc1"), saved=True), "field 'saved'"),
     ("layer-not-int", _set(lambda d: _op(d, "fc1"), layer="one"), "field 'layer'"),
     ("norm-unknown-dim", _set(lambda d: _op(d, "ln"), norm="z"), "field 'norm'"),
-    ("unsplittable-not-string", _set(lambda d: _op(d, "ln"), unsplittable=["h"]), "field 'unsplittable'"),
+    (
+        "unsplittable-not-string",
+        _set(lambda d: _op(d, "ln"), unsplittable=["h"]),
+        "field 'unsplittable'",
+    ),
     ("name-not-string", lambda d: d.update(name=["mlp"]), "field 'name'"),
     # round 2: silent wrong results and graphs that planned but could not be verified
     ("saved-shorter-than-inputs", _set(lambda d: _op(d, "fc1"), saved=[True]), "field 'saved'"),
-    ("unknown-operator-key", _set(lambda d: _op(d, "fc1"), sizez={"b": 8}), "unknown field 'sizez'"),
+    (
+        "unknown-operator-key",
+        _set(lambda d: _op(d, "fc1"), sizez={"b": 8}),
+        "unknown field 'sizez'",
+    ),
     ("unknown-tensor-key", _set(lambda d: _tensor(d, "x"), shap=[8, 16]), "unknown field 'shap'"),
     ("unknown-top-key", lambda d: d.update(operatorz=[]), "unknown field 'operatorz'"),
     ("repeated-index", _set(lambda d: _op(d, "gelu"), equation="bb->bf"), "repeats an index"),
     ("non-ascii-index", _set(lambda d: _op(d, "gelu"), equation="bé->bé"), "field 'equation'"),
-    ("two-outputs", _set(lambda d: _op(d, "gelu"), equation="bf->bf,bf", outputs=["gelu", "gelu2"]), "field 'outputs'"),
-    ("reduce-no-inputs", _set(lambda d: _op(d, "loss"), equation="->", inputs=[]), "field 'inputs'"),
+    (
+        "two-outputs",
+        _set(lambda d: _op(d, "gelu"), equation="bf->bf,bf", outputs=["gelu", "gelu2"]),
+        "field 'outputs'",
+    ),
+    (
+        "reduce-no-inputs",
+        _set(lambda d: _op(d, "loss"), equation="->", inputs=[]),
+        "field 'inputs'",
+    ),
 ]
 
 RAW_CASES = [
@@ -132,14 +169,34 @@ CLI_CASES = [
     ("bad-zero", ["plan", "--model", "mlp", "--zero", "5"], "--zero"),
     ("missing-model", ["plan"], "--model"),
     ("unknown-command", ["frobnicate"], "command"),
-    ("mesh-devices-mismatch", ["pipeline", "--model", "gpt2-small", "--mesh", "2x8", "--devices", "8"], "--mesh"),
+    (
+        "mesh-devices-mismatch",
+        ["pipeline", "--model", "gpt2-small", "--mesh", "2x8", "--devices", "8"],
+        "--mesh",
+    ),
     ("devices-not-multiple", ["pipeline", "--model", "gpt2-small", "--devices", "12"], "--devices"),
-    ("compare-unknown-method", ["compare", "--model", "mlp", "--methods", "exact,magic"], "--methods"),
+    (
+        "compare-unknown-method",
+        ["compare", "--model", "mlp", "--methods", "exact,magic"],
+        "--methods",
+    ),
     ("evaluate-no-plan", ["evaluate", "--model", "mlp"], "--plan"),
-    ("evaluate-missing-plan-file", ["evaluate", "--model", "mlp", "--plan", "/nonexistent.json"], "--plan"),
+    (
+        "evaluate-missing-plan-file",
+        ["evaluate", "--model", "mlp", "--plan", "/nonexistent.json"],
+        "--plan",
+    ),
     ("evaluate-tp-zero", ["evaluate", "--model", "mlp", "--tp", "0"], "--tp"),
-    ("evaluate-batch-indivisible", ["evaluate", "--model", "gpt2-small", "--dp", "8", "--batch", "4"], "--batch"),
-    ("bad-profile-json", ["plan", "--model", "mlp", "--device", "/nonexistent/profile.json"], "profile"),
+    (
+        "evaluate-batch-indivisible",
+        ["evaluate", "--model", "gpt2-small", "--dp", "8", "--batch", "4"],
+        "--batch",
+    ),
+    (
+        "bad-profile-json",
+        ["plan", "--model", "mlp", "--device", "/nonexistent/profile.json"],
+        "profile",
+    ),
     # round 2
     ("unicode-digit-mesh", ["plan", "--model", "mlp", "--mesh", "\u00b2"], "--mesh"),
     ("unicode-digit-model", ["plan", "--model", "gpt:layers=\u0663"], "--model"),
@@ -207,10 +264,18 @@ def test_binary_graph_file(tmp_path, capsys):
     _check_one_line(code, err, "--model")
 
 
-@pytest.mark.parametrize("field,value", [("efficiency", 5.0), ("intra_node_latency", -1), ("peak_flops", "fast")])
+@pytest.mark.parametrize(
+    "field,value", [("efficiency", 5.0), ("intra_node_latency", -1), ("peak_flops", "fast")]
+)
 def test_nonsense_profile_values(tmp_path, capsys, field, value):
-    data = {"peak_flops": 1e12, "memory_bytes": 1e9, "intra_node_bandwidth": 1e10, "inter_node_bandwidth": 1e9,
-            "gpus_per_node": 8, field: value}
+    data = {
+        "peak_flops": 1e12,
+        "memory_bytes": 1e9,
+        "intra_node_bandwidth": 1e10,
+        "inter_node_bandwidth": 1e9,
+        "gpus_per_node": 8,
+        field: value,
+    }
     path = tmp_path / "p.json"
     path.write_text(json.dumps(data))
     code, err = _run_inprocess(capsys, ["plan", "--model", "mlp", "--device", str(path)])
@@ -230,10 +295,31 @@ def test_plan_strategy_of_the_wrong_type(tmp_path, capsys, strategy):
 
 def test_plan_of_another_model_is_refused(tmp_path, capsys):
     plan = tmp_path / "p.json"
-    assert main(["plan", "--model", "gpt:layers=2,hidden=64,heads=4,seq=16,vocab=128", "--method", "dp", "--json",
-                 str(plan), "-q"]) == 0
-    code, err = _run_inprocess(capsys, ["evaluate", "--plan", str(plan), "--model",
-                                        "gpt:layers=4,hidden=64,heads=4,seq=16,vocab=128"])
+    assert (
+        main(
+            [
+                "plan",
+                "--model",
+                "gpt:layers=2,hidden=64,heads=4,seq=16,vocab=128",
+                "--method",
+                "dp",
+                "--json",
+                str(plan),
+                "-q",
+            ]
+        )
+        == 0
+    )
+    code, err = _run_inprocess(
+        capsys,
+        [
+            "evaluate",
+            "--plan",
+            str(plan),
+            "--model",
+            "gpt:layers=4,hidden=64,heads=4,seq=16,vocab=128",
+        ],
+    )
     _check_one_line(code, err, "lacks")
 
 
@@ -251,14 +337,20 @@ def test_real_process_prints_one_line(tmp_path, case_id):
             path.write_text(json.dumps(VALID).replace('"f": 64', '"f": NaN', 1))
         argv = ["plan", "--model", str(path)]
     proc = subprocess.run([sys.executable, "-m", "planner", *argv], capture_output=True, text=True)
-    _check_one_line(proc.returncode, proc.stderr, "--mesh" if case_id == "bad-mesh" else str(tmp_path))
-    debug = subprocess.run([sys.executable, "-m", "planner", "--debug", *argv], capture_output=True, text=True)
+    _check_one_line(
+        proc.returncode, proc.stderr, "--mesh" if case_id == "bad-mesh" else str(tmp_path)
+    )
+    debug = subprocess.run(
+        [sys.executable, "-m", "planner", "--debug", *argv], capture_output=True, text=True
+    )
     assert "Traceback" in debug.stderr  # --debug shows it
 
 
 # ------------------------------------------------------------------ hypothesis-generated graph JSON
 
-BAD_VALUES = st.sampled_from([None, -1, 0, 2.5, "x", [], {}, True, 2**70, float("nan"), float("inf")])
+BAD_VALUES = st.sampled_from(
+    [None, -1, 0, 2.5, "x", [], {}, True, 2**70, float("nan"), float("inf")]
+)
 
 
 @st.composite
@@ -267,7 +359,11 @@ def broken_graphs(draw):
     data = copy.deepcopy(VALID)
     family = draw(st.sampled_from(["tensors", "operators"]))
     entry = draw(st.sampled_from(data[family]))
-    keys = ["name", "shape", "role"] if family == "tensors" else ["name", "kind", "equation", "inputs", "outputs", "sizes"]
+    keys = (
+        ["name", "shape", "role"]
+        if family == "tensors"
+        else ["name", "kind", "equation", "inputs", "outputs", "sizes"]
+    )
     key = draw(st.sampled_from(keys))
     if key != "role" and draw(st.booleans()):  # role is optional (default activation)
         del entry[key]
@@ -280,10 +376,19 @@ def broken_graphs(draw):
         entry["shape"][0] = draw(BAD_VALUES)
     else:
         entry[key] = draw(BAD_VALUES)
+        if key == "name" and isinstance(entry[key], str):
+            # a fresh string is a valid name: take another entry's (a duplicate) instead
+            other = draw(st.sampled_from([e for e in data[family] if e is not entry]))
+            entry[key] = other["name"]
     return data, key
 
 
-@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(broken_graphs())
 def test_generated_graph_json_is_rejected_by_field(tmp_path, case):
     data, key = case
@@ -294,15 +399,22 @@ def test_generated_graph_json_is_rejected_by_field(tmp_path, case):
     message = str(info.value)
     assert "\n" not in message
     # The message names the field, the file, or (for a dropped/renamed entity) what references it.
-    assert key.split(".")[0] in message or "non-finite" in message or "unknown tensor" in message \
-        or "no operator produces" in message or "cycle" in message or "field 'inputs'" in message, message
+    assert (
+        key.split(".")[0] in message
+        or "non-finite" in message
+        or "unknown tensor" in message
+        or "no operator produces" in message
+        or "cycle" in message
+        or "field 'inputs'" in message
+    ), message
 
 
 def test_plan_naming_an_operator_twice_is_refused(tmp_path, capsys):
     plan = tmp_path / "p.json"
     assert main(["plan", "--model", "mlp", "--method", "dp", "--json", str(plan), "-q"]) == 0
     data = json.loads(plan.read_text())
-    data["operators"].append(dict(data["operators"][0], strategy={"gpu": None}))  # the last one used to win
+    # the last one used to win
+    data["operators"].append(dict(data["operators"][0], strategy={"gpu": None}))
     plan.write_text(json.dumps(data))
     code, err = _run_inprocess(capsys, ["evaluate", "--plan", str(plan)])
     _check_one_line(code, err, "twice")
@@ -322,11 +434,21 @@ def test_graph_dims_of_2_to_the_47_overflow_cleanly(tmp_path, capsys):
     _check_one_line(code, err, "--seq/--batch")
 
 
-@pytest.mark.parametrize("field,value", [("inter_node_bandwidth", 1e-30), ("inter_node_latency", 1e30)])
+@pytest.mark.parametrize(
+    "field,value", [("inter_node_bandwidth", 1e-30), ("inter_node_latency", 1e30)]
+)
 def test_extreme_profile_constants_overflow_cleanly(tmp_path, capsys, field, value):
-    data = {"peak_flops": 1e12, "memory_bytes": 1e15, "intra_node_bandwidth": 1e10, "inter_node_bandwidth": 1e9,
-            "gpus_per_node": 1, field: value}
+    data = {
+        "peak_flops": 1e12,
+        "memory_bytes": 1e15,
+        "intra_node_bandwidth": 1e10,
+        "inter_node_bandwidth": 1e9,
+        "gpus_per_node": 1,
+        field: value,
+    }
     path = tmp_path / "p.json"
     path.write_text(json.dumps(data))
-    code, err = _run_inprocess(capsys, ["plan", "--model", "mlp", "--mesh", "2x4", "--device", str(path)])
+    code, err = _run_inprocess(
+        capsys, ["plan", "--model", "mlp", "--mesh", "2x4", "--device", str(path)]
+    )
     _check_one_line(code, err, "out of range")

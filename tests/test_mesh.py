@@ -13,9 +13,14 @@ def test_mesh_specs(a100):
     assert parse_mesh("8", a100).names == ("gpu",)
     mesh = parse_mesh("8x8", a100)
     assert mesh.names == ("node", "gpu") and mesh.num_devices == 64
-    assert mesh.axes[1].bandwidth == 300e9 and mesh.axes[0].bandwidth == 25e9  # NVLink inside, IB across
+    # NVLink inside, IB across
+    assert mesh.axes[1].bandwidth == 300e9 and mesh.axes[0].bandwidth == 25e9
     named = parse_mesh("node=4,gpu=2", a100)
-    assert named.shape == (4, 2) and named.axes[1].bandwidth == 300e9 and named.axes[0].bandwidth == 300e9
+    assert (
+        named.shape == (4, 2)
+        and named.axes[1].bandwidth == 300e9
+        and named.axes[0].bandwidth == 300e9
+    )
     three = parse_mesh("4x8x8", a100)
     assert [a.bandwidth for a in three.axes] == [25e9, 25e9, 300e9]
 
@@ -36,12 +41,30 @@ def test_profiles_from_datasheet_and_json(tmp_path):
     assert h100.peak_flops == 989e12 and h100.inter_node_bandwidth == 50e9
     assert get_profile("symbolic") is SYMBOLIC
     path = tmp_path / "mine.json"
-    path.write_text(json.dumps({"peak_flops": 1e15, "memory_bytes": 96e9, "intra_node_bandwidth": 400e9,
-                                "inter_node_bandwidth": 50e9, "gpus_per_node": 4}))
+    path.write_text(
+        json.dumps(
+            {
+                "peak_flops": 1e15,
+                "memory_bytes": 96e9,
+                "intra_node_bandwidth": 400e9,
+                "inter_node_bandwidth": 50e9,
+                "gpus_per_node": 4,
+            }
+        )
+    )
     mine = get_profile(str(path))
     assert mine.name == "mine" and mine.gpus_per_node == 4
-    path.write_text(json.dumps({"peak_flops": -1, "memory_bytes": 1, "intra_node_bandwidth": 1,
-                                "inter_node_bandwidth": 1, "gpus_per_node": 1}))
+    path.write_text(
+        json.dumps(
+            {
+                "peak_flops": -1,
+                "memory_bytes": 1,
+                "intra_node_bandwidth": 1,
+                "inter_node_bandwidth": 1,
+                "gpus_per_node": 1,
+            }
+        )
+    )
     with pytest.raises(ProfileError, match="peak_flops"):
         get_profile(str(path))
     with pytest.raises(ProfileError, match="did you mean 'a100-80g'"):
@@ -51,6 +74,7 @@ def test_profiles_from_datasheet_and_json(tmp_path):
 def test_parallel_segment_workers_give_the_same_plan():
     from planner import make_cluster, make_problem
     from planner.search.exact import solve_exact
+
     problem = make_problem("resnet50", make_cluster("8", "a100-80g"))
     one, _ = solve_exact(problem, jobs=1)
     two, _ = solve_exact(problem, jobs=2)
@@ -66,11 +90,13 @@ def test_one_worker_pool_serves_every_price_step(monkeypatch):
 
     from planner import make_cluster, make_problem
     from planner.search import exact, lagrangian, master, reduce
-    from planner.search.solver import min_memory
+    from planner.search.fallback import min_memory
 
     from planner.search.ties import conditioned, owner_groups
+
     tied = make_problem("bert-base", make_cluster("8", "a100-80g"))
-    (owner, groups), = owner_groups(tied).items()  # one layout of the tied table: no ties left, pools in use
+    # one layout of the tied table: no ties left, pools in use
+    ((owner, groups),) = owner_groups(tied).items()
     problem = conditioned(tied, {owner: sorted(groups)[0]})
     free, _ = exact.solve_exact(problem, jobs=1)
     limit = min_memory(problem) + 0.5 * (problem.memory(free.choice) - min_memory(problem))
@@ -85,9 +111,15 @@ def test_one_worker_pool_serves_every_price_step(monkeypatch):
             pools.append(args[0])
             return self.context.Pool(*args, **kwargs)
 
-    monkeypatch.setattr(reduce.multiprocessing, "get_context", lambda kind: Counting(real_context(kind)))
-    monkeypatch.setattr(lagrangian, "solve_unary", lambda *a, **k: steps.append(1) or real_unary(*a, **k))
-    monkeypatch.setattr(master, "_pareto", lambda *a, **k: master.MasterRun(None, "Pareto master off"))
+    monkeypatch.setattr(
+        reduce.multiprocessing, "get_context", lambda kind: Counting(real_context(kind))
+    )
+    monkeypatch.setattr(
+        lagrangian, "solve_unary", lambda *a, **k: steps.append(1) or real_unary(*a, **k)
+    )
+    monkeypatch.setattr(
+        master, "_pareto", lambda *a, **k: master.MasterRun(None, "Pareto master off")
+    )
     two, _ = exact.solve_exact(problem, limit, jobs=2, time_limit_s=120)
     one, _ = exact.solve_exact(problem, limit, jobs=1, time_limit_s=120)
     assert len(steps) > 5 and pools == [2]

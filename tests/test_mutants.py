@@ -14,12 +14,20 @@ from test_solver import check_solver, check_solver_under_memory
 from test_ties import check_tied_chain, tied_chains
 
 # find one failing example quickly: no shrinking, no example database
-HUNT = settings(max_examples=40, deadline=None, database=None, phases=(Phase.generate,),
-                suppress_health_check=list(HealthCheck))
+HUNT = settings(
+    max_examples=40,
+    deadline=None,
+    database=None,
+    phases=(Phase.generate,),
+    suppress_health_check=list(HealthCheck),
+)
 
 
 def _replicated(problem):
-    return tuple(next(i for i, s in enumerate(t.strategies) if all(d is None for d in s)) for t in problem.ops)
+    return tuple(
+        next(i for i, s in enumerate(t.strategies) if all(d is None for d in s))
+        for t in problem.ops
+    )
 
 
 def never_shards_exact(problem, *args, **kwargs):
@@ -44,26 +52,48 @@ def _caught(check, **strategies) -> None:
     @given(**strategies)
     def run(**drawn):
         check(**drawn)
+
     with pytest.raises(AssertionError):
         run()
 
 
 def test_a_planner_that_never_shards_fails_the_random_chains():
-    _caught(lambda graph, two_axes: check_chain(graph, two_axes, exact=never_shards_exact),
-            graph=chain_graphs(), two_axes=st.booleans())
+    _caught(
+        lambda graph, two_axes: check_chain(graph, two_axes, exact=never_shards_exact),
+        graph=chain_graphs(),
+        two_axes=st.booleans(),
+    )
 
 
 def test_a_planner_that_never_shards_fails_the_tied_chains():
-    _caught(lambda graph, two_axes, slow_second: check_tied_chain(graph, two_axes, slow_second,
-                                                                  exact=never_shards_exact),
-            graph=tied_chains(), two_axes=st.booleans(), slow_second=st.booleans())
+    _caught(
+        lambda graph, two_axes, slow_second: check_tied_chain(
+            graph, two_axes, slow_second, exact=never_shards_exact
+        ),
+        graph=tied_chains(),
+        two_axes=st.booleans(),
+        slow_second=st.booleans(),
+    )
 
 
 def test_a_planner_that_never_shards_fails_the_solver_suite():
-    _caught(lambda graph, mesh, profile, zero: check_solver(graph, mesh, profile, zero, search=never_shards),
-            graph=graphs(), mesh=meshes(), profile=profiles(), zero=st.sampled_from((0, 1, 3)))
+    _caught(
+        lambda graph, mesh, profile, zero: check_solver(
+            graph, mesh, profile, zero, search=never_shards
+        ),
+        graph=graphs(),
+        mesh=meshes(),
+        profile=profiles(),
+        zero=st.sampled_from((0, 1, 3)),
+    )
 
 
 def test_a_planner_that_ignores_memory_fails_the_memory_suite():
-    _caught(lambda graph, mesh, fraction: check_solver_under_memory(graph, mesh, fraction, search=ignores_memory),
-            graph=graphs(max_ops=5), mesh=meshes(max_axes=2), fraction=st.floats(0.0, 1.0))
+    _caught(
+        lambda graph, mesh, fraction: check_solver_under_memory(
+            graph, mesh, fraction, search=ignores_memory
+        ),
+        graph=graphs(max_ops=5),
+        mesh=meshes(max_axes=2),
+        fraction=st.floats(0.0, 1.0),
+    )

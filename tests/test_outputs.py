@@ -34,7 +34,10 @@ def test_existing_file_keeps_its_mode(tmp_path):
     target.write_text("{}")
     target.chmod(0o640)
     assert _plan(str(target)) == 0
-    assert stat.S_IMODE(target.stat().st_mode) == 0o640 and json.loads(target.read_text())["method"] == "dp"
+    assert (
+        stat.S_IMODE(target.stat().st_mode) == 0o640
+        and json.loads(target.read_text())["method"] == "dp"
+    )
 
 
 def test_symlink_is_written_through(tmp_path):
@@ -57,7 +60,9 @@ def test_fifo_is_written_in_place(tmp_path):
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
-@pytest.mark.parametrize("path,words", [("/dev/full", "/dev/full"), ("", "empty path"), ("DIR", "directory")])
+@pytest.mark.parametrize(
+    "path,words", [("/dev/full", "/dev/full"), ("", "empty path"), ("DIR", "directory")]
+)
 def test_unwritable_output_is_one_line_exit_2(tmp_path, capsys, path, words):
     path = str(tmp_path) if path == "DIR" else path
     assert _plan(path) == 2
@@ -72,28 +77,62 @@ def test_dev_null_survives(tmp_path):
 
 def test_closed_stdout_ends_quietly_and_files_are_written(tmp_path):
     out = tmp_path / "p.json"
-    proc = subprocess.Popen([sys.executable, "-m", "planner", "plan", "--model", "mlp", "--method", "dp", "--json",
-                             str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "planner",
+            "plan",
+            "--model",
+            "mlp",
+            "--method",
+            "dp",
+            "--json",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     proc.stdout.close()  # the reader went away before anything was printed (`| head -0`)
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 0, err
     assert "Traceback" not in err and "BrokenPipe" not in err
     assert json.loads(out.read_text())["method"] == "dp"
-    models = subprocess.run(f"{sys.executable} -m planner models | head -1", shell=True, capture_output=True, text=True)
+    models = subprocess.run(
+        f"{sys.executable} -m planner models | head -1", shell=True, capture_output=True, text=True
+    )
     assert models.stdout.startswith("model") and "Traceback" not in models.stderr
 
 
 def test_dev_stdout_receives_the_plan_and_survives(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "planner", "plan", "--model", "mlp", "--method", "dp", "-q", "--json",
-                           "/dev/stdout"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "planner",
+            "plan",
+            "--model",
+            "mlp",
+            "--method",
+            "dp",
+            "-q",
+            "--json",
+            "/dev/stdout",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["method"] == "dp"
-    assert os.path.islink("/dev/stdout")  # still the link to the process's stdout, not a regular file
+    # still the link to the process's stdout, not a regular file
+    assert os.path.islink("/dev/stdout")
 
 
 def test_relative_graph_path_in_a_plan_works_from_another_directory(tmp_path, monkeypatch):
     from planner.ir.graph_json import save_graph
     from planner.zoo.transformers import mlp
+
     work, other = tmp_path / "work", tmp_path / "other"
     work.mkdir()
     other.mkdir()

@@ -15,7 +15,8 @@ from planner.search.decompose import split_segments
 from planner.search.exact import solve_exact
 from planner.search.fronts import FrontTooLarge, prune
 from planner.search.pareto import NoLabelFits, pareto_search, segment_front_table
-from planner.search.solver import min_memory, solve
+from planner.search.fallback import min_memory
+from planner.search.solver import solve
 from test_decompose import chain_graphs
 
 
@@ -23,7 +24,8 @@ def test_prune_keeps_the_non_dominated_points_by_hand():
     cost = np.array([[5.0, 3.0, 4.0, 3.0, np.inf, 1.0]])
     mem = np.array([[1.0, 2.0, 2.0, 2.0, 0.0, 9.0]])
     c, m, src = prune(cost, mem, cap=10)
-    assert c.tolist() == [[5.0, 3.0, 1.0]] and m.tolist() == [[1.0, 2.0, 9.0]]  # (4, 2) and a copy of (3, 2) go
+    # (4, 2) and a copy of (3, 2) go
+    assert c.tolist() == [[5.0, 3.0, 1.0]] and m.tolist() == [[1.0, 2.0, 9.0]]
     assert src[0, 1] in (1, 3) and src[0, 2] == 5
     with pytest.raises(FrontTooLarge):
         prune(cost, mem, cap=2)
@@ -53,7 +55,8 @@ def test_random_chains_under_memory_limits_match_brute_force(graph, two_axes, fr
 GPT = "gpt:layers=4,hidden=256,heads=4,seq=128,vocab=1024"
 
 
-@pytest.mark.parametrize("mesh", ["4", pytest.param("2x2", marks=pytest.mark.slow)])  # 2x2: CP-SAT takes ~1 min
+# 2x2: CP-SAT takes ~1 min
+@pytest.mark.parametrize("mesh", ["4", pytest.param("2x2", marks=pytest.mark.slow)])
 def test_small_gpt_under_memory_limits_matches_the_whole_program(mesh):
     """Limits from the least memory to the unconstrained plan's; the exact search certifies each
     optimum, the whole-program CP-SAT agrees, and some limit makes identical layers differ."""
@@ -83,16 +86,21 @@ def test_small_gpt_under_memory_limits_matches_the_whole_program(mesh):
 def test_segment_front_table_holds_the_unconstrained_optimum():
     """The least cost of each front entry is the scalar decomposition's table entry."""
     from planner.search.ties import conditioned, owner_groups
+
     tied = make_problem(GPT, make_cluster("2x2", "a100-80g"))
     free, _ = solve_exact(tied, None)
-    (owner, groups), = owner_groups(tied).items()  # the tied embedding, at the optimum's layout
-    problem = conditioned(tied, {owner: next(k for k, v in groups.items() if free.choice[owner] in v)})
+    ((owner, groups),) = owner_groups(tied).items()  # the tied embedding, at the optimum's layout
+    problem = conditioned(
+        tied, {owner: next(k for k, v in groups.items() if free.choice[owner] in v)}
+    )
     total = 0.0
     segments = split_segments(problem)
     tables = {s.key: segment_front_table(problem, s) for s in segments}
     vector = np.zeros(1)
     for seg in segments:
-        cost = np.where(np.isfinite(tables[seg.key].cost), tables[seg.key].cost, np.inf).min(axis=-1)
+        cost = np.where(np.isfinite(tables[seg.key].cost), tables[seg.key].cost, np.inf).min(
+            axis=-1
+        )
         vector = (vector[:, None] + cost).min(axis=0)
     total = float(vector[0])
     assert total == free.objective
@@ -102,6 +110,7 @@ def _pinned_optimum(problem, limit):
     """The optimum for fixed per-layer modes by the Pareto master alone (no mode choice), on each
     layout of the tied embedding (the master itself sees no tie edge)."""
     from planner.search.ties import conditioned, owner_groups
+
     found = []
     for owner, groups in owner_groups(problem).items():
         for layouts in groups:
@@ -113,14 +122,22 @@ def _pinned_optimum(problem, limit):
     return min(found, default=None)
 
 
-@pytest.mark.parametrize("mesh,oracle,decided,fractions", [
-    ("4", "cp-sat", "recompute", (0.2, 0.4, 0.6, 0.8, 0.95)),
-    # 45 pinned Pareto searches, each on every layout of the tied table: about 150 s on 2 cores
-    pytest.param("2x2", "pareto", "recompute", (0.2, 0.4, 0.6, 0.8, 0.95), marks=pytest.mark.slow),
-    ("4", "cp-sat", "zero", (0.1, 0.6, 0.9)),
-    pytest.param("4", "pareto", "both", (0.15, 0.5), marks=pytest.mark.slow),  # 144 joint assignments: 25 s
-])
-def test_auto_matches_brute_force_over_every_assignment_of_layer_choices(mesh, oracle, decided, fractions):
+@pytest.mark.parametrize(
+    "mesh,oracle,decided,fractions",
+    [
+        ("4", "cp-sat", "recompute", (0.2, 0.4, 0.6, 0.8, 0.95)),
+        # 45 pinned Pareto searches, each on every layout of the tied table: about 150 s on 2 cores
+        pytest.param(
+            "2x2", "pareto", "recompute", (0.2, 0.4, 0.6, 0.8, 0.95), marks=pytest.mark.slow
+        ),
+        ("4", "cp-sat", "zero", (0.1, 0.6, 0.9)),
+        # 144 joint assignments: 25 s
+        pytest.param("4", "pareto", "both", (0.15, 0.5), marks=pytest.mark.slow),
+    ],
+)
+def test_auto_matches_brute_force_over_every_assignment_of_layer_choices(
+    mesh, oracle, decided, fractions
+):
     """--recompute auto / --zero auto decide none / selective / full recompute and the ZeRO stage
     per layer inside the Pareto master. The optimum equals the best optimum over every per-layer
     assignment (3^L, 4^L or 12^L), each solved with its choices fixed (by the whole-program CP-SAT
@@ -138,18 +155,26 @@ def test_auto_matches_brute_force_over_every_assignment_of_layer_choices(mesh, o
     layers = sorted({op.layer for op in graph.operators if op.layer is not None})
     recompute = ("none", "selective", "full") if decided in ("recompute", "both") else ("none",)
     zero = (0, 1, 2, 3) if decided in ("zero", "both") else (0,)
-    auto = dict(recompute="auto" if len(recompute) > 1 else "none", zero="auto" if len(zero) > 1 else 0)
+    auto = dict(
+        recompute="auto" if len(recompute) > 1 else "none", zero="auto" if len(zero) > 1 else 0
+    )
 
     def settings(modes=None):
         if modes is None:
             return TrainingSettings(**auto)
-        return TrainingSettings(**auto, layer_recompute=tuple((k, m[0]) for k, m in zip(layers, modes))
-                                if len(recompute) > 1 else (),
-                                layer_zero=tuple((k, m[1]) for k, m in zip(layers, modes)) if len(zero) > 1 else ())
+        return TrainingSettings(
+            **auto,
+            layer_recompute=tuple((k, m[0]) for k, m in zip(layers, modes))
+            if len(recompute) > 1
+            else (),
+            layer_zero=tuple((k, m[1]) for k, m in zip(layers, modes)) if len(zero) > 1 else (),
+        )
 
     problem = build_problem(graph, cluster.mesh, cluster.profile, settings())
-    pinned = {modes: build_problem(graph, cluster.mesh, cluster.profile, settings(modes))
-              for modes in itertools.product(itertools.product(recompute, zero), repeat=len(layers))}
+    pinned = {
+        modes: build_problem(graph, cluster.mesh, cluster.profile, settings(modes))
+        for modes in itertools.product(itertools.product(recompute, zero), repeat=len(layers))
+    }
     low = min(min_memory(p) for p in pinned.values())
     high = problem.memory(solve_exact(problem)[0].choice)
     mixed, stages = set(), set()
@@ -161,7 +186,9 @@ def test_auto_matches_brute_force_over_every_assignment_of_layer_choices(mesh, o
             assert all(o.status in ("OPTIMAL", "INFEASIBLE") for o in found)
             best = min(o.objective for o in found if o.status == "OPTIMAL")
         else:
-            best = min(v for v in (_pinned_optimum(p, limit) for p in pinned.values()) if v is not None)
+            best = min(
+                v for v in (_pinned_optimum(p, limit) for p in pinned.values()) if v is not None
+            )
         assert result.status == "OPTIMAL" and any("chosen per layer" in n for n in notes)
         assert result.objective == best
         chosen_r = dict(result.layer_recompute) or {layer: "none" for layer in layers}

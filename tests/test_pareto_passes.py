@@ -12,16 +12,18 @@ from planner.search import pareto
 from planner.search.decompose import split_segments
 from planner.search.exact import solve_exact
 from planner.search.layer_modes import layer_options
+from planner.search import labels
 from planner.search.pareto import Unproven, pareto_search
 from planner.search.prices import lagrangian, priced_paths
-from planner.search.solver import min_memory
+from planner.search.fallback import min_memory
 from planner.search.ties import conditioned, owner_groups
 
 GPT = "gpt:layers=4,hidden=256,heads=4,seq=128,vocab=1024"
 
 
 def _untied(problem):
-    """The problem with its tied embedding pinned to one layout (the master's chain has no tie edges)."""
+    """The problem with its tied embedding pinned to one layout (the master's chain has no tie
+    edges)."""
     groups = owner_groups(problem)
     return conditioned(problem, {owner: sorted(groups[owner].items())[0][0] for owner in groups})
 
@@ -60,7 +62,8 @@ def test_priced_paths_equal_a_scalar_pass_at_every_price(gpt):
     for k, lam in enumerate(lams):
         expected = _scalar_pass(chain, lam)
         assert value[k] == pytest.approx(expected[0], rel=1e-12)
-        assert cost[k] + lam * mem[k] == pytest.approx(expected[0], rel=1e-12)  # the path reaching it
+        # the path reaching it
+        assert cost[k] + lam * mem[k] == pytest.approx(expected[0], rel=1e-12)
 
 
 @pytest.mark.parametrize("fraction", [0.1, 0.5, 0.9])
@@ -70,7 +73,8 @@ def test_the_lagrangian_bounds_the_optimum_and_its_plan_fits(gpt, fraction):
     limit = int(low + fraction * (unconstrained - low))
     lam, upper, bound = lagrangian(chain, limit, lambda: None)
     found = pareto_search(problem, segments, limit)
-    assert bound <= found.objective <= upper  # a lower bound, and a fitting path's cost above the optimum
+    # a lower bound, and a fitting path's cost above the optimum
+    assert bound <= found.objective <= upper
     assert lam > 0 and math.isfinite(upper)
 
 
@@ -93,7 +97,7 @@ def test_fronts_by_row_keep_what_the_two_key_sort_keeps(draw):
     m = rng.integers(0, 12, n).astype(float) * 1e6  # few values: many ties in memory
     c = rng.integers(0, 9, n).astype(float) * 1e3  # and in cost (equal points too)
     cols, bound = np.arange(n), rng.random(n)
-    got = pareto._fronts_by_row(rows, cols, c, m, bound, nb, 10**6, None)
+    got = labels.fronts_by_row(rows, cols, c, m, bound, nb, 10**6, None)
     want = _two_key_reference(rows, cols, c, m, bound, nb)
     for g, w in zip(got, want):
         assert np.array_equal(g, w)
@@ -127,15 +131,28 @@ def test_a_cut_master_under_layer_choices_reports_its_own_bound(gpt, monkeypatch
     """Under --recompute auto the restricted (no-choice) program's bound is no bound of the problem:
     with no beam plan the search has no plan and keeps the choices' Lagrangian bound, which the
     greedy fallback plan (FEASIBLE, as the whole-graph program's at a too-short limit) carries."""
-    problem = _untied(make_problem(GPT, make_cluster("4", "a100-80g"), TrainingSettings(recompute="auto")))
+    problem = _untied(
+        make_problem(GPT, make_cluster("4", "a100-80g"), TrainingSettings(recompute="auto"))
+    )
     limit = int(min_memory(problem) * 1.02)
     monkeypatch.setattr(pareto, "BEAMS", ())
-    monkeypatch.setattr(pareto, "_master", lambda *a, **k: (_ for _ in ()).throw(TimeoutError("cut")))
+    monkeypatch.setattr(
+        pareto, "_master", lambda *a, **k: (_ for _ in ()).throw(TimeoutError("cut"))
+    )
     result, notes = solve_exact(problem, limit)
-    assert result.status == "FEASIBLE" and result.bound is not None and result.bound <= result.objective
+    assert (
+        result.status == "FEASIBLE"
+        and result.bound is not None
+        and result.bound <= result.objective
+    )
     assert problem.memory(result.choice) <= limit and "greedy plan" in result.explanation
     assert any("the exact Pareto master stopped (cut)" in note for note in notes)
     with pytest.raises(Unproven) as caught:  # the bound is the choices' Lagrangian one
-        pareto_search(problem, split_segments(problem), limit, variants=layer_options(
-            problem, split_segments(problem)).variants, units=layer_options(problem, split_segments(problem)).units)
+        pareto_search(
+            problem,
+            split_segments(problem),
+            limit,
+            variants=layer_options(problem, split_segments(problem)).variants,
+            units=layer_options(problem, split_segments(problem)).units,
+        )
     assert result.bound == caught.value.bound

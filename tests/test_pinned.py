@@ -24,7 +24,14 @@ MAX_COMBINATIONS = 500_000
 def _priced_out(problem, op: int, keep: int):
     """Every strategy of ``op`` but ``keep`` costs more than any whole plan."""
     table = problem.ops[op]
-    big = int(table.cost.max() + sum(t.cost.max() for t in problem.ops) + sum(e.cost.max() for e in problem.edges)) + 1
+    big = (
+        int(
+            table.cost.max()
+            + sum(t.cost.max() for t in problem.ops)
+            + sum(e.cost.max() for e in problem.edges)
+        )
+        + 1
+    )
     penalty = np.full(len(table.strategies), big, dtype=table.cost.dtype)
     penalty[keep] = 0
     ops = list(problem.ops)
@@ -33,15 +40,26 @@ def _priced_out(problem, op: int, keep: int):
 
 
 @seed(20261203)
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
 @given(graph=graphs(max_ops=6), mesh=meshes(max_axes=2), profile=profiles(), data=st.data())
 def test_a_pinned_optimum_equals_brute_force(graph, mesh, profile, data):
     problem = build_problem(graph, mesh, profile, TrainingSettings())
-    assume(not problem.ties and np.prod([len(t.strategies) for t in problem.ops], dtype=np.float64) <= MAX_COMBINATIONS)
+    assume(
+        not problem.ties
+        and np.prod([len(t.strategies) for t in problem.ops], dtype=np.float64) <= MAX_COMBINATIONS
+    )
     free, free_choice = brute_force(problem)
-    op = data.draw(st.sampled_from([i for i, t in enumerate(problem.ops) if len(t.strategies) > 1] or [None]))
+    op = data.draw(
+        st.sampled_from([i for i, t in enumerate(problem.ops) if len(t.strategies) > 1] or [None])
+    )
     assume(op is not None)
-    keep = data.draw(st.sampled_from([s for s in range(len(problem.ops[op].strategies)) if s != free_choice[op]]))
+    keep = data.draw(
+        st.sampled_from([s for s in range(len(problem.ops[op].strategies)) if s != free_choice[op]])
+    )
     expected, choice = brute_force(_priced_out(problem, op, keep))
     assert choice[op] == keep
     axes = problem.mesh.names
@@ -65,13 +83,26 @@ def test_a_pin_moves_the_plan_and_keeps_the_rest_optimal():
     assert again.objective == free.objective and again.strategy_of("embed") == strategy
 
 
-@pytest.mark.parametrize("fixed,method,settings,message", [
-    ({"nope": {}}, "exact", None, "fixed: the model has no operator 'nope'"),
-    ({"embed": {"rack": "v"}}, "exact", None, "fixed: operator 'embed': the strategy must map mesh axes"),
-    ({"embed": {"gpu": "nonsense"}}, "exact", None, "is not one of its"),
-    ({"embed": {}}, "dp", None, "fixed: only the exact methods"),
-    ({"embed": {}}, "exact", TrainingSettings(recompute="auto"), "fixed: pinned operators with recompute"),
-])
+@pytest.mark.parametrize(
+    "fixed,method,settings,message",
+    [
+        ({"nope": {}}, "exact", None, "fixed: the model has no operator 'nope'"),
+        (
+            {"embed": {"rack": "v"}},
+            "exact",
+            None,
+            "fixed: operator 'embed': the strategy must map mesh axes",
+        ),
+        ({"embed": {"gpu": "nonsense"}}, "exact", None, "is not one of its"),
+        ({"embed": {}}, "dp", None, "fixed: only the exact methods"),
+        (
+            {"embed": {}},
+            "exact",
+            TrainingSettings(recompute="auto"),
+            "fixed: pinned operators with recompute",
+        ),
+    ],
+)
 def test_a_bad_pin_names_the_parameter(fixed, method, settings, message):
     with pytest.raises(SettingsError, match=message.replace("(", r"\(").replace("'", "'")):
         planner.plan("gpt2-small", mesh="2x4", method=method, settings=settings, fixed=fixed)

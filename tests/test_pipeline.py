@@ -15,16 +15,24 @@ from planner.pipeline.search import brute_force, csimd, even_split, exact_dp
 
 @seed(11)
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(chain_seed=st.integers(0, 10**6), layers=st.integers(1, 10), stages=st.integers(1, 4),
-       schedule=st.sampled_from(("gpipe", "1f1b", "interleaved", "interleaved:3")), tight=st.booleans(),
-       extras=st.booleans())
+@given(
+    chain_seed=st.integers(0, 10**6),
+    layers=st.integers(1, 10),
+    stages=st.integers(1, 4),
+    schedule=st.sampled_from(("gpipe", "1f1b", "interleaved", "interleaved:3")),
+    tight=st.booleans(),
+    extras=st.booleans(),
+)
 def test_dp_equals_brute_force(chain_seed, layers, stages, schedule, tight, extras):
     stages = min(stages, layers)
     chain = random_chain(chain_seed, layers)
     if extras:  # a recompute working set per layer and a tied embedding (first layer, last layer)
         rng = np.random.default_rng(chain_seed)
-        chain = dataclasses.replace(chain, working_memory=rng.uniform(0, 4e8, chain.activation_memory.shape),
-                                    tied=((0, layers - 1, float(rng.uniform(0, 5e8)), float(rng.uniform(0, 1e-2))),))
+        chain = dataclasses.replace(
+            chain,
+            working_memory=rng.uniform(0, 4e8, chain.activation_memory.shape),
+            tied=((0, layers - 1, float(rng.uniform(0, 5e8)), float(rng.uniform(0, 1e-2))),),
+        )
     limit = float(chain.static_memory.sum() / stages * 1.3 + 2e8) if tight else None
     brute = brute_force(chain, stages, schedule, limit)
     dp = exact_dp(chain, stages, schedule, limit)
@@ -53,19 +61,32 @@ def test_csimd_never_violates_memory():
         plan, exact = csimd(chain, 4, "1f1b", limit), exact_dp(chain, 4, "1f1b", limit)
         assert plan.status == "INFEASIBLE" or plan.max_memory_bytes <= limit
         if exact.status == "INFEASIBLE":
-            assert plan.status == "INFEASIBLE"  # nothing fits: CSIMD cannot find what the exact DP proves absent
+            # nothing fits: CSIMD cannot find what the exact DP proves absent
+            assert plan.status == "INFEASIBLE"
         else:
             found += plan.status == "OK"
-            assert plan.status != "OK" or plan.iteration_time_s >= exact.iteration_time_s * (1 - 1e-12)
-    assert found >= 20  # the limit binds yet leaves room: CSIMD finds fitting plans, not only "infeasible"
+            assert plan.status != "OK" or plan.iteration_time_s >= exact.iteration_time_s * (
+                1 - 1e-12
+            )
+    # the limit binds yet leaves room: CSIMD finds fitting plans, not only "infeasible"
+    assert found >= 20
 
 
 def _uniform_chain(layers, t, counts=(1, 2, 4), batch=4):
     sizes = tuple(batch // c for c in counts)
     time = np.array([[t * b for b in sizes]] * layers, dtype=float)
     zeros = np.zeros((layers, len(counts)))
-    return LayerChain(sizes, counts, time, zeros, np.ones((layers, len(counts))), np.zeros(layers),
-                      np.zeros(layers), 1e9, 0.0)
+    return LayerChain(
+        sizes,
+        counts,
+        time,
+        zeros,
+        np.ones((layers, len(counts))),
+        np.zeros(layers),
+        np.zeros(layers),
+        1e9,
+        0.0,
+    )
 
 
 def test_gpipe_formula_by_hand():
@@ -75,17 +96,29 @@ def test_gpipe_formula_by_hand():
     assert bottleneck == 2.0 and total == 2 * 2.0 + 3 * 2.0  # sum_k T_k + (M - 1) max_k T_k
     assert memory == 2 * 4  # GPipe keeps all M micro-batches of 2 layers
     one_f_one_b = Evaluator(chain, 2, "1f1b", None)
-    assert one_f_one_b.stage_memory(0, 0, 2, 2) == 2 * 2 and one_f_one_b.stage_memory(1, 2, 4, 2) == 2 * 1
+    assert (
+        one_f_one_b.stage_memory(0, 0, 2, 2) == 2 * 2
+        and one_f_one_b.stage_memory(1, 2, 4, 2) == 2 * 1
+    )
 
 
 def test_interleaved_bubble_by_hand():
-    """4 uniform layers on 2 stages, M = 4 micro-batches of 1: the bubble (p - 1) t shrinks by v, each
-    stage sends v times per micro-batch (v - 1 on the last), 1F1B's in-flight activations grow by
-    1 + (p - 1) / (p v)."""
+    """4 uniform layers on 2 stages, M = 4 micro-batches of 1: the bubble (p - 1) t shrinks by v,
+    each stage sends v times per micro-batch (v - 1 on the last), 1F1B's in-flight activations grow
+    by 1 + (p - 1) / (p v)."""
     chain = _uniform_chain(4, 1.0)
     send = 0.25
-    chain = LayerChain(chain.micro_batches, chain.counts, chain.time, np.full((4, 3), send * 1e9 / 2),
-                       chain.activation_memory, chain.static_memory, chain.grad_sync, 1e9, 0.0)
+    chain = LayerChain(
+        chain.micro_batches,
+        chain.counts,
+        chain.time,
+        np.full((4, 3), send * 1e9 / 2),
+        chain.activation_memory,
+        chain.static_memory,
+        chain.grad_sync,
+        1e9,
+        0.0,
+    )
     plain, interleaved = Evaluator(chain, 2, "1f1b", None), Evaluator(chain, 2, "interleaved", None)
     t0, t1 = 2.0 + send, 2.0  # stage times: 2 layers, plus the sends of the first stage
     assert plain.cost([2], 2)[0] == pytest.approx(t0 + t1 + 3 * t0)  # sum + (M - 1) max
@@ -106,15 +139,20 @@ def test_working_set_and_tied_copy_by_hand():
     ev = Evaluator(chain, 2, "1f1b", None)
     assert ev.stage_memory(0, 0, 2, 2) == 2 * 2 + 7  # 2 layers x 2 in flight, max(3, 7)
     assert ev.stage_memory(1, 2, 4, 2) == 2 * 1 + 9 + 100  # the tied copy on the last stage
-    assert Evaluator(chain, 1, "1f1b", None).stage_memory(0, 0, 4, 2) == 4 * 1 + 9  # one stage: one copy
+    # one stage: one copy
+    assert Evaluator(chain, 1, "1f1b", None).stage_memory(0, 0, 4, 2) == 4 * 1 + 9
     assert list(ev.stage_memory(0, np.array([0, 1]), 3, 2)) == [3 * 2 + 7, 2 * 2 + 7]  # vectorised
-    assert ev.cost([2], 2)[0] == Evaluator(_uniform_chain(4, 1.0), 2, "1f1b", None).cost([2], 2)[0] + 0.5
+    assert (
+        ev.cost([2], 2)[0]
+        == Evaluator(_uniform_chain(4, 1.0), 2, "1f1b", None).cost([2], 2)[0] + 0.5
+    )
     assert Evaluator(chain, 1, "1f1b", None).tied_sync(()) == 0.0
 
 
 @pytest.mark.parametrize("bad", ["interleaved:1", "interleaved:x", "1f1b:2", "zigzag"])
 def test_bad_schedule_is_refused(bad):
     from planner.errors import SettingsError
+
     with pytest.raises(SettingsError, match="--schedule"):
         Evaluator(_uniform_chain(4, 1.0), 2, bad, None)
 
@@ -124,8 +162,17 @@ def test_csimd_beats_even_split_on_heterogeneous_chain():
     heavy = chain.time.copy()
     heavy[0] *= 8  # an embedding-like first layer and a head-like last layer
     heavy[-1] *= 8
-    chain = LayerChain(chain.micro_batches, chain.counts, heavy, chain.activation_bytes, chain.activation_memory,
-                       chain.static_memory, chain.grad_sync, chain.link_bandwidth, chain.link_latency)
+    chain = LayerChain(
+        chain.micro_batches,
+        chain.counts,
+        heavy,
+        chain.activation_bytes,
+        chain.activation_memory,
+        chain.static_memory,
+        chain.grad_sync,
+        chain.link_bandwidth,
+        chain.link_latency,
+    )
     assert csimd(chain, 4).iteration_time_s < 0.9 * even_split(chain, 4).iteration_time_s
 
 

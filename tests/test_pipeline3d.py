@@ -6,7 +6,7 @@ import sys
 import pandas as pd
 import pytest
 
-from planner.api import plan_pipeline
+from planner.api3d import plan_pipeline
 
 
 @pytest.mark.slow  # 12-26 s on 2 cores: the default run keeps a faster test of the same path
@@ -14,33 +14,69 @@ def test_gpt3_175b_on_1024_gpus_pipelines_and_keeps_tensor_parallel_in_node():
     result = plan_pipeline("gpt3-175b", "node=128,gpu=8", "a100-80g", batch=1536)
     pipe = result.pipeline
     assert pipe.stages > 1 and pipe.fits_memory and pipe.max_memory_bytes <= 80e9
-    assert dict(result.tensor_parallel_dims)["gpu"] in ("a", "f")  # heads / ffn split inside the node
+    # heads / ffn split inside the node
+    assert dict(result.tensor_parallel_dims)["gpu"] in ("a", "f")
     assert dict(result.tensor_parallel_dims)["node"] not in ("a", "f")
     assert not any(c["stages"] == 1 and c["fits_memory"] for c in result.candidates)
 
 
 def test_pipeline_command_writes_csv(tmp_path):
     out = tmp_path / "pipe.csv"
-    proc = subprocess.run([sys.executable, "-m", "planner", "pipeline", "--model", "gpt:layers=8,hidden=512,heads=8",
-                           "--devices", "32", "--batch", "32", "--pipeline-method", "exact", "--csv", str(out)],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "planner",
+            "pipeline",
+            "--model",
+            "gpt:layers=8,hidden=512,heads=8",
+            "--devices",
+            "32",
+            "--batch",
+            "32",
+            "--pipeline-method",
+            "exact",
+            "--csv",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     row = pd.read_csv(out)
-    assert row["method"][0] == "exact" and row["intra_method"][0] == "exact" and row["fits_memory"][0]
+    assert (
+        row["method"][0] == "exact" and row["intra_method"][0] == "exact" and row["fits_memory"][0]
+    )
     assert "pipeline stages" in proc.stdout
 
 
 def test_fixed_3d_configuration_equals_the_pinned_search(capsys):
-    """`planner evaluate --tp 8 --pp 12 --dp 8 --micro-batch 1` (GPT-3 175B, 768 GPUs, batch 1536) is
-    the 3D search pinned to that configuration: same iteration time, time and memory per stage printed."""
+    """`planner evaluate --tp 8 --pp 12 --dp 8 --micro-batch 1` (GPT-3 175B, 768 GPUs, batch 1536)
+    is the 3D search pinned to that configuration: same iteration time, time and memory per stage
+    printed."""
     from planner.cli import main
+
     args = ["--model", "gpt3-175b", "--batch", "1536", "--device", "a100-80g"]
-    assert main(["evaluate", *args, "--tp", "8", "--pp", "12", "--dp", "8", "--micro-batch", "1"]) == 0
+    assert (
+        main(["evaluate", *args, "--tp", "8", "--pp", "12", "--dp", "8", "--micro-batch", "1"]) == 0
+    )
     out = capsys.readouterr().out
     assert out.count("stage ") >= 12 and "GiB" in out
-    evaluated = planner_api().evaluate_3d("gpt3-175b", "a100-80g", tp=8, pp=12, dp=8, micro_batch=1, batch=1536)
-    searched = plan_pipeline("gpt3-175b", "node=96,gpu=8", "a100-80g", batch=1536, intra="megatron", method="even",
-                             degrees=[12], counts=[1536 // 8], escalate=False)
+    evaluated = planner_api().evaluate_3d(
+        "gpt3-175b", "a100-80g", tp=8, pp=12, dp=8, micro_batch=1, batch=1536
+    )
+    searched = plan_pipeline(
+        "gpt3-175b",
+        "node=96,gpu=8",
+        "a100-80g",
+        batch=1536,
+        intra="megatron",
+        method="even",
+        degrees=[12],
+        counts=[1536 // 8],
+        escalate=False,
+    )
     assert f"{evaluated.pipeline.iteration_time_s:.3f} s" in out
     assert evaluated.pipeline.iteration_time_s == searched.pipeline.iteration_time_s
     assert evaluated.stage_memory_bytes == searched.stage_memory_bytes
@@ -49,21 +85,30 @@ def test_fixed_3d_configuration_equals_the_pinned_search(capsys):
 
 def planner_api():
     import planner
+
     return planner
 
 
 def test_search_reaches_every_divisor_degree_and_count():
-    result = plan_pipeline("gpt:layers=12,hidden=128,heads=4,seq=32,vocab=256", "node=6,gpu=2", "a100-80g", batch=12)
+    result = plan_pipeline(
+        "gpt:layers=12,hidden=128,heads=4,seq=32,vocab=256", "node=6,gpu=2", "a100-80g", batch=12
+    )
     assert {c["stages"] for c in result.candidates} == {1, 2, 3, 6}  # 3 and 6 are not powers of two
     counts = [c for c in range(1, 13) if 12 % c == 0]
-    from planner.api import layer_chain
-    chain = layer_chain("gpt:layers=12,hidden=128,heads=4,seq=32,vocab=256", "node=6,gpu=2", stages=3, batch=12)[0]
+    from planner.api3d import layer_chain
+
+    chain = layer_chain(
+        "gpt:layers=12,hidden=128,heads=4,seq=32,vocab=256", "node=6,gpu=2", stages=3, batch=12
+    )[0]
     assert set(chain.counts) <= set(counts) and 3 in chain.counts
 
 
 def test_gradient_accumulation_is_costed():
     import planner
+
     one = planner.evaluate_3d("gpt2-small", "a100-80g", dp=2, micro_batch=4, batch=8)
     four = planner.evaluate_3d("gpt2-small", "a100-80g", dp=2, micro_batch=1, batch=8)
     assert one.pipeline.num_microbatches == 1 and four.pipeline.num_microbatches == 4
-    assert four.pipeline.stages == 1 and four.pipeline.max_memory_bytes < one.pipeline.max_memory_bytes
+    assert (
+        four.pipeline.stages == 1 and four.pipeline.max_memory_bytes < one.pipeline.max_memory_bytes
+    )

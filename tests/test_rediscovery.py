@@ -6,8 +6,16 @@ from planner.plans import make_plan, strategies_from_choice
 from planner.search.solver import solve
 from planner.zoo.transformers import transformer_block
 
-COLUMN = {"attn.q": "a", "attn.k": "a", "attn.v": "a", "attn.scores": "a", "attn.softmax": "a",
-          "attn.context": "a", "mlp.fc1": "f", "mlp.gelu": "f"}
+COLUMN = {
+    "attn.q": "a",
+    "attn.k": "a",
+    "attn.v": "a",
+    "attn.scores": "a",
+    "attn.softmax": "a",
+    "attn.context": "a",
+    "mlp.fc1": "f",
+    "mlp.gelu": "f",
+}
 ROW = {"attn.proj": "a", "mlp.fc2": "f"}  # a and f are reduction dims of these two einsums
 
 
@@ -17,7 +25,9 @@ def test_gpt_block_few_tokens_large_hidden_is_megatron():
     chosen = {o.name: dict(o.strategy)["gpu"] for o in result.operators}
     assert {k: chosen[k] for k in COLUMN} == COLUMN
     assert {k: chosen[k] for k in ROW} == ROW
-    problem = make_problem(transformer_block(batch=1, seq=64, hidden=8192, heads=64), make_cluster("8", "a100-80g"))
+    problem = make_problem(
+        transformer_block(batch=1, seq=64, hidden=8192, heads=64), make_cluster("8", "a100-80g")
+    )
     record = problem.record(solve(problem).choice)
     forward_all_reduces = [c for c in record.comm if c.phase == "fwd" and c.kind == "all_reduce"]
     assert sum(c.count for c in forward_all_reduces) == 2  # one per sub-block (attention, MLP)
@@ -25,7 +35,9 @@ def test_gpt_block_few_tokens_large_hidden_is_megatron():
     # (split on s, gathered before the column-parallel linears); nothing else moves forward.
     others = [c for c in record.comm if c.phase == "fwd" and c.kind != "all_reduce"]
     assert all(c.kind == "all_gather" for c in others)
-    assert all(chosen[o.name] in (None, "s") for o in result.operators if o.kind in ("layernorm", "add"))
+    assert all(
+        chosen[o.name] in (None, "s") for o in result.operators if o.kind in ("layernorm", "add")
+    )
 
 
 def test_resnet50_large_batch_is_data_parallel():
@@ -42,12 +54,23 @@ def test_resnet50_large_batch_is_data_parallel():
 def test_gpt3_6_7b_on_8_a100_40g_shards_parameters():
     cluster = make_cluster("8", "a100-40g")
     problem = make_problem("gpt3-6.7b", cluster)
-    dp = make_plan(problem, data_parallel(problem), method="dp", status="GIVEN", memory_limit=cluster.memory_limit)
+    dp = make_plan(
+        problem,
+        data_parallel(problem),
+        method="dp",
+        status="GIVEN",
+        memory_limit=cluster.memory_limit,
+    )
     assert not dp.fits_memory  # 6.7B parameters x 16 bytes of Adam state do not fit in 40 GB
     result = solve(problem, cluster.memory_limit, time_limit_s=120)
     assert result.status == "OPTIMAL"
-    best = make_plan(problem, strategies_from_choice(problem, result.choice), method="exact", status=result.status,
-                     memory_limit=cluster.memory_limit)
+    best = make_plan(
+        problem,
+        strategies_from_choice(problem, result.choice),
+        method="exact",
+        status=result.status,
+        memory_limit=cluster.memory_limit,
+    )
     assert best.fits_memory
     params = dict(best.memory_breakdown)["params"]
     assert params < 0.5 * problem.graph.num_params * 2  # parameters are sharded, not replicated

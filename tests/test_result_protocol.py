@@ -24,7 +24,11 @@ def test_flat_and_3d_plans_share_the_protocol(plans):
         assert "search_time_s" in row and "search_time_s" not in result.summary_row(timings=False)
     assert flat.step_time_s == flat.estimated_step_time_s > 0
     assert piped.step_time_s == piped.pipeline.iteration_time_s > 0
-    assert piped.memory_per_device_bytes == max(piped.stage_memory_bytes) == piped.pipeline.max_memory_bytes
+    assert (
+        piped.memory_per_device_bytes
+        == max(piped.stage_memory_bytes)
+        == piped.pipeline.max_memory_bytes
+    )
 
 
 def test_a_flat_plan_that_fits_nowhere_is_not_found():
@@ -39,5 +43,6 @@ def test_a_flat_plan_that_fits_nowhere_is_not_found():
 def test_a_3d_plan_that_fits_nowhere_is_refused():
     """The 3D search raises instead (it names the least memory any candidate needs)."""
     from planner.errors import InfeasibleError
+
     with pytest.raises(InfeasibleError, match="GiB per device"):
         planner.plan_pipeline("gpt3-1.3b", "node=4,gpu=2", batch=32, memory=1e9)

@@ -34,12 +34,46 @@ def plans(tmp_path_factory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("show")
     return {
         "zoo": _plan(tmp, "zoo.json", "--model", "gpt2-small", "--mesh", "2x4"),
-        "3d": _plan(tmp, "p3.json", "--model", GPT, "--mesh", "4x2", "--batch", "16", "--pipeline", "auto", "--pp", "2",
-                    "--num-microbatches", "4"),
-        # interleaved:2 on 4 stages: two layers per stage, one per chunk (a stage needs a layer per chunk)
-        "3d-recompute": _plan(tmp, "p3r.json", "--model", GPT.replace("layers=4", "layers=8"), "--mesh", "4x2",
-                              "--batch", "16", "--pipeline", "auto", "--pp", "4", "--num-microbatches", "8",
-                              "--recompute", "full", "--schedule", "interleaved:2", "--cuts", "2,4,6"),
+        "3d": _plan(
+            tmp,
+            "p3.json",
+            "--model",
+            GPT,
+            "--mesh",
+            "4x2",
+            "--batch",
+            "16",
+            "--pipeline",
+            "auto",
+            "--pp",
+            "2",
+            "--num-microbatches",
+            "4",
+        ),
+        # interleaved:2 on 4 stages: two layers per stage, one per chunk (a stage needs a layer per
+        # chunk)
+        "3d-recompute": _plan(
+            tmp,
+            "p3r.json",
+            "--model",
+            GPT.replace("layers=4", "layers=8"),
+            "--mesh",
+            "4x2",
+            "--batch",
+            "16",
+            "--pipeline",
+            "auto",
+            "--pp",
+            "4",
+            "--num-microbatches",
+            "8",
+            "--recompute",
+            "full",
+            "--schedule",
+            "interleaved:2",
+            "--cuts",
+            "2,4,6",
+        ),
     }
 
 
@@ -63,7 +97,9 @@ def test_every_picture_renders_a_png_of_the_expected_size(plans, kind, tmp_path)
     view = load_view(str(plans[kind]))
     assert _png_size(out.read_bytes()) == _expected_size(view, draw.WHAT)
     for what in draw.WHAT:
-        assert main(["show", "--plan", str(plans[kind]), "--what", what, "--png", str(out), "-q"]) == 0
+        assert (
+            main(["show", "--plan", str(plans[kind]), "--what", what, "--png", str(out), "-q"]) == 0
+        )
         assert _png_size(out.read_bytes()) == _expected_size(view, (what,))
 
 
@@ -88,10 +124,19 @@ def test_gantt_blocks_and_stage_memory_match_the_plan(plans, kind, passes):
     assert len(blocks) == pipe["stages"] * pipe["num_microbatches"] * passes * chunks
     assert len(_patches(fig, "sync")) == pipe["stages"]
     for k, stage in enumerate(data["stages"]):
-        heights = [p.get_height() for p in _patches(fig, "memory:") if round(p.get_x() + p.get_width() / 2) == k]
+        heights = [
+            p.get_height()
+            for p in _patches(fig, "memory:")
+            if round(p.get_x() + p.get_width() / 2) == k
+        ]
         assert sum(heights) * 2**30 == pytest.approx(stage["memory_bytes"], rel=1e-3)
-    # each stage's blocks of one micro-batch add up to its time per micro-batch (sends and exposed comm included)
-    busy = sum(p.get_width() for p in _patches(fig, "") if p.get_gid() in ("forward", "backward", "recompute", "comm"))
+    # each stage's blocks of one micro-batch add up to its time per micro-batch (sends and exposed
+    # comm included)
+    busy = sum(
+        p.get_width()
+        for p in _patches(fig, "")
+        if p.get_gid() in ("forward", "backward", "recompute", "comm")
+    )
     per_stage = sum(s["time_per_microbatch_s"] for s in data["stages"]) * pipe["num_microbatches"]
     assert busy / 1e3 == pytest.approx(per_stage, rel=1e-3)
 
@@ -101,7 +146,9 @@ def test_stage_terms_add_up_to_the_stage_times(plans):
         view = load_view(str(plans[kind]))
         data = json.loads(plans[kind].read_text())
         for detail, stage in zip(view.stages(), data["stages"]):
-            assert detail.time_per_microbatch_s == pytest.approx(stage["time_per_microbatch_s"], rel=1e-9)
+            assert detail.time_per_microbatch_s == pytest.approx(
+                stage["time_per_microbatch_s"], rel=1e-9
+            )
             assert detail.memory_bytes == pytest.approx(stage["memory_bytes"], rel=1e-9)
         assert any(d.recompute_s > 0 for d in view.stages()) == (kind == "3d-recompute")
 
@@ -114,14 +161,29 @@ def test_simulated_iteration_equals_the_cost_model_on_a_searched_plan(plans):
 
 
 @settings(max_examples=60, deadline=None, derandomize=True)
-@given(stages=st.integers(1, 5), groups=st.integers(1, 4), chunks=st.integers(1, 3), fwd=st.floats(0.1, 3),
-       bwd=st.floats(0.1, 3), fwd_comm=st.floats(0, 1), sync=st.floats(0, 1), gpipe=st.booleans())
-def test_simulation_of_identical_stages_equals_the_closed_form(stages, groups, chunks, fwd, bwd, fwd_comm, sync, gpipe):
-    """sum_k T_k / v + (M - 1/v) max_k T_k + sync, for GPipe, 1F1B and interleaved (M a multiple of p)."""
-    schedule = "gpipe" if gpipe and chunks == 1 else "1f1b" if chunks == 1 else f"interleaved:{chunks}"
+@given(
+    stages=st.integers(1, 5),
+    groups=st.integers(1, 4),
+    chunks=st.integers(1, 3),
+    fwd=st.floats(0.1, 3),
+    bwd=st.floats(0.1, 3),
+    fwd_comm=st.floats(0, 1),
+    sync=st.floats(0, 1),
+    gpipe=st.booleans(),
+)
+def test_simulation_of_identical_stages_equals_the_closed_form(
+    stages, groups, chunks, fwd, bwd, fwd_comm, sync, gpipe
+):
+    """sum_k T_k / v + (M - 1/v) max_k T_k + sync, for GPipe, 1F1B and interleaved (M a multiple of
+    p)."""
+    schedule = (
+        "gpipe" if gpipe and chunks == 1 else "1f1b" if chunks == 1 else f"interleaved:{chunks}"
+    )
     count = groups * stages
-    details = tuple(StageDetail(k, k, k + 1, fwd, bwd, 0.0, fwd_comm, 0.0, 0.0, 0.0, sync, 0, 0, 0, 0, 0, 0)
-                    for k in range(stages))
+    details = tuple(
+        StageDetail(k, k, k + 1, fwd, bwd, 0.0, fwd_comm, 0.0, 0.0, 0.0, sync, 0, 0, 0, 0, 0, 0)
+        for k in range(stages)
+    )
     times = [d.time_per_microbatch_s for d in details]
     closed = sum(times) / chunks + (count - 1 / chunks) * max(times) + sync
     assert makespan(simulate(details, schedule, count)) == pytest.approx(closed, rel=1e-9)
@@ -130,13 +192,19 @@ def test_simulation_of_identical_stages_equals_the_closed_form(stages, groups, c
 def test_sharding_grid_folds_identical_layers(plans):
     view = load_view(str(plans["zoo"]))
     groups = view.layer_groups()
-    assert [g.label for g in groups] == ["before the layers", "layers 0-11 (12 identical)", "after the layers"]
+    assert [g.label for g in groups] == [
+        "before the layers",
+        "layers 0-11 (12 identical)",
+        "after the layers",
+    ]
     fig = draw.plan_figure(view, ("sharding",))
     cells = [t for t in fig.axes[0].texts if t.get_gid() == "cell"]
     assert len(cells) == sum(len(g.rows) for g in groups) * len(view.axes)
     ops = json.loads(plans["zoo"].read_text())["operators"]
     first = next(o for o in ops if o["layer"] == 0)
-    assert [c.get_text() for c in cells[len(groups[0].rows) * 2:][:2]] == [first["strategy"][a] or "-" for a in view.axes]
+    assert [c.get_text() for c in cells[len(groups[0].rows) * 2 :][:2]] == [
+        first["strategy"][a] or "-" for a in view.axes
+    ]
 
 
 def test_text_fallback_prints_the_same_tables(plans, capsys):
@@ -152,7 +220,8 @@ def test_without_matplotlib_a_picture_names_the_extra(plans, tmp_path, monkeypat
     assert main(["show", "--plan", str(plans["zoo"]), "--png", str(tmp_path / "x.png")]) == 2
     err = capsys.readouterr().err
     assert "planner[plot]" in err and len(err.strip().splitlines()) == 1
-    assert main(["show", "--plan", str(plans["zoo"]), "--text", "-q"]) == 0  # tables need no matplotlib
+    # tables need no matplotlib
+    assert main(["show", "--plan", str(plans["zoo"]), "--text", "-q"]) == 0
 
 
 def test_previous_release_plans_draw_and_edited_ones_are_refused(plans, tmp_path, capsys):
@@ -168,14 +237,31 @@ def test_previous_release_plans_draw_and_edited_ones_are_refused(plans, tmp_path
     for op in old3d["operators"]:
         del op["layer"]
     (tmp_path / "old3d.json").write_text(json.dumps(old3d))
-    assert main(["show", "--plan", str(tmp_path / "old3d.json"), "--what", "schedule", "--text"]) == 0
-    assert main(["show", "--plan", str(tmp_path / "old3d.json"), "--what", "sharding", "--text"]) == 0
+    assert (
+        main(["show", "--plan", str(tmp_path / "old3d.json"), "--what", "schedule", "--text"]) == 0
+    )
+    assert (
+        main(["show", "--plan", str(tmp_path / "old3d.json"), "--what", "sharding", "--text"]) == 0
+    )
     capsys.readouterr()
     oldflat = json.loads(plans["zoo"].read_text())
     oldflat.pop("comm_by_kind_axis_s")
     (tmp_path / "oldflat.json").write_text(json.dumps(oldflat))
     out = tmp_path / "old.png"
-    assert main(["show", "--plan", str(tmp_path / "oldflat.json"), "--what", "schedule", "--png", str(out)]) == 0
+    assert (
+        main(
+            [
+                "show",
+                "--plan",
+                str(tmp_path / "oldflat.json"),
+                "--what",
+                "schedule",
+                "--png",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert _png_size(out.read_bytes())[0] == draw.WIDTH_IN * draw.DPI
     edited = json.loads(plans["3d"].read_text())
     edited["stages"][1]["time_per_microbatch_s"] *= 0.5
@@ -187,16 +273,38 @@ def test_previous_release_plans_draw_and_edited_ones_are_refused(plans, tmp_path
 
 def test_compare_png_draws_the_csv_rows(tmp_path):
     png, csv = tmp_path / "c.png", tmp_path / "c.csv"
-    assert main(["compare", "--model", "gpt2-small", "--mesh", "2x4", "--methods", "exact,dp,megatron",
-                 "--png", str(png), "--csv", str(csv), "-q"]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                "--model",
+                "gpt2-small",
+                "--mesh",
+                "2x4",
+                "--methods",
+                "exact,dp,megatron",
+                "--png",
+                str(png),
+                "--csv",
+                str(csv),
+                "-q",
+            ]
+        )
+        == 0
+    )
     assert _png_size(png.read_bytes()) == (round(draw.WIDTH_IN * draw.DPI), 450)
     import pandas as pd
+
     rows = pd.read_csv(csv).to_dict("records")
     fig = draw.compare_figure(rows)
     steps = {}
     for p in _patches(fig, "step:"):
-        steps[round(p.get_x() + p.get_width() / 2)] = steps.get(round(p.get_x() + p.get_width() / 2), 0) + p.get_height()
-    assert [steps[i] / 1e3 for i in range(3)] == pytest.approx(list(pd.read_csv(csv)["estimated_step_time_s"]), rel=1e-3)
+        steps[round(p.get_x() + p.get_width() / 2)] = (
+            steps.get(round(p.get_x() + p.get_width() / 2), 0) + p.get_height()
+        )
+    assert [steps[i] / 1e3 for i in range(3)] == pytest.approx(
+        list(pd.read_csv(csv)["estimated_step_time_s"]), rel=1e-3
+    )
 
 
 def test_imported_graph_plan_is_drawn(tmp_path):

@@ -29,7 +29,9 @@ def test_tie_cost_is_the_gather_of_the_table_and_its_transposed_gradient():
     reader's sharded gradient gathered backward. Same layouts: no cost."""
     table = 2048 * 512 * 4
     forward = tie_cost((2048, 512), 4, (1,), (GRAD_PARTIAL,), (2,)).comm
-    assert [(c.phase, c.kind, c.axis, c.nbytes) for c in forward] == [("fwd", "all_gather", 0, table)]
+    assert [(c.phase, c.kind, c.axis, c.nbytes) for c in forward] == [
+        ("fwd", "all_gather", 0, table)
+    ]
     backward = tie_cost((2048, 512), 4, (REPLICATE,), (0,), (2,)).comm
     assert [(c.phase, c.kind, c.nbytes) for c in backward] == [("bwd", "all_gather", table)]
     assert tie_cost((2048, 512), 4, (0,), (0,), (2,)).comm == ()
@@ -38,17 +40,23 @@ def test_tie_cost_is_the_gather_of_the_table_and_its_transposed_gradient():
 def test_gpt_ties_its_embedding_and_the_plan_pays_for_it():
     problem = make_problem("gpt2-small", make_cluster("2x4"))
     (tie,) = problem.ties
-    assert (problem.ops[tie.src].op.name, problem.ops[tie.dst].op.name, tie.tensor) == ("embed", "lm_head", "wte")
+    assert (problem.ops[tie.src].op.name, problem.ops[tie.dst].op.name, tie.tensor) == (
+        "embed",
+        "lm_head",
+        "wte",
+    )
     result, notes = solve_exact(problem)
     assert result.status == "OPTIMAL" and any("tied parameters" in n for n in notes)
     assert problem.objective(result.choice) == result.objective
     strategies = [t.strategies[c] for t, c in zip(problem.ops, result.choice)]
-    assert integer_objective(problem, strategies)[0] == result.objective  # plan_terms holds the tie too
+    # plan_terms holds the tie too
+    assert integer_objective(problem, strategies)[0] == result.objective
 
 
 @st.composite
 def tied_chains(draw):
-    """A chain whose first matmul owns a parameter that a later matmul reads again (maybe transposed)."""
+    """A chain whose first matmul owns a parameter that a later matmul reads again (maybe
+    transposed)."""
     gb = GraphBuilder("tied")
     width = draw(st.sampled_from((4, 8)))
     x = gb.data("x", (draw(st.sampled_from((4, 8))), width))
@@ -69,8 +77,9 @@ def tied_chains(draw):
 
 def check_tied_chain(graph, two_axes, slow_second, exact=solve_exact) -> None:
     """Exact search with a tie equals brute force and the whole program, on optima that shard."""
-    axes = (MeshAxis("a", 2, 25e9, 1e-6),) + ((MeshAxis("b", 2, 1e9 if slow_second else 100e9, 0.0),)
-                                              if two_axes else ())
+    axes = (MeshAxis("a", 2, 25e9, 1e-6),) + (
+        (MeshAxis("b", 2, 1e9 if slow_second else 100e9, 0.0),) if two_axes else ()
+    )
     problem = build_problem(graph, Mesh(axes), COMPUTE_BOUND)
     if np.prod([len(t.strategies) for t in problem.ops], dtype=float) > 3e5:
         problem = build_problem(graph, Mesh(axes[:1]), COMPUTE_BOUND)
@@ -79,7 +88,9 @@ def check_tied_chain(graph, two_axes, slow_second, exact=solve_exact) -> None:
     best, best_choice = brute_force(problem)
     assume(sharded(problem, best_choice))  # a planner that never shards cannot pass
     result, _ = exact(problem)
-    assert result.status == "OPTIMAL" and result.objective == best == problem.objective(result.choice)
+    assert result.status == "OPTIMAL" and result.objective == best == problem.objective(
+        result.choice
+    )
     whole = solve(problem, time_limit_s=60)
     assert whole.status == "OPTIMAL" and whole.objective == best
 

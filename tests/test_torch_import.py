@@ -14,14 +14,21 @@ from planner.engines.torch.importer import TorchImportError, import_module  # no
 from planner.engines.torch.presets import build_spec  # noqa: E402
 
 
-@pytest.mark.parametrize("spec,expected_kinds", [
-    ("hf:gpt2:seq=128", {"embedding", "linear", "batch_matmul", "softmax", "layernorm", "split"}),
-    ("hf:resnet50:batch=8", {"conv2d", "batchnorm", "relu", "maxpool", "avgpool", "linear"}),
-])
+@pytest.mark.parametrize(
+    "spec,expected_kinds",
+    [
+        (
+            "hf:gpt2:seq=128",
+            {"embedding", "linear", "batch_matmul", "softmax", "layernorm", "split"},
+        ),
+        ("hf:resnet50:batch=8", {"conv2d", "batchnorm", "relu", "maxpool", "avgpool", "linear"}),
+    ],
+)
 def test_import_plans_exactly_with_matching_parameter_count(spec, expected_kinds):
     module, inputs, name = build_spec(spec)
     graph = import_module(module, inputs, name=name)
-    assert graph.num_params == sum(p.numel() for p in module.parameters())  # tied lm_head counted once
+    # tied lm_head counted once
+    assert graph.num_params == sum(p.numel() for p in module.parameters())
     assert expected_kinds <= {op.kind for op in graph.operators}
     if "gpt2" in spec:
         assert sum(op.kind == "layernorm" for op in graph.operators) == 25  # 12 layers x 2 + final
@@ -31,15 +38,40 @@ def test_import_plans_exactly_with_matching_parameter_count(spec, expected_kinds
 
 def test_cross_entropy_loss_reads_integer_labels(tmp_path):
     out = tmp_path / "g.json"
-    assert main(["import-torch", "hf:gpt2:layers=1,hidden=64,heads=2,seq=16,vocab=128,batch=2", "--loss",
-                 "cross_entropy", "--json", str(out), "-q"]) == 0
+    assert (
+        main(
+            [
+                "import-torch",
+                "hf:gpt2:layers=1,hidden=64,heads=2,seq=16,vocab=128,batch=2",
+                "--loss",
+                "cross_entropy",
+                "--json",
+                str(out),
+                "-q",
+            ]
+        )
+        == 0
+    )
     graph = load_graph(out)
     loss = graph.operators[-1]
-    assert loss.kind == "cross_entropy" and [graph.tensor(o.tensor).shape for o in loss.inputs] == [(2, 16, 128), (2, 16)]
+    assert loss.kind == "cross_entropy" and [graph.tensor(o.tensor).shape for o in loss.inputs] == [
+        (2, 16, 128),
+        (2, 16),
+    ]
     assert graph.tensor("labels").integer and graph.tensor("labels").role == "data"
     summed = tmp_path / "s.json"
-    assert main(["import-torch", "hf:gpt2:layers=1,hidden=64,heads=2,seq=16,vocab=128,batch=2", "--json", str(summed),
-                 "-q"]) == 0
+    assert (
+        main(
+            [
+                "import-torch",
+                "hf:gpt2:layers=1,hidden=64,heads=2,seq=16,vocab=128,batch=2",
+                "--json",
+                str(summed),
+                "-q",
+            ]
+        )
+        == 0
+    )
     assert load_graph(summed).operators[-1].kind == "reduce"
 
 
@@ -80,7 +112,8 @@ def test_imported_gpt2_block_has_no_unread_data_and_verifies(tmp_path, capsys):
     assert main(["import-torch", "hf:gpt2:layers=1,seq=16,batch=4", "--json", str(out), "-q"]) == 0
     graph = load_graph(out)
     read = {o.tensor for op in graph.operators for o in op.inputs}
-    assert all(t.name in read for t in graph.tensors if t.role == "data")  # folded causal-mask buffers dropped
+    # folded causal-mask buffers dropped
+    assert all(t.name in read for t in graph.tensors if t.role == "data")
     assert main(["plan", "--model", str(out), "--mesh", "4", "--json", str(plan), "-q"]) == 0
     capsys.readouterr()
     # XLA compiles the step (before: "no value fed for tensor 'attn.bias'"). Exit 5 is the known
@@ -93,8 +126,26 @@ def test_handlers_are_a_registry_with_one_entry_per_aten_op():
     """Every ATen op the importer maps has exactly one handler; a second registration is refused;
     a registered handler is what the dispatch calls."""
     from planner.engines.torch.importer import handlers
-    for op in ("linear", "addmm", "bmm", "convolution", "embedding", "layer_norm", "softmax", "batch_norm",
-               "max_pool2d", "view", "permute", "transpose", "split", "gelu", "add", "clone", "slice"):
+
+    for op in (
+        "linear",
+        "addmm",
+        "bmm",
+        "convolution",
+        "embedding",
+        "layer_norm",
+        "softmax",
+        "batch_norm",
+        "max_pool2d",
+        "view",
+        "permute",
+        "transpose",
+        "split",
+        "gelu",
+        "add",
+        "clone",
+        "slice",
+    ):
         assert op in handlers.HANDLERS, op
     assert handlers.HANDLERS["bmm"] is handlers.HANDLERS["mm"]  # one handler per op family
     with pytest.raises(ValueError, match="two handlers"):

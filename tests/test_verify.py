@@ -37,10 +37,20 @@ ENTRY %main {
 
 def test_replica_group_forms():
     assert replica_groups("replica_groups={{0,2},{1,3}}", 4) == [[0, 2], [1, 3]]
-    assert replica_groups("replica_groups=[4,2]<=[2,4]T(1,0)", 8) == [[0, 4], [1, 5], [2, 6], [3, 7]]
-    line = "replica_groups=mesh['axis_0'=4,'axis_1'=1,'axis_2'=2], device_ids=([2,4]T(1,0)) {'axis_2'}"
+    assert replica_groups("replica_groups=[4,2]<=[2,4]T(1,0)", 8) == [
+        [0, 4],
+        [1, 5],
+        [2, 6],
+        [3, 7],
+    ]
+    line = (
+        "replica_groups=mesh['axis_0'=4,'axis_1'=1,'axis_2'=2], device_ids=([2,4]T(1,0)) {'axis_2'}"
+    )
     assert replica_groups(line, 8) == [[0, 4], [1, 5], [2, 6], [3, 7]]
-    assert replica_groups("replica_groups=mesh['a'=2,'b'=4] {'b'}", 8) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert replica_groups("replica_groups=mesh['a'=2,'b'=4] {'b'}", 8) == [
+        [0, 1, 2, 3],
+        [4, 5, 6, 7],
+    ]
 
 
 def test_parse_collectives_by_hand():
@@ -58,12 +68,19 @@ def test_parse_collectives_by_hand():
 
 def test_hierarchical_reduction_scatters_on_the_inner_axes_first():
     # A weight gradient Partial over (node, gpu), wanted replicated: split over gpu on the first
-    # free dim that 4 divides, then replicated (the cost model's reduce-scatter, all-reduce, all-gather).
+    # free dim that 4 divides, then replicated (the cost model's reduce-scatter, all-reduce,
+    # all-gather).
     both = (PARTIAL, PARTIAL)
-    assert hierarchical_reduction(both, (REPLICATE, REPLICATE), (6, 512), (2, 4)) == ((REPLICATE, 1),)
-    assert hierarchical_reduction(both, (REPLICATE, REPLICATE), (6, 3), (2, 4)) == ()  # nothing divides
-    assert hierarchical_reduction((PARTIAL, 0), (REPLICATE, 0), (8, 8), (2, 4)) == ()  # one axis: one all-reduce
-    assert hierarchical_reduction((PARTIAL, PARTIAL, PARTIAL), (REPLICATE,) * 3, (16, 8), (2, 2, 2)) == ((REPLICATE, 0, 0),)
+    assert hierarchical_reduction(both, (REPLICATE, REPLICATE), (6, 512), (2, 4)) == (
+        (REPLICATE, 1),
+    )
+    # nothing divides
+    assert hierarchical_reduction(both, (REPLICATE, REPLICATE), (6, 3), (2, 4)) == ()
+    # one axis: one all-reduce
+    assert hierarchical_reduction((PARTIAL, 0), (REPLICATE, 0), (8, 8), (2, 4)) == ()
+    assert hierarchical_reduction(
+        (PARTIAL, PARTIAL, PARTIAL), (REPLICATE,) * 3, (16, 8), (2, 2, 2)
+    ) == ((REPLICATE, 0, 0),)
 
 
 def test_wire_bytes_hand_computed():
@@ -73,8 +90,11 @@ def test_wire_bytes_hand_computed():
     assert flat == {"node": 2 * 1 / 2 * 800 / 4, "gpu": 2 * 3 / 4 * 800}
     assert sum(flat.values()) == pytest.approx(2 * 7 / 8 * 800)
     steps = hierarchical_all_reduce("grad", [0, 1], 800.0, (2, 4))
-    assert steps == [Collective("grad", "reduce_scatter", 1, 800.0), Collective("grad", "all_reduce", 0, 200.0),
-                     Collective("grad", "all_gather", 1, 800.0)]
+    assert steps == [
+        Collective("grad", "reduce_scatter", 1, 800.0),
+        Collective("grad", "all_reduce", 0, 200.0),
+        Collective("grad", "all_gather", 1, 800.0),
+    ]
     predicted = [(c.kind, (("node", "gpu")[c.axis],), c.nbytes) for c in steps]
     rows, _ = compare(predicted, [("all_reduce", ("node", "gpu"), 800.0)], sizes)
     assert all(r.rel_error < 1e-12 for r in rows)
@@ -99,8 +119,14 @@ def _verify(graph, mesh: str, method: str):
     return run_checks(graph, strategies, cluster.mesh), strategies
 
 
-@pytest.mark.parametrize("name,mesh,method", [("mlp", "2x4", "megatron"), ("transformer-block", "4", "megatron"),
-                                              ("gpt-2layer", "2x4", "dp")])
+@pytest.mark.parametrize(
+    "name,mesh,method",
+    [
+        ("mlp", "2x4", "megatron"),
+        ("transformer-block", "4", "megatron"),
+        ("gpt-2layer", "2x4", "dp"),
+    ],
+)
 def test_compiled_bytes_match_prediction_small(name, mesh, method):
     pytest.importorskip("jax")
     report, strategies = _verify(SMALL[name](), mesh, method)
@@ -129,6 +155,7 @@ def test_sum_loss_gradient_is_free_and_its_value_is_all_reduced(loss_dim, others
     pytest.importorskip("jax")
     from planner.cluster.mesh import parse_mesh
     from planner.cluster.profiles import SYMBOLIC
+
     graph = mlp(batch=64, hidden=64, ffn=128)
     mesh = parse_mesh("4", SYMBOLIC)
     strategies = {op.name: (loss_dim if op.name == "loss" else others,) for op in graph.operators}
@@ -147,8 +174,12 @@ def test_pipeline_prediction_by_hand():
     the loss's scalar all-reduce once per micro-batch."""
     from planner.api import make_cluster
     from planner.engines.predicted import predicted_pipeline_collectives
+
     micro = load_model("mlp", batch=4)
-    stage_of = {name: 0 if name in ("ln", "fc1", "gelu") else 1 for name in (op.name for op in micro.operators)}
+    stage_of = {
+        name: 0 if name in ("ln", "fc1", "gelu") else 1
+        for name in (op.name for op in micro.operators)
+    }
     strategies = {op.name: ("b",) for op in micro.operators}
     mesh = make_cluster("2", "a100-80g", float("inf")).mesh
     got: dict = {}

@@ -1,4 +1,5 @@
-"""Zoo parameter counts against published counts, the Megatron formula, and the regime flip by brute force."""
+"""Zoo parameter counts against published counts, the Megatron formula, and the regime flip by brute
+force."""
 
 import csv
 
@@ -12,9 +13,16 @@ from planner.zoo import load_model, model_names
 from planner.zoo.transformers import mlp
 
 
-@pytest.mark.parametrize("name,published", [
-    ("gpt2-small", 124e6), ("gpt2-xl", 1.56e9), ("gpt3-175b", 174.6e9), ("resnet50", 25.6e6), ("vgg16", 138e6),
-])
+@pytest.mark.parametrize(
+    "name,published",
+    [
+        ("gpt2-small", 124e6),
+        ("gpt2-xl", 1.56e9),
+        ("gpt3-175b", 174.6e9),
+        ("resnet50", 25.6e6),
+        ("vgg16", 138e6),
+    ],
+)
 def test_parameter_counts_within_half_percent(name, published):
     assert abs(load_model(name).num_params - published) / published <= 0.005
 
@@ -36,12 +44,18 @@ def megatron_formula(layers, h, vocab, seq):
 
 
 def test_parametric_gpt_reproduces_megatron_table1(reference_dir):
-    lines = [ln for ln in (reference_dir / "megatron_sc21_table1.csv").read_text().splitlines() if not ln.startswith("#")]
+    lines = [
+        ln
+        for ln in (reference_dir / "megatron_sc21_table1.csv").read_text().splitlines()
+        if not ln.startswith("#")
+    ]
     rows = list(csv.DictReader(lines))
     assert len(rows) == 10
     for row in rows:
         layers, h, a = int(row["layers"]), int(row["hidden"]), int(row["heads"])
-        graph = load_model(f"gpt:layers={layers},hidden={h},heads={a},seq=2048,vocab=51200", batch=1)
+        graph = load_model(
+            f"gpt:layers={layers},hidden={h},heads={a},seq=2048,vocab=51200", batch=1
+        )
         formula = megatron_formula(layers, h, 51200, 2048)
         assert graph.num_params - 2 * h == formula  # the formula omits the final layer norm (2h)
         assert round(formula / 1e9, 1) == pytest.approx(float(row["params_b"]), abs=0.051)

@@ -12,5 +12,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def on_files(files, config):
     for picture in sorted((ROOT / "results").glob("*.png")):
-        files.append(File(f"results/{picture.name}", str(ROOT), config["site_dir"], config["use_directory_urls"]))
+        files.append(
+            File(
+                f"results/{picture.name}",
+                str(ROOT),
+                config["site_dir"],
+                config["use_directory_urls"],
+            )
+        )
     return files

@@ -8,18 +8,19 @@ import os
 import sys
 from typing import Sequence
 
-from planner import api
+from planner import api, api3d
 from planner.errors import SettingsError
 from planner.cluster.mesh import parse_mesh
 from planner.cluster.profiles import SYMBOLIC
 from planner.outputs import write_bytes, write_csv, write_json
-from planner.plans import Plan, read_plan_file
+from planner.plan_files import read_plan_file
+from planner.plans import Plan
 from planner.cli.recost import checked, recost, settings_from_args as _settings
-from planner.cli.engines import cmd_export, cmd_import_torch, cmd_run_jax, cmd_run_torch, cmd_verify
+from planner.cli.engines import cmd_export, cmd_import_torch, cmd_verify
+from planner.cli.training import cmd_run_jax, cmd_run_torch
 from planner.cli.report import emit as _emit, format_3d, format_plan
-from planner.cli.parser import (DEGREE_OPTIONS, EXIT_INFEASIBLE, EXIT_NOT_OPTIMAL,
-                                EXIT_OK, PIPELINE_OPTIONS, log)
-
+from planner.cli.argtypes import EXIT_INFEASIBLE, EXIT_NOT_OPTIMAL, EXIT_OK
+from planner.cli.parser import DEGREE_OPTIONS, PIPELINE_OPTIONS, log
 
 
 def progress_bar(args: argparse.Namespace):
@@ -31,12 +32,20 @@ def progress_bar(args: argparse.Namespace):
         width = 30
         filled = int(width * done / max(1, total))
         end = "\n" if done >= total else ""
-        print(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}", end=end, file=sys.stderr, flush=True)
+        print(
+            f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}",
+            end=end,
+            file=sys.stderr,
+            flush=True,
+        )
+
     return report
 
 
 def _given(args: argparse.Namespace, names: Sequence[str]) -> list[str]:
-    return ["--" + n.replace("_", "-") for n in names if getattr(args, n, None) not in (None, False)]
+    return [
+        "--" + n.replace("_", "-") for n in names if getattr(args, n, None) not in (None, False)
+    ]
 
 
 def _refuse(args: argparse.Namespace, names: Sequence[str], why: str) -> None:
@@ -51,26 +60,44 @@ def _source(args: argparse.Namespace) -> dict:
         model = os.path.abspath(model)  # a plan read from another directory still finds its graph
     device = getattr(args, "device", None)
     if isinstance(device, str) and device.endswith(".json"):
-        device = os.path.abspath(device)  # a profile file: the plan records where it is, not its name
-    hardware = getattr(args, "hardware", None)  # a datasheet table: its row is re-read with the plan
-    return {"model": model, "batch": args.batch, "seq": args.seq, **({"device": device} if device else {}),
-            **({"hardware": os.path.abspath(hardware)} if hardware else {})}
+        # a profile file: the plan records where it is, not its name
+        device = os.path.abspath(device)
+    # a datasheet table: its row is re-read with the plan
+    hardware = getattr(args, "hardware", None)
+    return {
+        "model": model,
+        "batch": args.batch,
+        "seq": args.seq,
+        **({"device": device} if device else {}),
+        **({"hardware": os.path.abspath(hardware)} if hardware else {}),
+    }
 
 
 def _status_code(status: str, require_optimal: bool, explanation: str = "") -> int:
     if status in ("OPTIMAL", "HEURISTIC", "GIVEN", "OK"):
         return EXIT_OK
     if status == "FEASIBLE":
-        log.warning("the solver stopped at its time limit: the plan is FEASIBLE, not proven optimal "
-                    "(raise --time-limit for a proof)")
+        log.warning(
+            "the solver stopped at its time limit: the plan is FEASIBLE, not proven optimal "
+            "(raise --time-limit for a proof)"
+        )
         if require_optimal:
-            print("planner: error: --require-optimal: the plan is FEASIBLE, not proven optimal", file=sys.stderr)
+            print(
+                "planner: error: --require-optimal: the plan is FEASIBLE, not proven optimal",
+                file=sys.stderr,
+            )
             return EXIT_NOT_OPTIMAL
         return EXIT_OK
     if status == "INFEASIBLE":
-        print(f"planner: infeasible: {explanation or 'no plan fits the memory limit'}", file=sys.stderr)
+        print(
+            f"planner: infeasible: {explanation or 'no plan fits the memory limit'}",
+            file=sys.stderr,
+        )
     else:
-        print(f"planner: no plan: the search ended {status} ({explanation or 'raise --time-limit'})", file=sys.stderr)
+        print(
+            f"planner: no plan: the search ended {status} ({explanation or 'raise --time-limit'})",
+            file=sys.stderr,
+        )
     return EXIT_INFEASIBLE
 
 
@@ -94,17 +121,23 @@ def _finish_3d(result, args: argparse.Namespace) -> int:
     if args.csv is not None:
         write_csv(args.csv, [result.summary_row(timings=not args.no_timings)])
     _emit(format_3d(result), args)
-    return _status_code(result.intra_status if result.pipeline.fits_memory else "INFEASIBLE",
-                        getattr(args, "require_optimal", False))
+    return _status_code(
+        result.intra_status if result.pipeline.fits_memory else "INFEASIBLE",
+        getattr(args, "require_optimal", False),
+    )
 
 
 def cmd_models(args: argparse.Namespace) -> int:
     from planner.zoo import load_model, model_names
+
     lines = [f"{'model':20s} {'parameters':>14s} {'operators':>10s} {'GFLOPs/sample':>14s}"]
     for name in model_names():
         graph = load_model(name)
         samples = graph.batch_size
-        lines.append(f"{name:20s} {graph.num_params:14,d} {len(graph.operators):10d} {graph.flops / samples / 1e9:14.2f}")
+        lines.append(
+            f"{name:20s} {graph.num_params:14,d} {len(graph.operators):10d} "
+            f"{graph.flops / samples / 1e9:14.2f}"
+        )
     _emit("\n".join(lines), args)
     return EXIT_OK
 
@@ -119,14 +152,29 @@ def _jobs(args: argparse.Namespace) -> int:
 def cmd_pipeline(args: argparse.Namespace) -> int:
     if args.cuts is not None and args.pp is None:
         raise SettingsError("--cuts: needs --pp (fixed cuts belong to one pipeline degree)")
-    mesh = args.mesh or ("8" if args.command == "plan" else None)  # `pipeline` may size it from --devices
-    result = api.plan_pipeline(
-        args.model, mesh, args.device or "a100-80g", devices=getattr(args, "devices", None), batch=args.batch,
-        seq=args.seq, memory=args.memory, settings=_settings(args), schedule=args.schedule or "1f1b",
-        method=args.pipeline_method or "csimd", intra=args.method, time_limit_s=args.time_limit, seed=args.seed,
-        jobs=_jobs(args), degrees=[args.pp] if args.pp else None,
-        counts=[args.num_microbatches] if args.num_microbatches else None, cuts=args.cuts,
-        hardware_csv=args.hardware, progress=progress_bar(args))
+    # `pipeline` may size it from --devices
+    mesh = args.mesh or ("8" if args.command == "plan" else None)
+    result = api3d.plan_pipeline(
+        args.model,
+        mesh,
+        args.device or "a100-80g",
+        devices=getattr(args, "devices", None),
+        batch=args.batch,
+        seq=args.seq,
+        memory=args.memory,
+        settings=_settings(args),
+        schedule=args.schedule or "1f1b",
+        method=args.pipeline_method or "csimd",
+        intra=args.method,
+        time_limit_s=args.time_limit,
+        seed=args.seed,
+        jobs=_jobs(args),
+        degrees=[args.pp] if args.pp else None,
+        counts=[args.num_microbatches] if args.num_microbatches else None,
+        cuts=args.cuts,
+        hardware_csv=args.hardware,
+        progress=progress_bar(args),
+    )
     return _finish_3d(result, args)
 
 
@@ -134,9 +182,21 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.pipeline == "auto":
         return cmd_pipeline(args)
     _refuse(args, PIPELINE_OPTIONS, "only with --pipeline auto (or `planner pipeline`)")
-    plan = api.plan(args.model, args.mesh or "8", args.device or "a100-80g", method=args.method, batch=args.batch,
-                    seq=args.seq, memory=args.memory, settings=_settings(args), time_limit_s=args.time_limit,
-                    seed=args.seed, hardware_csv=args.hardware, jobs=_jobs(args), progress=progress_bar(args))
+    plan = api.plan(
+        args.model,
+        args.mesh or "8",
+        args.device or "a100-80g",
+        method=args.method,
+        batch=args.batch,
+        seq=args.seq,
+        memory=args.memory,
+        settings=_settings(args),
+        time_limit_s=args.time_limit,
+        seed=args.seed,
+        hardware_csv=args.hardware,
+        jobs=_jobs(args),
+        progress=progress_bar(args),
+    )
     return _finish(plan, args)
 
 
@@ -145,7 +205,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         _refuse(args, DEGREE_OPTIONS, "not with --plan (the plan file fixes the configuration)")
         return _evaluate_file(args)
     if args.tp is None and args.dp is None and args.pp is None:
-        raise SettingsError("--plan: give a plan JSON (--plan PATH) or Megatron degrees (--tp/--dp/--pp)")
+        raise SettingsError(
+            "--plan: give a plan JSON (--plan PATH) or Megatron degrees (--tp/--dp/--pp)"
+        )
     _refuse(args, ("mesh",), "not with --tp/--dp/--pp (the mesh is pp=P,dp=D,tp=T)")
     if not args.model:
         raise SettingsError("--model: required with --tp/--dp/--pp")
@@ -154,28 +216,58 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if micro_batch is None:
         samples = api.resolve_model(args.model, args.batch, args.seq).batch_size
         if samples % dp:
-            raise SettingsError(f"--batch: the global batch {samples} is not divisible by --dp {dp}")
+            raise SettingsError(
+                f"--batch: the global batch {samples} is not divisible by --dp {dp}"
+            )
         micro_batch = samples // dp
-    result = api.evaluate_3d(args.model, args.device or "a100-80g", tp=args.tp or 1, pp=args.pp or 1, dp=dp,
-                             micro_batch=micro_batch, batch=args.batch, seq=args.seq, settings=_settings(args),
-                             schedule=args.schedule or "1f1b", memory=args.memory, cuts=args.cuts,
-                             hardware_csv=args.hardware, fit_required=False)
+    result = api3d.evaluate_3d(
+        args.model,
+        args.device or "a100-80g",
+        tp=args.tp or 1,
+        pp=args.pp or 1,
+        dp=dp,
+        micro_batch=micro_batch,
+        batch=args.batch,
+        seq=args.seq,
+        settings=_settings(args),
+        schedule=args.schedule or "1f1b",
+        memory=args.memory,
+        cuts=args.cuts,
+        hardware_csv=args.hardware,
+        fit_required=False,
+    )
     return _finish_3d(result, args)
 
 
 def _evaluate_file(args: argparse.Namespace) -> int:
-    """Re-cost a plan JSON on its own mesh, device, settings and memory limit (options given override)."""
+    """Re-cost a plan JSON on its own mesh, device, settings and memory limit (options given
+    override)."""
     data = read_plan_file(args.plan)
-    if args.mesh and parse_mesh(args.mesh, SYMBOLIC).spec != parse_mesh(data["mesh"], SYMBOLIC).spec:
-        raise SettingsError(f"--mesh: {args.mesh!r} differs from the plan's mesh {data['mesh']!r}; drop --mesh")
+    if (
+        args.mesh
+        and parse_mesh(args.mesh, SYMBOLIC).spec != parse_mesh(data["mesh"], SYMBOLIC).spec
+    ):
+        raise SettingsError(
+            f"--mesh: {args.mesh!r} differs from the plan's mesh {data['mesh']!r}; drop --mesh"
+        )
     result = recost(args, data, args.plan)
     return _finish_3d(result, args) if "pipeline" in data else _finish(result, args)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    rows = api.compare(args.model, args.mesh or "8", args.device or "a100-80g", methods=tuple(args.methods.split(",")),
-                       batch=args.batch, seq=args.seq, memory=args.memory, settings=_settings(args),
-                       time_limit_s=args.time_limit, seed=args.seed, hardware_csv=args.hardware)
+    rows = api.compare(
+        args.model,
+        args.mesh or "8",
+        args.device or "a100-80g",
+        methods=tuple(args.methods.split(",")),
+        batch=args.batch,
+        seq=args.seq,
+        memory=args.memory,
+        settings=_settings(args),
+        time_limit_s=args.time_limit,
+        seed=args.seed,
+        hardware_csv=args.hardware,
+    )
     if args.no_timings:
         rows = [{k: v for k, v in r.items() if k != "search_time_s"} for r in rows]
     if args.csv is not None:
@@ -183,20 +275,28 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.json is not None:
         write_json(args.json, {"source": _source(args), "rows": rows})
     _write_picture(args, lambda draw: draw.compare_figure(rows))
-    lines = [f"{'method':10s} {'status':10s} {'step ms':>10s} {'gap %':>8s} {'mem GiB':>8s} {'fits':>5s} {'search s':>9s}"]
+    lines = [
+        f"{'method':10s} {'status':10s} {'step ms':>10s} {'gap %':>8s} {'mem GiB':>8s} "
+        f"{'fits':>5s} {'search s':>9s}"
+    ]
     for r in rows:
         gap = "-" if r["gap_percent"] is None else f"{r['gap_percent']:.2f}"
         search = f"{r['search_time_s']:9.3f}" if "search_time_s" in r else f"{'-':>9s}"
-        lines.append(f"{r['method']:10s} {r['status']:10s} {r['estimated_step_time_s'] * 1e3:10.3f} {gap:>8s} "
-                     f"{r['memory_per_device_bytes'] / 2**30:8.2f} {str(r['fits_memory']):>5s} {search}")
+        lines.append(
+            f"{r['method']:10s} {r['status']:10s} {r['estimated_step_time_s'] * 1e3:10.3f} "
+            f"{gap:>8s} {r['memory_per_device_bytes'] / 2**30:8.2f} {str(r['fits_memory']):>5s} "
+            f"{search}"
+        )
     _emit("\n".join(lines), args)
     return EXIT_OK
 
 
 def cmd_show(args: argparse.Namespace) -> int:
     from planner.show import tables, view
+
     data = read_plan_file(args.plan)
-    _, again = checked(args, data, args.plan)  # a hand-edited number or strategy is refused, not drawn
+    # a hand-edited number or strategy is refused, not drawn
+    _, again = checked(args, data, args.plan)
     kept = {k: data[k] for k in ("source", "search_time_s") if k in data}
     shown = view.view_of({**again, **kept}, args.plan)
     what = ("schedule", "memory", "sharding") if args.what == "all" else (args.what,)
@@ -214,10 +314,24 @@ def _write_picture(args: argparse.Namespace, make) -> None:
     if path is None:
         return
     if not str(path).lower().endswith(f".{fmt}") and not str(path).startswith("/dev/"):
-        raise SettingsError(f"--{fmt}: {path!r} does not end in .{fmt} (the file is written as {fmt.upper()})")
+        raise SettingsError(
+            f"--{fmt}: {path!r} does not end in .{fmt} (the file is written as {fmt.upper()})"
+        )
     from planner.show import draw
+
     write_bytes(path, draw.figure_bytes(make(draw), fmt), f"--{fmt}")
 
 
-COMMANDS = {"models": cmd_models, "import-torch": cmd_import_torch, "export": cmd_export, "verify": cmd_verify, "show": cmd_show, "run-jax": cmd_run_jax, "run-torch": cmd_run_torch,
-            "plan": cmd_plan, "evaluate": cmd_evaluate, "compare": cmd_compare, "pipeline": cmd_pipeline}
+COMMANDS = {
+    "models": cmd_models,
+    "import-torch": cmd_import_torch,
+    "export": cmd_export,
+    "verify": cmd_verify,
+    "show": cmd_show,
+    "run-jax": cmd_run_jax,
+    "run-torch": cmd_run_torch,
+    "plan": cmd_plan,
+    "evaluate": cmd_evaluate,
+    "compare": cmd_compare,
+    "pipeline": cmd_pipeline,
+}

@@ -1,4 +1,5 @@
-"""Command line: ``planner models | plan | compare | pipeline | evaluate | import-torch | export | verify``.
+"""Command line: ``planner models | plan | compare | pipeline | evaluate | import-torch | export |
+verify``.
 
 Every option a command accepts is used; an option that cannot apply (a pipeline option without
 ``--pipeline auto``, ``--mesh`` beside ``--plan`` or ``--tp``) is refused with exit code 2.
@@ -15,7 +16,8 @@ import sys
 from typing import Sequence
 
 from planner.cli.commands import COMMANDS
-from planner.cli.parser import EXIT_BAD_INPUT, EXIT_INFEASIBLE, build_parser
+from planner.cli.argtypes import EXIT_BAD_INPUT, EXIT_INFEASIBLE
+from planner.cli.parser import build_parser
 from planner.errors import InfeasibleError, PlannerError
 from planner.signals import exit_code, install_handlers
 
@@ -24,7 +26,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     level = logging.WARNING - 10 * args.verbose if not args.quiet else logging.ERROR
-    logging.basicConfig(level=max(level, logging.DEBUG), format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=max(level, logging.DEBUG), format="%(levelname)s %(name)s: %(message)s"
+    )
     install_handlers()
     try:
         return COMMANDS[args.command](args)

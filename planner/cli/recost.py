@@ -5,29 +5,53 @@ from __future__ import annotations
 
 import argparse
 
-from planner import api
+from planner import api, api3d
 from planner.cluster.profiles import DEFAULT_HARDWARE_CSV
 from planner.cost.settings import AUTO, TrainingSettings, parse_layer_modes
 from planner.errors import SettingsError
-from planner.plans import check_recorded
+from planner.plan_files import check_recorded
 from planner.cli.parser import SETTINGS_DEFAULTS
 
 
 def settings_from_args(args: argparse.Namespace, base: dict | None = None) -> TrainingSettings:
-    """Settings from the options; an option not given takes ``base`` (a plan file's) or the default."""
-    values = {k: getattr(args, k, None) if getattr(args, k, None) is not None
-              else (base or SETTINGS_DEFAULTS).get(k, v) for k, v in SETTINGS_DEFAULTS.items()}
+    """Settings from the options; an option not given takes ``base`` (a plan file's) or the
+    default."""
+    values = {
+        k: getattr(args, k, None)
+        if getattr(args, k, None) is not None
+        else (base or SETTINGS_DEFAULTS).get(k, v)
+        for k, v in SETTINGS_DEFAULTS.items()
+    }
     recompute = values["recompute"]  # plan files before 'selective' wrote booleans
-    recompute = {True: "full", False: "none"}.get(recompute, recompute) if isinstance(recompute, bool) else recompute
+    recompute = (
+        {True: "full", False: "none"}.get(recompute, recompute)
+        if isinstance(recompute, bool)
+        else recompute
+    )
     zero = AUTO if values["zero"] == AUTO else int(values["zero"])
     # a plan file's per-layer choices under 'auto' are kept unless the option overrides them
-    layers = parse_layer_modes((base or {}).get("layer_recompute", "")) if recompute == AUTO and \
-        getattr(args, "recompute", None) is None else ()
-    stages = parse_layer_modes((base or {}).get("layer_zero", ""), "layer_zero") if zero == AUTO and \
-        getattr(args, "zero", None) is None else ()
-    return TrainingSettings(values["dtype"], values["optimizer"], zero, recompute,
-                            values["overlap"], float(values["bucket_mb"]) * 2**20, bool(values["fp32_grads"]),
-                            bool(values["sequence_parallel"]), layers, stages)
+    layers = (
+        parse_layer_modes((base or {}).get("layer_recompute", ""))
+        if recompute == AUTO and getattr(args, "recompute", None) is None
+        else ()
+    )
+    stages = (
+        parse_layer_modes((base or {}).get("layer_zero", ""), "layer_zero")
+        if zero == AUTO and getattr(args, "zero", None) is None
+        else ()
+    )
+    return TrainingSettings(
+        values["dtype"],
+        values["optimizer"],
+        zero,
+        recompute,
+        values["overlap"],
+        float(values["bucket_mb"]) * 2**20,
+        bool(values["fp32_grads"]),
+        bool(values["sequence_parallel"]),
+        layers,
+        stages,
+    )
 
 
 def recost(args: argparse.Namespace, data: dict, path: str):
@@ -39,7 +63,9 @@ def recost(args: argparse.Namespace, data: dict, path: str):
         raise SettingsError(f"--model: {path} has no 'source' model; pass --model")
     batch = getattr(args, "batch", None) or _source_int(source, "batch", path)
     seq = getattr(args, "seq", None) or _source_int(source, "seq", path)
-    device = getattr(args, "device", None) or source.get("device") or data.get("device") or "a100-80g"
+    device = (
+        getattr(args, "device", None) or source.get("device") or data.get("device") or "a100-80g"
+    )
     if not isinstance(device, str):
         raise SettingsError(f"--plan: {path}: field 'device' must be a device name")
     given = getattr(args, "memory", None)
@@ -47,26 +73,48 @@ def recost(args: argparse.Namespace, data: dict, path: str):
     settings = settings_from_args(args, data.get("settings"))
     hardware = getattr(args, "hardware", None) or source.get("hardware") or DEFAULT_HARDWARE_CSV
     if hardware is not None and not isinstance(hardware, str):
-        raise SettingsError(f"--plan: {path}: field 'source.hardware' must be the path of a datasheet table")
+        raise SettingsError(
+            f"--plan: {path}: field 'source.hardware' must be the path of a datasheet table"
+        )
     if "pipeline" in data:
-        return api.evaluate_3d_file(data, model, device, batch=batch, seq=seq, settings=settings,
-                                    memory=memory, hardware_csv=hardware, where=f"--plan {path}")
+        return api3d.evaluate_3d_file(
+            data,
+            model,
+            device,
+            batch=batch,
+            seq=seq,
+            settings=settings,
+            memory=memory,
+            hardware_csv=hardware,
+            where=f"--plan {path}",
+        )
     assignment = {o["name"]: o["strategy"] for o in data["operators"]}
-    return api.evaluate(model, data["mesh"], device, assignment=assignment, batch=batch, seq=seq,
-                        memory=memory, settings=settings, hardware_csv=hardware)
+    return api.evaluate(
+        model,
+        data["mesh"],
+        device,
+        assignment=assignment,
+        batch=batch,
+        seq=seq,
+        memory=memory,
+        settings=settings,
+        hardware_csv=hardware,
+    )
 
 
 def _source_int(source: dict, key: str, path: str) -> int | None:
     value = source.get(key)
     if value is not None and (type(value) is not int or value < 1):
-        raise SettingsError(f"--plan: {path}: field 'source.{key}' must be a positive integer or null")
+        raise SettingsError(
+            f"--plan: {path}: field 'source.{key}' must be a positive integer or null"
+        )
     return value
 
 
 def checked(args: argparse.Namespace, data: dict, path: str) -> tuple:
     """The plan re-costed on its model (``recost``) and its dict, after the figures the file records
-    were checked against it (``planner.plans.check_recorded``): what every consumer of a plan file
-    (show, export, verify, run-torch, run-jax) uses, so an edited or foreign file is refused."""
+    were checked against it (``planner.plan_files.check_recorded``): what every consumer of a plan
+    file (show, export, verify, run-torch, run-jax) uses: an edited or foreign file is refused."""
     plan = recost(args, data, path)
     again = plan.to_dict(timings=False)
     check_recorded(data, again, path)

@@ -38,7 +38,11 @@ def _row(action: argparse.Action) -> str:
     names = ", ".join(f"`{o}`" for o in action.option_strings) or f"`{action.dest}`"
     value = ""
     if action.nargs != 0 and action.option_strings:
-        value = " " + ("{" + ",".join(map(str, action.choices)) + "}" if action.choices else action.dest.upper())
+        value = " " + (
+            "{" + ",".join(map(str, action.choices)) + "}"
+            if action.choices
+            else action.dest.upper()
+        )
     text = (action.help or "").replace("|", "\\|").replace("\n", " ")
     if action.required:
         text = "required. " + text
@@ -51,7 +55,9 @@ def markdown(parser: argparse.ArgumentParser | None = None) -> str:
     helps = _helps(parser)
     parts = [HEADER]
     for name, command in _commands(parser).items():
-        parts.append(f"## `planner {name}`\n\n{helps.get(name, '')}\n\n| option | meaning |\n| --- | --- |")
+        parts.append(
+            f"## `planner {name}`\n\n{helps.get(name, '')}\n\n| option | meaning |\n| --- | --- |"
+        )
         rows = [_row(a) for a in command._actions if not isinstance(a, argparse._HelpAction)]
         parts.append("\n".join(rows) + "\n")
     return "\n".join(parts)
@@ -60,15 +66,18 @@ def markdown(parser: argparse.ArgumentParser | None = None) -> str:
 def option_strings(parser: argparse.ArgumentParser | None = None) -> dict[str, list[str]]:
     """Every command's option strings (what the page must list)."""
     parser = parser or build_parser()
-    return {name: [o for a in command._actions for o in a.option_strings if o not in ("-h", "--help")]
-            for name, command in _commands(parser).items()}
+    return {
+        name: [o for a in command._actions for o in a.option_strings if o not in ("-h", "--help")]
+        for name, command in _commands(parser).items()
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = (argv if argv is not None else sys.argv[1:])
+    args = argv if argv is not None else sys.argv[1:]
     text = markdown()
     if args:
         from planner.outputs import write_text
+
         write_text(args[0], text)
     else:
         sys.stdout.write(text)

@@ -1,4 +1,5 @@
-"""Text reports of plans for the terminal (the command line prints these; nothing here writes files)."""
+"""Text reports of plans for the terminal (the command line prints these; nothing here writes
+files)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 from collections import Counter
 
 from planner.units import bytes_text
-from planner.pipeline.threed import Plan3D
+from planner.pipeline.plan3d import Plan3D
 from planner.plans import Plan
 
 GIB = 2**30
@@ -22,26 +23,38 @@ def _group(name: str) -> str:
 def format_plan(plan: Plan) -> str:
     """A flat (intra-operator) plan: status, time breakdown, memory, strategies grouped by layer."""
     gap = plan.gap_percent
-    proof = "" if plan.status in ("OPTIMAL", "INFEASIBLE", "UNKNOWN") else (
-        f" (proven gap {gap:.2f}% to the bound {plan.bound})" if gap is not None else " (no bound: gap unknown)")
-    head = f"model {plan.model} on mesh {plan.mesh} ({plan.device}), method {plan.method}: {plan.status}{proof}"
+    proof = (
+        ""
+        if plan.status in ("OPTIMAL", "INFEASIBLE", "UNKNOWN")
+        else (
+            f" (proven gap {gap:.2f}% to the bound {plan.bound})"
+            if gap is not None
+            else " (no bound: gap unknown)"
+        )
+    )
+    head = (
+        f"model {plan.model} on mesh {plan.mesh} ({plan.device}), method {plan.method}: "
+        f"{plan.status}{proof}"
+    )
     if not plan.found:  # no plan: the status and the reason only
-        return "\n".join([head, "no plan found", f"search time {plan.search_time_s:.2f} s"]
-                         + [f"note: {note}" for note in plan.notes]
-                         + ([f"why: {plan.explanation}"] if plan.explanation else []))
-    lines = [head,
-             f"estimated step time {plan.estimated_step_time_s * 1e3:.3f} ms "
-             f"(compute {plan.compute_s * 1e3:.3f} ms, communication {plan.comm_s * 1e3:.3f} ms, of which "
-             f"{plan.hidden_s * 1e3:.3f} ms behind compute); "
-             f"objective {plan.objective} x {plan.unit_s:g} s"]
+        return "\n".join(
+            [head, "no plan found", f"search time {plan.search_time_s:.2f} s"]
+            + [f"note: {note}" for note in plan.notes]
+            + ([f"why: {plan.explanation}"] if plan.explanation else [])
+        )
+    lines = [
+        head,
+        f"estimated step time {plan.estimated_step_time_s * 1e3:.3f} ms (compute "
+        f"{plan.compute_s * 1e3:.3f} ms, communication {plan.comm_s * 1e3:.3f} ms, of which "
+        f"{plan.hidden_s * 1e3:.3f} ms behind compute); objective {plan.objective} x "
+        f"{plan.unit_s:g} s",
+    ]
     if plan.comm_by_kind_s:
-        lines.append("communication: " + ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in plan.comm_by_kind_s if v))
-    total = bytes_text(plan.memory_per_device_bytes)
-    unit = total.split()[-1]  # the parts in the unit of the total
-    scale = {"GiB": GIB, "MiB": 2**20, "KiB": 2**10, "B": 1}[unit]
-    mem = ", ".join(f"{k} {v / scale:.2f}" for k, v in plan.memory_breakdown)
-    limit = f" of {bytes_text(plan.memory_limit_bytes)}" if plan.memory_limit_bytes else ""
-    lines.append(f"memory per device {total}{limit} ({mem} {unit})")
+        lines.append(
+            "communication: "
+            + ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in plan.comm_by_kind_s if v)
+        )
+    lines.append(_memory_line(plan))
     lines.append(f"search time {plan.search_time_s:.2f} s")
     for field, what in (("layer_recompute", "recompute"), ("layer_zero", "ZeRO stage")):
         if dict(plan.settings).get(field):
@@ -49,42 +62,68 @@ def format_plan(plan: Plan) -> str:
     lines.extend(f"note: {note}" for note in plan.notes)
     if plan.explanation:
         lines.append(f"why: {plan.explanation}")
+    lines.extend(_strategy_lines(plan))
+    return "\n".join(lines)
+
+
+def _memory_line(plan: Plan) -> str:
+    total = bytes_text(plan.memory_per_device_bytes)
+    unit = total.split()[-1]  # the parts in the unit of the total
+    scale = {"GiB": GIB, "MiB": 2**20, "KiB": 2**10, "B": 1}[unit]
+    mem = ", ".join(f"{k} {v / scale:.2f}" for k, v in plan.memory_breakdown)
+    limit = f" of {bytes_text(plan.memory_limit_bytes)}" if plan.memory_limit_bytes else ""
+    return f"memory per device {total}{limit} ({mem} {unit})"
+
+
+def _strategy_lines(plan: Plan) -> list[str]:
+    """The strategies, grouped by layer: each distinct one with its count."""
     groups: dict[str, Counter] = {}
     for a in plan.operators:
         text = ",".join(f"{axis}:{dim or '-'}" for axis, dim in a.strategy)
         groups.setdefault(_group(a.name), Counter())[text] += 1
-    lines.append("strategies (mesh axis: split dim, '-' replicated):")
+    lines = ["strategies (mesh axis: split dim, '-' replicated):"]
     for group, counts in groups.items():
-        lines.append(f"  {group:32s} " + "; ".join(f"{s}" + (f" x{n}" if n > 1 else "") for s, n in counts.most_common()))
-    return "\n".join(lines)
+        lines.append(
+            f"  {group:32s} "
+            + "; ".join(f"{s}" + (f" x{n}" if n > 1 else "") for s, n in counts.most_common())
+        )
+    return lines
 
 
 def format_3d(result: Plan3D) -> str:
     """A 3D plan: pipeline, per-stage time and memory, stage plan, and the candidates compared."""
     pipe = result.pipeline
     limit = f" of {bytes_text(result.memory_limit_bytes)}" if result.memory_limit_bytes else ""
-    lines = [f"3D plan for {result.model} on mesh {result.mesh} ({result.device}): {pipe.stages} pipeline stages of "
-             f"mesh {result.stage_mesh}, {pipe.num_microbatches} micro-batches of {pipe.micro_batch} "
-             f"({pipe.schedule}, cuts by {pipe.method}); stage plan by {result.intra_method}: {result.intra_status}",
-             f"estimated iteration time {pipe.iteration_time_s:.3f} s (bottleneck stage {pipe.bottleneck_s * 1e3:.2f} ms); "
-             f"max memory per device {bytes_text(pipe.max_memory_bytes)}{limit} "
-             f"({'fits' if pipe.fits_memory else 'does not fit'})",
-             f"stage cuts (first layer of stages 1..p-1): {list(pipe.cuts)}",
-             f"settings: recompute {result.settings.recompute}, zero {result.settings.zero}, sequence parallel "
-             f"{'on' if result.settings.sequence_parallel else 'off'}; "
-             "linear layers split: " + ", ".join(f"{a}:{d or '-'}" for a, d in result.tensor_parallel_dims),
-             f"search time {result.search_time_s:.2f} s",
-             *(f"note: {note}" for note in result.notes),
-             "per stage: time per micro-batch (ms), memory per device (GiB):"]
+    lines = [
+        f"3D plan for {result.model} on mesh {result.mesh} ({result.device}): {pipe.stages} "
+        f"pipeline stages of mesh {result.stage_mesh}, {pipe.num_microbatches} micro-batches of "
+        f"{pipe.micro_batch} ({pipe.schedule}, cuts by {pipe.method}); stage plan by "
+        f"{result.intra_method}: {result.intra_status}",
+        f"estimated iteration time {pipe.iteration_time_s:.3f} s (bottleneck stage "
+        f"{pipe.bottleneck_s * 1e3:.2f} ms); max memory per device "
+        f"{bytes_text(pipe.max_memory_bytes)}{limit} "
+        f"({'fits' if pipe.fits_memory else 'does not fit'})",
+        f"stage cuts (first layer of stages 1..p-1): {list(pipe.cuts)}",
+        f"settings: recompute {result.settings.recompute}, zero {result.settings.zero}, sequence "
+        f"parallel {'on' if result.settings.sequence_parallel else 'off'}; linear layers split: "
+        + ", ".join(f"{a}:{d or '-'}" for a, d in result.tensor_parallel_dims),
+        f"search time {result.search_time_s:.2f} s",
+        *(f"note: {note}" for note in result.notes),
+        "per stage: time per micro-batch (ms), memory per device (GiB):",
+    ]
     for k, (t, m) in enumerate(zip(result.stage_times_s, result.stage_memory_bytes)):
         lines.append(f"  stage {k:3d} {t * 1e3:10.3f} ms {m / GIB:8.2f} GiB")
     if result.candidates:
-        lines.append("candidates (stages, stage mesh, sequence parallel, recompute, zero, M, s, GiB, fits):")
+        lines.append(
+            "candidates (stages, stage mesh, sequence parallel, recompute, zero, M, s, GiB, fits):"
+        )
         for c in result.candidates:
-            lines.append(f"  {c['stages']:4d} {c['stage_mesh']:18s} {'sp' if c['sequence_parallel'] else '-':2s} "
-                         f"{c['recompute']:9s} {c['zero']} "
-                         f"{c['num_microbatches']:5d} {c['iteration_time_s']:10.3f} {c['max_memory_bytes'] / GIB:8.2f} "
-                         f"{c['fits_memory']}")
+            lines.append(
+                f"  {c['stages']:4d} {c['stage_mesh']:18s} "
+                f"{'sp' if c['sequence_parallel'] else '-':2s} {c['recompute']:9s} {c['zero']} "
+                f"{c['num_microbatches']:5d} {c['iteration_time_s']:10.3f} "
+                f"{c['max_memory_bytes'] / GIB:8.2f} {c['fits_memory']}"
+            )
     return "\n".join(lines)
 
 

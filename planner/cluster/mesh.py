@@ -26,9 +26,13 @@ class MeshAxis:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.name or ""):
             raise MeshError(f"--mesh: axis name {self.name!r} is not an identifier")
         if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
-            raise MeshError(f"--mesh: axis {self.name} needs a positive integer size, got {self.size!r}")
+            raise MeshError(
+                f"--mesh: axis {self.name} needs a positive integer size, got {self.size!r}"
+            )
         if not self.bandwidth > 0 or self.latency < 0:
-            raise MeshError(f"--mesh: axis {self.name} needs positive bandwidth and non-negative latency")
+            raise MeshError(
+                f"--mesh: axis {self.name} needs positive bandwidth and non-negative latency"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,8 +66,13 @@ class Mesh:
 
     def sub_mesh(self, sizes: tuple[int, ...]) -> "Mesh":
         """The same axes with smaller sizes (a pipeline stage's share); size-1 axes are dropped."""
-        axes = tuple(MeshAxis(a.name, s, a.bandwidth, a.latency) for a, s in zip(self.axes, sizes) if s > 1)
-        return Mesh(axes or (MeshAxis(self.axes[-1].name, 1, self.axes[-1].bandwidth, self.axes[-1].latency),))
+        axes = tuple(
+            MeshAxis(a.name, s, a.bandwidth, a.latency) for a, s in zip(self.axes, sizes) if s > 1
+        )
+        return Mesh(
+            axes
+            or (MeshAxis(self.axes[-1].name, 1, self.axes[-1].bandwidth, self.axes[-1].latency),)
+        )
 
 
 def _parse_sizes(spec: str) -> list[tuple[str | None, int]]:
@@ -75,7 +84,10 @@ def _parse_sizes(spec: str) -> list[tuple[str | None, int]]:
     for part in parts:
         name, _, size = part.rpartition("=") if "=" in part else (None, "", part)
         if not re.fullmatch(r"[0-9]+", size) or int(size) < 1:
-            raise MeshError(f"--mesh: cannot parse {spec!r} (size {size!r} is not a positive integer; use 8, 8x8 or node=8,gpu=8)")
+            raise MeshError(
+                f"--mesh: cannot parse {spec!r} (size {size!r} is not a positive integer; use 8, "
+                "8x8 or node=8,gpu=8)"
+            )
         out.append((name, int(size)))
     return out
 
@@ -94,9 +106,17 @@ def parse_mesh(spec: str, profile: MachineProfile, devices: int | None = None) -
     for name, size in reversed(sizes):
         inner *= size
         intra = inner <= profile.gpus_per_node
-        axes.append(MeshAxis(name, size, profile.intra_node_bandwidth if intra else profile.inter_node_bandwidth,
-                             profile.intra_node_latency if intra else profile.inter_node_latency))
+        axes.append(
+            MeshAxis(
+                name,
+                size,
+                profile.intra_node_bandwidth if intra else profile.inter_node_bandwidth,
+                profile.intra_node_latency if intra else profile.inter_node_latency,
+            )
+        )
     mesh = Mesh(tuple(reversed(axes)))
     if devices is not None and mesh.num_devices != devices:
-        raise MeshError(f"--mesh: {spec!r} has {mesh.num_devices} devices but --devices is {devices}")
+        raise MeshError(
+            f"--mesh: {spec!r} has {mesh.num_devices} devices but --devices is {devices}"
+        )
     return mesh

@@ -1,9 +1,10 @@
 """Machine profiles: datasheet constants of a device and its interconnects, never measured.
 
-Profiles are read from the datasheet table shipped in the package (``planner/cluster/data/hardware.csv``,
-each constant's source cited in its header; ``--hardware PATH`` reads another table in the same
-format), from a user JSON file, or are the built-in ``symbolic`` profile (unit bandwidth on every axis,
-no latency, compute ignored: strategies ranked by communication volume alone, as in SMSG).
+Profiles are read from the datasheet table shipped in the package
+(``planner/cluster/data/hardware.csv``, each constant's source cited in its header; ``--hardware
+PATH`` reads another table in the same format), from a user JSON file, or are the built-in
+``symbolic`` profile (unit bandwidth on every axis, no latency, compute ignored: strategies ranked
+by communication volume alone, as in SMSG).
 """
 
 from __future__ import annotations
@@ -23,9 +24,12 @@ DEFAULT_HARDWARE_CSV: Path | None = None
 
 
 def _hardware_text(path: Path | str | None) -> tuple[str, str]:
-    """The datasheet table's text and a name for messages (the built-in table when ``path`` is None)."""
+    """The datasheet table's text and a name for messages (the built-in table when ``path`` is
+    None)."""
     if path is None:
-        return resources.files("planner.cluster").joinpath("data", "hardware.csv").read_text(encoding="utf-8"), "built-in"
+        return resources.files("planner.cluster").joinpath("data", "hardware.csv").read_text(
+            encoding="utf-8"
+        ), "built-in"
     path = Path(path)
     if not path.is_file():
         raise ProfileError(f"--hardware: table {path}: file not found")
@@ -38,14 +42,16 @@ def _hardware_text(path: Path | str | None) -> tuple[str, str]:
 # Latencies are not in the datasheet table: documented assumptions (NCCL-scale per-hop latency).
 INTRA_NODE_LATENCY_S = 2e-6
 INTER_NODE_LATENCY_S = 8e-6
-# Sustained fraction of peak FLOP/s; Megatron-LM measures 44-52% (SC'21 Table 1). Fitted in experiments/fidelity.py.
+# Sustained fraction of peak FLOP/s; Megatron-LM measures 44-52% (SC'21 Table 1). Fitted in
+# experiments/fidelity.py.
 DEFAULT_EFFICIENCY = 0.5
 # Roofline model (planner/cost/compute.py). Documented assumptions, not fitted: large BF16 GEMMs in
 # cuBLAS/CUTLASS sustain about 80% of the tensor-core peak; a kernel launch costs about 4 us of GPU
 # idle time in eager frameworks.
 DEFAULT_GEMM_EFFICIENCY = 0.8
 KERNEL_LAUNCH_S = 4e-6
-SYMBOLIC_BANDWIDTH = 1e9  # 1 byte costs 1 ns: the integer objective of the symbolic profile is in bytes.
+# 1 byte costs 1 ns: the integer objective of the symbolic profile is in bytes.
+SYMBOLIC_BANDWIDTH = 1e9
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +68,8 @@ class MachineProfile:
     intra_node_latency: float = INTRA_NODE_LATENCY_S
     inter_node_latency: float = INTER_NODE_LATENCY_S
     compute_weight: float = 1.0  # 0 for the symbolic profile: compute balanced, ignored
-    hbm_bandwidth: float = 0.0  # bytes/s; 0: unknown, the roofline is off (flops / (peak x efficiency))
+    # bytes/s; 0: unknown, the roofline is off (flops / (peak x efficiency))
+    hbm_bandwidth: float = 0.0
     sm_count: int = 0  # streaming multiprocessors (wave quantisation); 0: unknown, no quantisation
     vector_flops: float = 0.0  # non-tensor FP32 FLOP/s (elementwise ops); 0: the tensor peak
     gemm_efficiency: float = DEFAULT_GEMM_EFFICIENCY
@@ -70,23 +77,53 @@ class MachineProfile:
     roofline: bool = True  # False: cost model v1's compute, for ablation
 
     def __post_init__(self) -> None:
-        for name in ("peak_flops", "memory_bytes", "intra_node_bandwidth", "inter_node_bandwidth", "efficiency"):
+        for name in (
+            "peak_flops",
+            "memory_bytes",
+            "intra_node_bandwidth",
+            "inter_node_bandwidth",
+            "efficiency",
+        ):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise ProfileError(f"profile {self.name}: field '{name}' must be a positive finite number, got {value!r}")
+                raise ProfileError(
+                    f"profile {self.name}: field '{name}' must be a positive finite number, got "
+                    f"{value!r}"
+                )
         if not isinstance(self.gpus_per_node, int) or self.gpus_per_node <= 0:
-            raise ProfileError(f"profile {self.name}: field 'gpus_per_node' must be a positive integer")
+            raise ProfileError(
+                f"profile {self.name}: field 'gpus_per_node' must be a positive integer"
+            )
         if self.efficiency > 1:
-            raise ProfileError(f"profile {self.name}: field 'efficiency' is a fraction of peak, at most 1, got {self.efficiency!r}")
-        for name in ("intra_node_latency", "inter_node_latency", "compute_weight", "hbm_bandwidth", "vector_flops",
-                     "kernel_launch_s", "sm_count"):
+            raise ProfileError(
+                f"profile {self.name}: field 'efficiency' is a fraction of peak, at most 1, got "
+                f"{self.efficiency!r}"
+            )
+        for name in (
+            "intra_node_latency",
+            "inter_node_latency",
+            "compute_weight",
+            "hbm_bandwidth",
+            "vector_flops",
+            "kernel_launch_s",
+            "sm_count",
+        ):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise ProfileError(f"profile {self.name}: field '{name}' must be a non-negative number")
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or value < 0
+            ):
+                raise ProfileError(
+                    f"profile {self.name}: field '{name}' must be a non-negative number"
+                )
         if not isinstance(self.sm_count, int):
             raise ProfileError(f"profile {self.name}: field 'sm_count' must be a whole number")
         if not isinstance(self.gemm_efficiency, (int, float)) or not 0 < self.gemm_efficiency <= 1:
-            raise ProfileError(f"profile {self.name}: field 'gemm_efficiency' is a fraction of peak in (0, 1]")
+            raise ProfileError(
+                f"profile {self.name}: field 'gemm_efficiency' is a fraction of peak in (0, 1]"
+            )
         if not isinstance(self.roofline, bool):
             raise ProfileError(f"profile {self.name}: field 'roofline' must be true or false")
 
@@ -100,26 +137,43 @@ class MachineProfile:
         return MachineProfile(**fields)
 
 
-SYMBOLIC = MachineProfile("symbolic", peak_flops=1e15, memory_bytes=1e15, intra_node_bandwidth=SYMBOLIC_BANDWIDTH,
-                          inter_node_bandwidth=SYMBOLIC_BANDWIDTH, gpus_per_node=1, efficiency=1.0,
-                          intra_node_latency=0.0, inter_node_latency=0.0, compute_weight=0.0)
+SYMBOLIC = MachineProfile(
+    "symbolic",
+    peak_flops=1e15,
+    memory_bytes=1e15,
+    intra_node_bandwidth=SYMBOLIC_BANDWIDTH,
+    inter_node_bandwidth=SYMBOLIC_BANDWIDTH,
+    gpus_per_node=1,
+    efficiency=1.0,
+    intra_node_latency=0.0,
+    inter_node_latency=0.0,
+    compute_weight=0.0,
+)
 
 
 def load_profiles(path: Path | str | None = DEFAULT_HARDWARE_CSV) -> dict[str, MachineProfile]:
-    """Read every device row of a datasheet table in the format of ``hardware.csv`` (None: built-in)."""
+    """Read every device row of a datasheet table in the format of ``hardware.csv`` (None:
+    built-in)."""
     text, path = _hardware_text(path)
     lines = [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
     profiles = {}
     for row in csv.DictReader(io.StringIO("\n".join(lines))):
         try:
             profiles[row["device"]] = MachineProfile(
-                name=row["device"], peak_flops=float(row["peak_bf16_flops"]), memory_bytes=float(row["hbm_bytes"]),
+                name=row["device"],
+                peak_flops=float(row["peak_bf16_flops"]),
+                memory_bytes=float(row["hbm_bytes"]),
                 intra_node_bandwidth=float(row["intra_node_bandwidth"]),
                 inter_node_bandwidth=float(row["inter_node_bandwidth_per_gpu"]),
-                gpus_per_node=int(row["gpus_per_node"]), hbm_bandwidth=float(row.get("hbm_bandwidth") or 0),
-                sm_count=int(row.get("sm_count") or 0), vector_flops=float(row.get("fp32_vector_flops") or 0))
+                gpus_per_node=int(row["gpus_per_node"]),
+                hbm_bandwidth=float(row.get("hbm_bandwidth") or 0),
+                sm_count=int(row.get("sm_count") or 0),
+                vector_flops=float(row.get("fp32_vector_flops") or 0),
+            )
         except (KeyError, TypeError, ValueError) as exc:
-            raise ProfileError(f"hardware table {path}: row {row.get('device')!r} is malformed ({exc})") from None
+            raise ProfileError(
+                f"hardware table {path}: row {row.get('device')!r} is malformed ({exc})"
+            ) from None
     return profiles
 
 
@@ -139,7 +193,9 @@ def profile_from_json(path: Path | str) -> MachineProfile:
         raise ProfileError(f"profile file {path}: {exc}") from None
 
 
-def get_profile(name: str, hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV) -> MachineProfile:
+def get_profile(
+    name: str, hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV
+) -> MachineProfile:
     """A profile by name (``symbolic``, a row of the hardware table) or by path to a JSON file."""
     if name == "symbolic":
         return SYMBOLIC
@@ -148,7 +204,11 @@ def get_profile(name: str, hardware_csv: Path | str | None = DEFAULT_HARDWARE_CS
     profiles = load_profiles(hardware_csv)
     if name not in profiles:
         import difflib
+
         close = difflib.get_close_matches(name, list(profiles) + ["symbolic"], n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ProfileError(f"--device: unknown device profile {name!r}{hint} (known: symbolic, {', '.join(sorted(profiles))})")
+        raise ProfileError(
+            f"--device: unknown device profile {name!r}{hint} (known: symbolic, "
+            f"{', '.join(sorted(profiles))})"
+        )
     return profiles[name]

@@ -21,7 +21,9 @@ KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
 class Collective:
     """Bytes moved by ``count`` collectives of one kind on one mesh axis in one phase."""
 
-    phase: str  # fwd | bwd (per micro-batch) | grad (gradient sync) | opt (after the optimizer step)
+    phase: (
+        str  # fwd | bwd (per micro-batch) | grad (gradient sync) | opt (after the optimizer step)
+    )
     kind: str
     axis: int
     nbytes: float
@@ -37,8 +39,9 @@ def bytes_sent(kind: str, size: int, nbytes: float) -> float:
     return (2.0 if kind == "all_reduce" else 1.0) * (size - 1) / size * nbytes
 
 
-def collective_seconds(kind: str, size: int, bandwidth: float, latency: float, nbytes: float,
-                       count: float = 1.0) -> float:
+def collective_seconds(
+    kind: str, size: int, bandwidth: float, latency: float, nbytes: float, count: float = 1.0
+) -> float:
     """Ring alpha-beta time of ``count`` collectives moving ``nbytes`` in total on one axis."""
     if size <= 1:
         return 0.0
@@ -46,16 +49,21 @@ def collective_seconds(kind: str, size: int, bandwidth: float, latency: float, n
     return steps * latency * count + bytes_sent(kind, size, nbytes) / bandwidth
 
 
-def hierarchical_all_reduce(phase: str, axes: list[int], nbytes: float,
-                            mesh_shape: tuple[int, ...]) -> list[Collective]:
+def hierarchical_all_reduce(
+    phase: str, axes: list[int], nbytes: float, mesh_shape: tuple[int, ...]
+) -> list[Collective]:
     """All-reduce of ``nbytes`` over several mesh axes (outermost first): reduce-scatter on the
     inner axes (innermost first), all-reduce of the scattered buffer on the outermost axis,
     all-gather back. It moves the bytes of one flat ring all-reduce over all those devices."""
-    return [Collective(phase, kind, ax, scaled(nbytes, chain))
-            for kind, ax, chain in hierarchical_steps(axes, mesh_shape)]
+    return [
+        Collective(phase, kind, ax, scaled(nbytes, chain))
+        for kind, ax, chain in hierarchical_steps(axes, mesh_shape)
+    ]
 
 
-def hierarchical_steps(axes: Sequence[int], mesh_shape: Sequence[int]) -> list[tuple[str, int, tuple[int, ...]]]:
+def hierarchical_steps(
+    axes: Sequence[int], mesh_shape: Sequence[int]
+) -> list[tuple[str, int, tuple[int, ...]]]:
     """The (kind, axis, buffer chain) of ``hierarchical_all_reduce``: a chain of sizes, negative to
     divide and positive to multiply, turns the reduced buffer into the one each step moves."""
     if not axes:
@@ -72,7 +80,8 @@ def hierarchical_steps(axes: Sequence[int], mesh_shape: Sequence[int]) -> list[t
 
 
 def scaled(nbytes: float, chain: Sequence[int]) -> float:
-    """``nbytes`` through a chain of ``hierarchical_steps`` (in order, so the float result is the same)."""
+    """``nbytes`` through a chain of ``hierarchical_steps`` (in order, so the float result is the
+    same)."""
     for size in chain:
         nbytes = nbytes / -size if size < 0 else nbytes * size
     return nbytes

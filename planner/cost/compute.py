@@ -17,12 +17,12 @@ padded to the next multiple of T_k (tile and wave quantisation):
 
     q = (M N G) / (ceil(ceil(M/T) ceil(N/T) G / S) * S * T^2)  *  K / (ceil(K / T_k) T_k)
 
-so thin tensor-parallel shards and small micro-batches lose efficiency the way they do on GPUs.
-The backward pass of a contraction is two GEMMs of F x backward_factor / 2 FLOPs each, with their
-own quantisation: the data gradient (M x K over N) and the second operand's gradient (K x N over
-M, G of them); the backward of any other op moves twice its forward bytes (read the output gradient and the saved
-input, write the input gradient) and launches two kernels. With ``roofline`` off in the profile,
-or without an HBM bandwidth (a user profile that lacks it), t = F / (P * efficiency): the
+so thin tensor-parallel shards and small micro-batches lose efficiency the way they do on GPUs. The
+backward pass of a contraction is two GEMMs of F x backward_factor / 2 FLOPs each, with their own
+quantisation: the data gradient (M x K over N) and the second operand's gradient (K x N over M, G of
+them); the backward of any other op moves twice its forward bytes (read the output gradient and the
+saved input, write the input gradient) and launches two kernels. With ``roofline`` off in the
+profile, or without an HBM bandwidth (a user profile that lacks it), t = F / (P * efficiency): the
 datasheet-only model of cost model v1.
 """
 
@@ -65,11 +65,21 @@ def gemm_shape(op: Operator, sizes: dict[str, int]) -> tuple[int, int, int, int]
     if op.kind == "attention":
         query, key = list(op.inputs[0].op_dims()), set(op.inputs[1].op_dims())
         head = query[-1]
-        return (prod(set(query) - key), prod(key - set(query)), sizes[head], prod((set(query) & key) - {head}))
+        return (
+            prod(set(query) - key),
+            prod(key - set(query)),
+            sizes[head],
+            prod((set(query) & key) - {head}),
+        )
     first = set(op.inputs[0].op_dims())
     second = set(op.inputs[1].op_dims()) if len(op.inputs) > 1 else set()
     out = set(op.outputs[0].op_dims())
-    return (prod(out - second), prod(out & second - first), prod(second - out), prod(out & first & second))
+    return (
+        prod(out - second),
+        prod(out & second - first),
+        prod(second - out),
+        prod(out & first & second),
+    )
 
 
 def quantisation(m: int, n: int, k: int, g: int, sm_count: int) -> float:
@@ -81,8 +91,9 @@ def quantisation(m: int, n: int, k: int, g: int, sm_count: int) -> float:
     return (m * n * g) / (waves * sm_count * TILE * TILE) * k / (math.ceil(k / K_TILE) * K_TILE)
 
 
-def contraction_seconds(flops: float, m: int, n: int, k: int, g: int, profile: MachineProfile,
-                        backward_factor: float) -> tuple[float, float]:
+def contraction_seconds(
+    flops: float, m: int, n: int, k: int, g: int, profile: MachineProfile, backward_factor: float
+) -> tuple[float, float]:
     """Forward and backward compute seconds of a contraction's GEMMs (no memory term)."""
     rate = profile.peak_flops * profile.gemm_efficiency
     fwd = flops / (rate * quantisation(m, n, k, g, profile.sm_count))
@@ -92,8 +103,14 @@ def contraction_seconds(flops: float, m: int, n: int, k: int, g: int, profile: M
     return fwd, dgrad + wgrad
 
 
-def op_seconds(op: Operator, strategy: Strategy, mesh: Mesh, profile: MachineProfile, flops: float,
-               io_bytes: float) -> ComputeTime:
+def op_seconds(
+    op: Operator,
+    strategy: Strategy,
+    mesh: Mesh,
+    profile: MachineProfile,
+    flops: float,
+    io_bytes: float,
+) -> ComputeTime:
     """Forward and backward seconds of one pass of ``op`` on one device (``flops`` and ``io_bytes``
     local to the device)."""
     if not (profile.roofline and profile.hbm_bandwidth > 0):
@@ -110,4 +127,6 @@ def op_seconds(op: Operator, strategy: Strategy, mesh: Mesh, profile: MachinePro
         return ComputeTime(max(fwd, memory_s) + launch, max(bwd, 2 * memory_s) + 2 * launch)
     vector = profile.vector_flops if profile.vector_flops > 0 else profile.peak_flops
     fwd = flops / vector
-    return ComputeTime(max(fwd, memory_s) + launch, max(fwd * op.backward_factor, 2 * memory_s) + 2 * launch)
+    return ComputeTime(
+        max(fwd, memory_s) + launch, max(fwd * op.backward_factor, 2 * memory_s) + 2 * launch
+    )

@@ -1,22 +1,21 @@
 """Operator costs (DESIGN sections 4 and 4b): what one operator under one strategy costs per device.
 
-Per operator (forward + backward): compute flops/P(s) forward, backward_factor times that
-backward, one more forward when the op is re-run (full recompute: every op; selective: the
-attention core of ``attention_core``), timed by the roofline of ``planner.cost.compute``;
-saved activations as ``_saved_activation`` keeps them (sequence parallelism: 1/t and a
-re-gather in the backward pass); splitting a normalised dim all-reduces the
-statistics in both passes; a parameter whose op splits a dim absent from it gets a Partial
-gradient, all-reduced per use (tied weights: once per consumer, as XLA does) (reduce-scatter + all-gather under ZeRO >= 1, a second
-all-gather under ZeRO-3). Parameter collectives are issued per gradient bucket
-(``bucket_share``: tensors packed into buckets of ``bucket_bytes``, a tensor larger than a bucket is
-one collective of its own, latency paid once per collective, as DDP, FSDP2 and Megatron's
-distributed optimizer issue them) and, with overlap, hidden behind the operator's own
-compute: hidden = min(gradient reduction, backward compute) (+ min(ZeRO-3 gather, forward) under
-``full``). Charging each operator max(0, comm - its compute) keeps every term a constant of
-(operator, strategy), so the program stays linear and the decomposition exact; for a stack of
-identical layers it equals the global max(0, sum comm - sum hideable compute). The optimizer
-step is HBM-bound: it reads the gradient and the optimizer state and writes state and weights.
-Edges are costed in ``planner.cost.redistribution``.
+Per operator (forward + backward): compute flops/P(s) forward, backward_factor times that backward,
+one more forward when the op is re-run (full recompute: every op; selective: the attention core of
+``attention_core``), timed by the roofline of ``planner.cost.compute``; saved activations as
+``_saved_activation`` keeps them (sequence parallelism: 1/t and a re-gather in the backward pass);
+splitting a normalised dim all-reduces the statistics in both passes; a parameter whose op splits a
+dim absent from it gets a Partial gradient, all-reduced per use (tied weights: once per consumer, as
+XLA does) (reduce-scatter + all-gather under ZeRO >= 1, a second all-gather under ZeRO-3). Parameter
+collectives are issued per gradient bucket (``bucket_share``: tensors packed into buckets of
+``bucket_bytes``, a tensor larger than a bucket is one collective of its own, latency paid once per
+collective, as DDP, FSDP2 and Megatron's distributed optimizer issue them) and, with overlap, hidden
+behind the operator's own compute: hidden = min(gradient reduction, backward compute) (+ min(ZeRO-3
+gather, forward) under ``full``). Charging each operator max(0, comm - its compute) keeps every term
+a constant of (operator, strategy), so the program stays linear and the decomposition exact; for a
+stack of identical layers it equals the global max(0, sum comm - sum hideable compute). The
+optimizer step is HBM-bound: it reads the gradient and the optimizer state and writes state and
+weights. Edges are costed in ``planner.cost.redistribution``.
 """
 
 from __future__ import annotations
@@ -31,8 +30,15 @@ from planner.cost.collectives import Collective, collective_seconds, hierarchica
 from planner.cost.compute import op_seconds
 from planner.cost.records import CostRecord, Memory, merge_comm
 from planner.cost.settings import AUTO, INTEGER_BYTES, TrainingSettings
-from planner.cost.strategy import (GRAD_PARTIAL, Layout, Strategy, input_layout, operand_layout, parallel_degree,
-                                   shard_factor)
+from planner.cost.strategy import (
+    GRAD_PARTIAL,
+    Layout,
+    Strategy,
+    input_layout,
+    operand_layout,
+    parallel_degree,
+    shard_factor,
+)
 from planner.ir.graph import Graph, Operator
 from planner.ir.ops import REGISTRY
 
@@ -46,8 +52,10 @@ class OperandInfo:
     needs_grad: bool
     elem_bytes: int
     counts_memory: bool  # this op owns the tensor's parameter state or saved activation
-    grad_free: bool = False  # the op sums its input to a scalar: the input's gradient is a broadcast
-    saved_bytes: int = 0  # bytes per element the op keeps when it saves this input (a dropout mask: 1)
+    # the op sums its input to a scalar: the input's gradient is a broadcast
+    grad_free: bool = False
+    # bytes per element the op keeps when it saves this input (a dropout mask: 1)
+    saved_bytes: int = 0
     rerun: bool = False  # the op reading this input is re-run in the backward pass (recompute)
     zero: int = 0  # the ZeRO stage of this parameter (its layer's, under zero 'auto')
 
@@ -59,7 +67,9 @@ class OperandInfo:
         return self.needs_grad and not self.grad_free
 
 
-def operand_infos(graph: Graph, settings: TrainingSettings) -> Mapping[str, tuple[OperandInfo, ...]]:
+def operand_infos(
+    graph: Graph, settings: TrainingSettings
+) -> Mapping[str, tuple[OperandInfo, ...]]:
     """Per operator, its inputs' facts. A tensor's memory is counted once, at its first consumer;
     what recompute drops is not kept (full: all but layer inputs; selective: the attention core).
     Built once per (graph, settings) and shared: read it, never change it."""
@@ -67,10 +77,18 @@ def operand_infos(graph: Graph, settings: TrainingSettings) -> Mapping[str, tupl
 
 
 def _operand_infos(graph: Graph, settings: TrainingSettings) -> dict[str, tuple[OperandInfo, ...]]:
-    mode = {op.name: settings.recompute_at(op.layer) for op in graph.operators}  # per layer under 'auto'
+    mode = {
+        op.name: settings.recompute_at(op.layer) for op in graph.operators
+    }  # per layer under 'auto'
     core = attention_core(graph) if "selective" in mode.values() else frozenset()
-    core = frozenset(t for op in graph.operators if mode[op.name] == "selective" for o in op.outputs
-                     if (t := o.tensor) in core)  # the core of the selective layers only
+    # the core of the selective layers only
+    core = frozenset(
+        t
+        for op in graph.operators
+        if mode[op.name] == "selective"
+        for o in op.outputs
+        if (t := o.tensor) in core
+    )
     rerun_ops = {op.name for op in graph.operators if any(o.tensor in core for o in op.outputs)}
     owner: dict[str, str] = {}
     for op in graph.operators:
@@ -88,9 +106,19 @@ def _operand_infos(graph: Graph, settings: TrainingSettings) -> dict[str, tuple[
         rerun = mode[op.name] == "full" or op.name in rerun_ops
         for operand in op.inputs:
             t = graph.tensor(operand.tensor)
-            row.append(OperandInfo(t.shape, t.role, t.name in grads, INTEGER_BYTES if t.integer else settings.elem_bytes,
-                                   owner.get(t.name) == op.name, full_sum, saved_bytes, rerun,
-                                   settings.zero_at(op.layer) if t.role == "param" else 0))
+            row.append(
+                OperandInfo(
+                    t.shape,
+                    t.role,
+                    t.name in grads,
+                    INTEGER_BYTES if t.integer else settings.elem_bytes,
+                    owner.get(t.name) == op.name,
+                    full_sum,
+                    saved_bytes,
+                    rerun,
+                    settings.zero_at(op.layer) if t.role == "param" else 0,
+                )
+            )
         infos[op.name] = tuple(row)
     return infos
 
@@ -104,7 +132,11 @@ def attention_core(graph: Graph) -> frozenset[str]:
     for op in graph.operators:  # graph order is topological
         category = REGISTRY[op.kind].category
         if op.kind == "softmax":
-            core.update(o.tensor for o in op.inputs if o.tensor in produced and graph.tensor(o.tensor).role != "param")
+            core.update(
+                o.tensor
+                for o in op.inputs
+                if o.tensor in produced and graph.tensor(o.tensor).role != "param"
+            )
             core.update(o.tensor for o in op.outputs)
         elif category == "elementwise" and len(op.inputs) == 1 and op.inputs[0].tensor in core:
             core.update(o.tensor for o in op.outputs)
@@ -114,21 +146,41 @@ def attention_core(graph: Graph) -> frozenset[str]:
 def op_signature(op: Operator, infos: tuple[OperandInfo, ...]) -> tuple:
     """What ``op_cost`` reads of an operator: operators with equal signatures cost the same under
     every strategy (the identical layers of a model share one costing)."""
-    return (op.kind, op.dims, tuple((o.dims, o.saved) for o in op.inputs), tuple(o.dims for o in op.outputs),
-            op.flops, op.backward_factor, op.unsplittable, op.norm_dims, op.norm_stats, infos)
+    return (
+        op.kind,
+        op.dims,
+        tuple((o.dims, o.saved) for o in op.inputs),
+        tuple(o.dims for o in op.outputs),
+        op.flops,
+        op.backward_factor,
+        op.unsplittable,
+        op.norm_dims,
+        op.norm_stats,
+        infos,
+    )
 
 
 def signature_ids(graph: Graph, settings: TrainingSettings) -> tuple[int, ...]:
     """Per operator, a small id, equal for operators with equal ``op_signature`` under these
     settings (built once per graph and settings: a plan walk then hashes ints, not signatures)."""
+
     def build() -> tuple[int, ...]:
         infos, ids = operand_infos(graph, settings), {}
-        return tuple(ids.setdefault(op_signature(op, infos[op.name]), len(ids)) for op in graph.operators)
+        return tuple(
+            ids.setdefault(op_signature(op, infos[op.name]), len(ids)) for op in graph.operators
+        )
+
     return graph.derived(("signature_ids", settings), build)
 
 
-def op_cost(op: Operator, strategy: Strategy, mesh: Mesh, settings: TrainingSettings,
-            inputs: tuple[OperandInfo, ...], profile: MachineProfile) -> CostRecord:
+def op_cost(
+    op: Operator,
+    strategy: Strategy,
+    mesh: Mesh,
+    settings: TrainingSettings,
+    inputs: tuple[OperandInfo, ...],
+    profile: MachineProfile,
+) -> CostRecord:
     """Cost of one operator under one strategy, for one training step, per device."""
     mesh_shape = mesh.shape
     fwd = op.flops / parallel_degree(strategy, mesh)
@@ -136,33 +188,67 @@ def op_cost(op: Operator, strategy: Strategy, mesh: Mesh, settings: TrainingSett
     if inputs and inputs[0].grad_free:  # a loss summed over split dims: the scalar is all-reduced
         split = [ax for ax, dim in enumerate(strategy) if dim is not None and mesh_shape[ax] > 1]
         comm.extend(hierarchical_all_reduce("fwd", split, settings.elem_bytes, mesh_shape))
+    memory, param_comm, io_bytes, opt_bytes = _inputs_cost(
+        op, strategy, mesh_shape, settings, inputs
+    )
+    for operand, layout in zip(op.outputs, output_layouts(op, strategy)):
+        io_bytes += (
+            math.prod(op.operand_shape(operand))
+            / shard_factor(layout, mesh_shape)
+            * settings.elem_bytes
+        )
+    time = op_seconds(op, strategy, mesh, profile, fwd, io_bytes)
+    rerun = bool(inputs) and inputs[0].rerun
+    bwd_s = time.bwd_s + (time.fwd_s if rerun else 0.0)
+    opt_s = (
+        opt_bytes / profile.hbm_bandwidth if profile.roofline and profile.hbm_bandwidth > 0 else 0.0
+    )
+    hidden_pass, hidden_sync = _hidden_seconds(
+        param_comm, time.fwd_s, bwd_s, mesh, settings.overlap
+    )
+    recompute = fwd if rerun else 0.0
+    return CostRecord(
+        fwd,
+        fwd * op.backward_factor + recompute,
+        merge_comm(tuple(comm + param_comm)),
+        memory,
+        time.fwd_s,
+        bwd_s,
+        opt_s,
+        hidden_pass,
+        hidden_sync,
+        time.fwd_s if rerun else 0.0,
+    )
+
+
+def _inputs_cost(op: Operator, strategy: Strategy, mesh_shape, settings: TrainingSettings, inputs):
+    """What the operator's inputs hold and move per device: (memory, the collectives of its
+    parameters and re-gathered activations, bytes read, optimizer bytes per step)."""
     memory, param_comm, io_bytes, opt_bytes = Memory(), [], 0.0, 0.0
     for slot, info in enumerate(inputs):
         layout = input_layout(op, slot, strategy, info.needs_grad)
         numel = math.prod(info.shape) / shard_factor(layout, mesh_shape)
         io_bytes += numel * info.elem_bytes
         if info.role == "param":
-            collectives, param_memory, step_bytes = _param_cost(numel, layout, mesh_shape, settings, info)
+            collectives, param_memory, step_bytes = _param_cost(
+                numel, layout, mesh_shape, settings, info
+            )
             param_comm.extend(collectives)
             memory, opt_bytes = memory + param_memory, opt_bytes + step_bytes
         elif info.counts_memory:
             kept, regather = _saved_activation(numel, layout, mesh_shape, settings, info.elem_bytes)
             memory = memory + Memory(activations=kept * (info.saved_bytes or info.elem_bytes))
             param_comm.extend(regather)
-    for operand, layout in zip(op.outputs, output_layouts(op, strategy)):
-        io_bytes += math.prod(op.operand_shape(operand)) / shard_factor(layout, mesh_shape) * settings.elem_bytes
-    time = op_seconds(op, strategy, mesh, profile, fwd, io_bytes)
-    rerun = bool(inputs) and inputs[0].rerun
-    bwd_s = time.bwd_s + (time.fwd_s if rerun else 0.0)
-    opt_s = opt_bytes / profile.hbm_bandwidth if profile.roofline and profile.hbm_bandwidth > 0 else 0.0
-    hidden_pass, hidden_sync = _hidden_seconds(param_comm, time.fwd_s, bwd_s, mesh, settings.overlap)
-    recompute = fwd if rerun else 0.0
-    return CostRecord(fwd, fwd * op.backward_factor + recompute, merge_comm(tuple(comm + param_comm)), memory,
-                      time.fwd_s, bwd_s, opt_s, hidden_pass, hidden_sync, time.fwd_s if rerun else 0.0)
+    return memory, param_comm, io_bytes, opt_bytes
 
 
-def _saved_activation(numel: float, layout: Layout, mesh_shape: tuple[int, ...], settings: TrainingSettings,
-                      elem_bytes: int) -> tuple[float, list[Collective]]:
+def _saved_activation(
+    numel: float,
+    layout: Layout,
+    mesh_shape: tuple[int, ...],
+    settings: TrainingSettings,
+    elem_bytes: int,
+) -> tuple[float, list[Collective]]:
     """Elements of a saved activation kept per device, and the collectives that restore it for the
     backward pass. Under sequence parallelism an input read replicated by an op that splits other
     dims over an axis is kept 1/size per device and all-gathered again in the backward pass
@@ -178,19 +264,32 @@ def _saved_activation(numel: float, layout: Layout, mesh_shape: tuple[int, ...],
     return kept, regather
 
 
-def _norm_comm(op: Operator, strategy: Strategy, mesh: Mesh, settings: TrainingSettings) -> list[Collective]:
+def _norm_comm(
+    op: Operator, strategy: Strategy, mesh: Mesh, settings: TrainingSettings
+) -> list[Collective]:
     """Splitting a normalised dim all-reduces the statistics, forward and backward."""
     if not op.norm_dims:
         return []
     sizes = op.sizes
-    stats = op.norm_stats * settings.elem_bytes * math.prod(sizes[d] for d in sizes if d not in op.norm_dims)
-    local = stats / parallel_degree(tuple(d if d not in op.norm_dims else None for d in strategy), mesh)
-    return [Collective(phase, "all_reduce", ax, local) for ax, dim in enumerate(strategy) if dim in op.norm_dims
-            for phase in ("fwd", "bwd")]
+    stats = (
+        op.norm_stats
+        * settings.elem_bytes
+        * math.prod(sizes[d] for d in sizes if d not in op.norm_dims)
+    )
+    local = stats / parallel_degree(
+        tuple(d if d not in op.norm_dims else None for d in strategy), mesh
+    )
+    return [
+        Collective(phase, "all_reduce", ax, local)
+        for ax, dim in enumerate(strategy)
+        if dim in op.norm_dims
+        for phase in ("fwd", "bwd")
+    ]
 
 
-def _hidden_seconds(param_comm: list[Collective], fwd_s: float, bwd_s: float, mesh: Mesh,
-                    overlap: str) -> tuple[float, float]:
+def _hidden_seconds(
+    param_comm: list[Collective], fwd_s: float, bwd_s: float, mesh: Mesh, overlap: str
+) -> tuple[float, float]:
     """Seconds of this operator's parameter collectives that run behind its own compute, per pass
     and per step: with ``grad`` the gradient reduction behind the backward pass; with ``full``
     first the gathers (ZeRO-3's, prefetched; sequence parallelism's re-gather of a saved input),
@@ -200,7 +299,9 @@ def _hidden_seconds(param_comm: list[Collective], fwd_s: float, bwd_s: float, me
     spent = {"fwd": 0.0, "bwd": 0.0, "grad": 0.0, "opt": 0.0}
     for c in param_comm:
         axis = mesh.axes[c.axis]
-        spent[c.phase] += collective_seconds(c.kind, axis.size, axis.bandwidth, axis.latency, c.nbytes, c.count)
+        spent[c.phase] += collective_seconds(
+            c.kind, axis.size, axis.bandwidth, axis.latency, c.nbytes, c.count
+        )
     if overlap == "grad":
         return 0.0, min(spent["grad"], bwd_s)
     gathers = min(spent["fwd"], fwd_s) + min(spent["bwd"], bwd_s)
@@ -221,39 +322,65 @@ def bucket_share(tensor_bytes: float, bucket_bytes: float) -> float:
     return min(1.0, tensor_bytes / bucket_bytes)
 
 
-def _param_cost(numel: float, layout: Layout, mesh_shape: tuple[int, ...], settings: TrainingSettings,
-                info: OperandInfo) -> tuple[list[Collective], Memory, float]:
+def _sharded_param_comm(z: int, dp_axes, nbytes: float, grad_nbytes: float, mesh_shape) -> list:
+    """ZeRO 1-3: gradients reduce-scattered, axis by axis; parameters all-gathered before use in
+    both passes (ZeRO-3) or the updated shards after the optimizer step (ZeRO-1/2)."""
+    comm: list[Collective] = []
+    buffer, grad_buffer = nbytes, grad_nbytes
+    for ax in dp_axes:
+        comm.append(Collective("grad", "reduce_scatter", ax, grad_buffer))
+        if z == 3:  # parameters gathered before use, in both passes
+            comm.append(Collective("fwd", "all_gather", ax, buffer))
+            comm.append(Collective("bwd", "all_gather", ax, buffer))
+        else:  # updated shards gathered after the optimizer step
+            comm.append(Collective("opt", "all_gather", ax, buffer))
+        buffer /= mesh_shape[ax]
+        grad_buffer /= mesh_shape[ax]
+    return comm
+
+
+def _param_cost(
+    numel: float,
+    layout: Layout,
+    mesh_shape: tuple[int, ...],
+    settings: TrainingSettings,
+    info: OperandInfo,
+) -> tuple[list[Collective], Memory, float]:
     """A parameter's collectives (bucketed), its memory and the HBM bytes of its optimizer step."""
     dp_axes = [ax for ax, p in enumerate(layout) if p == GRAD_PARTIAL and mesh_shape[ax] > 1]
     nbytes, grad_nbytes = numel * settings.elem_bytes, numel * settings.grad_bytes
-    comm: list[Collective] = []
     # A parameter read by several operators (tied embeddings) has its gradient reduced once per
     # use: XLA's SPMD partitioner reduces each use's partial gradient where it is computed
     # (measured by `planner verify`); a framework that accumulates first pays less.
-    z = info.zero if settings.zero == AUTO else settings.zero  # fixed: the settings'; auto: the layer's
+    # fixed: the settings'; auto: the layer's
+    z = info.zero if settings.zero == AUTO else settings.zero
     if z == 0:
         comm = hierarchical_all_reduce("grad", dp_axes, grad_nbytes, mesh_shape)
     else:
-        buffer, grad_buffer = nbytes, grad_nbytes
-        for ax in dp_axes:
-            comm.append(Collective("grad", "reduce_scatter", ax, grad_buffer))
-            if z == 3:  # parameters gathered before use, in both passes
-                comm.append(Collective("fwd", "all_gather", ax, buffer))
-                comm.append(Collective("bwd", "all_gather", ax, buffer))
-            else:  # updated shards gathered after the optimizer step
-                comm.append(Collective("opt", "all_gather", ax, buffer))
-            buffer /= mesh_shape[ax]
-            grad_buffer /= mesh_shape[ax]
+        comm = _sharded_param_comm(z, dp_axes, nbytes, grad_nbytes, mesh_shape)
     if settings.bucket_bytes > 0:
-        comm = [replace(c, count=bucket_share(grad_nbytes if c.phase == "grad" else nbytes,
-                                              settings.bucket_bytes)) for c in comm]
+        comm = [
+            replace(
+                c,
+                count=bucket_share(
+                    grad_nbytes if c.phase == "grad" else nbytes, settings.bucket_bytes
+                ),
+            )
+            for c in comm
+        ]
     if not info.counts_memory:
         return comm, Memory(), 0.0
     dp = math.prod(mesh_shape[ax] for ax in dp_axes)
-    memory = Memory(params=nbytes / (dp if z >= 3 else 1), grads=grad_nbytes / (dp if z >= 2 else 1),
-                    optimizer=numel * settings.optimizer_bytes / (dp if z >= 1 else 1))
-    updated = numel / (dp if z >= 1 else 1)  # read the gradient and the state, write the state and the weights
-    step_bytes = updated * (settings.grad_bytes + 2 * settings.optimizer_bytes + settings.elem_bytes)
+    memory = Memory(
+        params=nbytes / (dp if z >= 3 else 1),
+        grads=grad_nbytes / (dp if z >= 2 else 1),
+        optimizer=numel * settings.optimizer_bytes / (dp if z >= 1 else 1),
+    )
+    # read the gradient and the state, write the state and the weights
+    updated = numel / (dp if z >= 1 else 1)
+    step_bytes = updated * (
+        settings.grad_bytes + 2 * settings.optimizer_bytes + settings.elem_bytes
+    )
     return comm, memory, step_bytes
 
 
@@ -261,5 +388,9 @@ def output_layouts(op: Operator, strategy: Strategy) -> tuple[Layout, ...]:
     return tuple(operand_layout(o, strategy, output=True) for o in op.outputs)
 
 
-def input_layouts(op: Operator, strategy: Strategy, inputs: tuple[OperandInfo, ...]) -> tuple[Layout, ...]:
-    return tuple(input_layout(op, slot, strategy, info.needs_grad) for slot, info in enumerate(inputs))
+def input_layouts(
+    op: Operator, strategy: Strategy, inputs: tuple[OperandInfo, ...]
+) -> tuple[Layout, ...]:
+    return tuple(
+        input_layout(op, slot, strategy, info.needs_grad) for slot, info in enumerate(inputs)
+    )

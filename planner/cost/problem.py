@@ -1,4 +1,5 @@
-"""The costed problem: per operator its valid strategies with integer costs, per edge a layout table.
+"""The costed problem: per operator its valid strategies with integer costs, per edge a layout
+table.
 
 Every search method (brute force, CP-SAT, the decomposition, the heuristics) works on this one
 object, so differences between methods come from the search alone.
@@ -20,48 +21,26 @@ from typing import Sequence
 
 import numpy as np
 
-from planner.cost.operators import OperandInfo, input_layouts, op_cost, op_signature, operand_infos, output_layouts
+from planner.cost.operators import (
+    OperandInfo,
+    input_layouts,
+    op_cost,
+    op_signature,
+    operand_infos,
+    output_layouts,
+)
 from planner.cost.records import CostRecord, sum_records, seconds
-from planner.cost.redistribution import edge_seconds
 from planner.cost.settings import TrainingSettings
-from planner.cost.terms import plan_terms, tied_reads
+from planner.cost.terms import plan_terms
 from planner.errors import SettingsError
 from planner.ir.graph import Graph, Operator
 from planner.cluster.mesh import Mesh
 from planner.cluster.profiles import MachineProfile
-from planner.cost.strategy import Layout, Strategy, enumerate_strategies, forward_layout, splittable_dims
+from planner.cost.strategy import enumerate_strategies, splittable_dims
+
+from planner.cost.tables import EdgeTable, OpTable, build_edges, build_ties, to_bytes, to_units
 
 DEFAULT_UNIT_S = 1e-9
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class OpTable:
-    """One operator's candidate strategies with integer cost and memory (bytes) each."""
-
-    op: Operator
-    inputs: tuple[OperandInfo, ...]
-    strategies: tuple[Strategy, ...]
-    cost: np.ndarray
-    memory: np.ndarray
-    out_layouts: tuple[tuple[Layout, ...], ...]  # [strategy][output slot]
-    in_layouts: tuple[tuple[Layout, ...], ...]  # [strategy][input slot]
-    records: tuple[CostRecord, ...] = ()  # the symbolic cost of each strategy
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class EdgeTable:
-    """A tensor from a producer output slot to a consumer input slot, costed per layout pair."""
-
-    tensor: str
-    src: int
-    src_slot: int
-    dst: int
-    dst_slot: int
-    src_layouts: tuple[Layout, ...]
-    dst_layouts: tuple[Layout, ...]
-    cost: np.ndarray  # [len(src_layouts), len(dst_layouts)]
-    src_index: np.ndarray  # producer strategy -> row
-    dst_index: np.ndarray  # consumer strategy -> column
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -77,8 +56,10 @@ class Problem:
     settings: TrainingSettings
     unit_s: float
     _producer_index: dict = field(default_factory=dict, repr=False)
-    ties: tuple[EdgeTable, ...] = ()  # tie edges: owner op -> another reader of a parameter (``tied_reads``)
-    conditions: tuple = ()  # (owner op, layouts of its tied parameters) a conditioned copy is pinned to
+    # tie edges: owner op -> another reader of a parameter (``tied_reads``)
+    ties: tuple[EdgeTable, ...] = ()
+    # (owner op, layouts of its tied parameters) a conditioned copy is pinned to
+    conditions: tuple = ()
 
     @property
     def all_edges(self) -> tuple[EdgeTable, ...]:
@@ -92,7 +73,8 @@ class Problem:
         raise KeyError(name)
 
     def producer_layout_index(self, tensor: str) -> np.ndarray:
-        """For the producer of ``tensor``: its strategy -> index of the tensor's layout (edge rows)."""
+        """For the producer of ``tensor``: its strategy -> index of the tensor's layout (edge
+        rows)."""
         if not self._producer_index:
             for e in self.edges:
                 self._producer_index.setdefault(e.tensor, e.src_index)
@@ -115,44 +97,49 @@ class Problem:
     def record(self, choice: Sequence[int]) -> CostRecord:
         """The symbolic cost record of a whole plan (for breakdowns)."""
         strategies = [t.strategies[c] for t, c in zip(self.ops, choice)]
-        terms = plan_terms(self.graph, self.mesh, self.profile, self.settings, strategies,
-                           [t.records[c] for t, c in zip(self.ops, choice)])
+        terms = plan_terms(
+            self.graph,
+            self.mesh,
+            self.profile,
+            self.settings,
+            strategies,
+            [t.records[c] for t, c in zip(self.ops, choice)],
+        )
         return sum_records(terms.records())
 
 
-MAX_UNITS = 2**50  # per term (13 days in ns, 1 PiB): int64 sums over many terms must not overflow
-
-
-def _to_units(value_s: float, unit_s: float) -> int:
-    units = value_s / unit_s
-    if not units < MAX_UNITS:  # also catches inf and NaN
-        raise SettingsError(f"--seq/--batch: a cost of {value_s:.3g} s does not fit the integer objective "
-                            f"({unit_s:g} s units); the model or the profile is out of range (shrink the model's "
-                            "batch or sequence, or the shapes of its graph file; check the profile's bandwidth "
-                            "and latency)")
-    return int(round(units))
-
-
-def _to_bytes(value: float) -> int:
-    if not value < MAX_UNITS:
-        raise SettingsError(f"--seq/--batch: {value:.3g} bytes per device do not fit the integer program; "
-                            "the model is out of range (shrink its batch or sequence, or the shapes of its "
-                            "graph file)")
-    return int(round(value))
-
-
-def _build_op_table(op: Operator, infos: tuple[OperandInfo, ...], mesh: Mesh, profile: MachineProfile,
-                    settings: TrainingSettings, unit_s: float) -> OpTable:
+def _build_op_table(
+    op: Operator,
+    infos: tuple[OperandInfo, ...],
+    mesh: Mesh,
+    profile: MachineProfile,
+    settings: TrainingSettings,
+    unit_s: float,
+) -> OpTable:
     candidates = []
     for strategy in enumerate_strategies(op, mesh):
         record = op_cost(op, strategy, mesh, settings, infos, profile)
         signature = (output_layouts(op, strategy), input_layouts(op, strategy, infos))
-        candidates.append((signature, _to_units(seconds(record, mesh, profile), unit_s),
-                           _to_bytes(record.memory.total), strategy, record))
+        candidates.append(
+            (
+                signature,
+                to_units(seconds(record, mesh, profile), unit_s),
+                to_bytes(record.memory.total),
+                strategy,
+                record,
+            )
+        )
     kept = _prune_dominated(candidates)
-    return OpTable(op, infos, tuple(c[3] for c in kept), np.array([c[1] for c in kept], dtype=np.int64),
-                   np.array([c[2] for c in kept], dtype=np.int64), tuple(c[0][0] for c in kept),
-                   tuple(c[0][1] for c in kept), tuple(c[4] for c in kept))
+    return OpTable(
+        op,
+        infos,
+        tuple(c[3] for c in kept),
+        np.array([c[1] for c in kept], dtype=np.int64),
+        np.array([c[2] for c in kept], dtype=np.int64),
+        tuple(c[0][0] for c in kept),
+        tuple(c[0][1] for c in kept),
+        tuple(c[4] for c in kept),
+    )
 
 
 def _prune_dominated(candidates: list[tuple]) -> list[tuple]:
@@ -167,14 +154,21 @@ def _prune_dominated(candidates: list[tuple]) -> list[tuple]:
     for group in by_signature.values():
         for k in group:
             cost, memory = candidates[k][1], candidates[k][2]
-            # beaten: another is no worse in both and strictly better in one, or equal and listed earlier
-            if not any(candidates[j][1] <= cost and candidates[j][2] <= memory
-                       and ((candidates[j][1], candidates[j][2]) != (cost, memory) or j < k) for j in group if j != k):
+            # beaten: another is no worse in both and strictly better in one, or equal and listed
+            # earlier
+            if not any(
+                candidates[j][1] <= cost
+                and candidates[j][2] <= memory
+                and ((candidates[j][1], candidates[j][2]) != (cost, memory) or j < k)
+                for j in group
+                if j != k
+            ):
                 kept.add(k)
     return [c for k, c in enumerate(candidates) if k in kept]
 
 
-MAX_LAYOUT_PAIRS = 500_000  # per edge; measured: gpt2-small on 2x2x2x2 (390,625) costs in 73 s on one core
+# per edge; measured: gpt2-small on 2x2x2x2 (390,625) costs in 73 s on one core
+MAX_LAYOUT_PAIRS = 500_000
 SLOW_LAYOUT_PAIRS = 50_000
 
 
@@ -186,22 +180,35 @@ def check_size(graph: Graph, mesh: Mesh) -> None:
     worst, name = 1, ""
     for op in graph.operators:
         sizes, dims = op.sizes, splittable_dims(op)
-        bound = math.prod(1 + sum(sizes[d] % axis.size == 0 for d in dims) if axis.size > 1 else 1
-                          for axis in mesh.axes)
+        bound = math.prod(
+            1 + sum(sizes[d] % axis.size == 0 for d in dims) if axis.size > 1 else 1
+            for axis in mesh.axes
+        )
         if bound > worst:
             worst, name = bound, op.name
     if worst * worst > MAX_LAYOUT_PAIRS:
-        raise SettingsError(f"--mesh: {mesh.spec} gives operator {name} up to {worst:,} strategies (up to {worst * worst:,} "
-                            f"layout pairs per edge, more than {MAX_LAYOUT_PAIRS:,}); use fewer mesh axes (merge "
-                            "axes, e.g. 8x8x8 -> 8x64) or a smaller model")
+        raise SettingsError(
+            f"--mesh: {mesh.spec} gives operator {name} up to {worst:,} strategies (up to "
+            f"{worst * worst:,} layout pairs per edge, more than {MAX_LAYOUT_PAIRS:,}); use fewer "
+            "mesh axes (merge axes, e.g. 8x8x8 -> 8x64) or a smaller model"
+        )
     if worst * worst > SLOW_LAYOUT_PAIRS:
         logging.getLogger("planner").warning(
-            "mesh %s: operator %s has up to %s strategies; costing the layout tables may take minutes",
-            mesh.spec, name, f"{worst:,}")
+            "mesh %s: operator %s has up to %s strategies; costing the layout tables may take "
+            "minutes",
+            mesh.spec,
+            name,
+            f"{worst:,}",
+        )
 
 
-def build_problem(graph: Graph, mesh: Mesh, profile: MachineProfile, settings: TrainingSettings | None = None,
-                  unit_s: float = DEFAULT_UNIT_S) -> Problem:
+def build_problem(
+    graph: Graph,
+    mesh: Mesh,
+    profile: MachineProfile,
+    settings: TrainingSettings | None = None,
+    unit_s: float = DEFAULT_UNIT_S,
+) -> Problem:
     """Enumerate and cost every operator strategy and every edge layout pair."""
     check_size(graph, mesh)
     settings = settings or TrainingSettings()
@@ -223,7 +230,9 @@ def _no_cycle_collection():
             gc.enable()
 
 
-def _build(graph: Graph, mesh: Mesh, profile: MachineProfile, settings: TrainingSettings, unit_s: float) -> Problem:
+def _build(
+    graph: Graph, mesh: Mesh, profile: MachineProfile, settings: TrainingSettings, unit_s: float
+) -> Problem:
     infos = operand_infos(graph, settings)
     op_cache: dict[tuple, OpTable] = {}
     tables = []
@@ -232,60 +241,26 @@ def _build(graph: Graph, mesh: Mesh, profile: MachineProfile, settings: Training
         if key not in op_cache:
             op_cache[key] = _build_op_table(op, infos[op.name], mesh, profile, settings, unit_s)
         cached = op_cache[key]
-        tables.append(OpTable(op, cached.inputs, cached.strategies, cached.cost, cached.memory,
-                              cached.out_layouts, cached.in_layouts, cached.records))
-    edges = _build_edges(graph, tables, mesh, profile, unit_s)
-    return Problem(graph, tuple(tables), edges, mesh, profile, settings, unit_s, ties=_build_ties(graph, tables, mesh, unit_s))
-
-
-def _layout_index(layouts: Sequence[Layout]) -> tuple[tuple[Layout, ...], np.ndarray]:
-    distinct = tuple(sorted(set(layouts)))
-    position = {lay: i for i, lay in enumerate(distinct)}
-    return distinct, np.array([position[lay] for lay in layouts], dtype=np.int64)
-
-
-def _build_edges(graph: Graph, tables: list[OpTable], mesh: Mesh, profile: MachineProfile,
-                 unit_s: float) -> tuple[EdgeTable, ...]:
-    position = {t.op.name: i for i, t in enumerate(tables)}
-    out_slot = {o.tensor: (position[t.op.name], k) for t in tables for k, o in enumerate(t.op.outputs)}
-    matrix_cache: dict[tuple, np.ndarray] = {}
-    index_cache: dict[tuple, tuple] = {}
-
-    def indexed(layouts: tuple, slot: int) -> tuple:
-        key = (id(layouts), slot)  # op tables of identical operators share their layout tuples
-        if key not in index_cache:
-            index_cache[key] = (layouts, _layout_index([lay[slot] for lay in layouts]))
-        return index_cache[key][1]
-
-    edges = []
-    for dst, table in enumerate(tables):
-        for slot, operand in enumerate(table.op.inputs):
-            if operand.tensor not in out_slot:
-                continue  # parameters and data inputs: no producer
-            src, src_slot = out_slot[operand.tensor]
-            info = table.inputs[slot]
-            src_layouts, src_index = indexed(tables[src].out_layouts, src_slot)
-            dst_layouts, dst_index = indexed(table.in_layouts, slot)
-            key = (info.shape, info.elem_bytes, info.edge_grad, src_layouts, dst_layouts)
-            if key not in matrix_cache:
-                matrix_cache[key] = np.array(
-                    [[_to_units(edge_seconds(info.shape, info.elem_bytes, a, b, mesh, info.edge_grad), unit_s)
-                      for b in dst_layouts] for a in src_layouts], dtype=np.int64)
-            edges.append(EdgeTable(operand.tensor, src, src_slot, dst, slot, src_layouts, dst_layouts,
-                                   matrix_cache[key], src_index, dst_index))
-    return tuple(edges)
-
-
-def _build_ties(graph: Graph, tables: list[OpTable], mesh: Mesh, unit_s: float) -> tuple[EdgeTable, ...]:
-    """One edge table per tied read: owner's forward layout of the parameter -> the reader's."""
-    infos = {t.op.name: t.inputs for t in tables}
-    ties = []
-    for owner, owner_slot, reader, slot in tied_reads(graph, infos):
-        info = tables[reader].inputs[slot]
-        src_layouts, src_index = _layout_index([forward_layout(lay[owner_slot]) for lay in tables[owner].in_layouts])
-        dst_layouts, dst_index = _layout_index([forward_layout(lay[slot]) for lay in tables[reader].in_layouts])
-        cost = np.array([[_to_units(edge_seconds(info.shape, info.elem_bytes, a, b, mesh, True), unit_s)
-                          for b in dst_layouts] for a in src_layouts], dtype=np.int64)  # = seconds(tie_cost(...))
-        ties.append(EdgeTable(graph.operators[reader].inputs[slot].tensor, owner, owner_slot, reader, slot,
-                              src_layouts, dst_layouts, cost, src_index, dst_index))
-    return tuple(ties)
+        tables.append(
+            OpTable(
+                op,
+                cached.inputs,
+                cached.strategies,
+                cached.cost,
+                cached.memory,
+                cached.out_layouts,
+                cached.in_layouts,
+                cached.records,
+            )
+        )
+    edges = build_edges(graph, tables, mesh, profile, unit_s)
+    return Problem(
+        graph,
+        tuple(tables),
+        edges,
+        mesh,
+        profile,
+        settings,
+        unit_s,
+        ties=build_ties(graph, tables, mesh, unit_s),
+    )

@@ -28,8 +28,12 @@ class Memory:
         return self.params + self.grads + self.optimizer + self.activations
 
     def __add__(self, other: "Memory") -> "Memory":
-        return Memory(self.params + other.params, self.grads + other.grads,
-                      self.optimizer + other.optimizer, self.activations + other.activations)
+        return Memory(
+            self.params + other.params,
+            self.grads + other.grads,
+            self.optimizer + other.optimizer,
+            self.activations + other.activations,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,16 +49,24 @@ class CostRecord:
     fwd_s: float = 0.0
     bwd_s: float = 0.0
     opt_s: float = 0.0
-    hidden_s: float = 0.0  # per pass: gathers (ZeRO-3, sequence-parallel re-gathers) behind the compute
+    # per pass: gathers (ZeRO-3, sequence-parallel re-gathers) behind the compute
+    hidden_s: float = 0.0
     hidden_sync_s: float = 0.0  # per step: the gradient reduction behind the (last) backward pass
     rerun_s: float = 0.0  # the part of bwd_s that re-runs the forward (recompute), for pictures
 
     def __add__(self, other: "CostRecord") -> "CostRecord":
         return sum_records([self, other])
 
-    def comm_bytes(self, kind: str | None = None, axis: int | None = None, phase: str | None = None) -> float:
-        return sum(c.nbytes for c in self.comm if (kind is None or c.kind == kind)
-                   and (axis is None or c.axis == axis) and (phase is None or c.phase == phase))
+    def comm_bytes(
+        self, kind: str | None = None, axis: int | None = None, phase: str | None = None
+    ) -> float:
+        return sum(
+            c.nbytes
+            for c in self.comm
+            if (kind is None or c.kind == kind)
+            and (axis is None or c.axis == axis)
+            and (phase is None or c.phase == phase)
+        )
 
 
 def sum_records(records: "list[CostRecord] | tuple[CostRecord, ...]") -> CostRecord:
@@ -70,7 +82,16 @@ def sum_records(records: "list[CostRecord] | tuple[CostRecord, ...]") -> CostRec
     return CostRecord(comm=merge_comm(tuple(comm)), memory=memory, **totals)
 
 
-_ADDITIVE = ("fwd_flops", "bwd_flops", "fwd_s", "bwd_s", "opt_s", "hidden_s", "hidden_sync_s", "rerun_s")
+_ADDITIVE = (
+    "fwd_flops",
+    "bwd_flops",
+    "fwd_s",
+    "bwd_s",
+    "opt_s",
+    "hidden_s",
+    "hidden_sync_s",
+    "rerun_s",
+)
 
 
 def merge_comm(comm: tuple[Collective, ...]) -> tuple[Collective, ...]:
@@ -100,7 +121,8 @@ class TimeBreakdown:
 
 
 def seconds(record: CostRecord, mesh: Mesh, profile: MachineProfile) -> float:
-    """Estimated time of a cost record: compute + communication - the communication hidden behind compute."""
+    """Estimated time of a cost record: compute + communication - the communication hidden behind
+    compute."""
     return breakdown(record, mesh, profile).total_s
 
 
@@ -115,6 +137,11 @@ def breakdown(record: CostRecord, mesh: Mesh, profile: MachineProfile) -> TimeBr
         by_kind[c.kind] = by_kind.get(c.kind, 0.0) + t
         by_axis[axis.name] = by_axis.get(axis.name, 0.0) + t
         by_pair[(c.kind, axis.name)] = by_pair.get((c.kind, axis.name), 0.0) + t
-    return TimeBreakdown(compute, sum(by_kind.values()), tuple(sorted(by_kind.items())), tuple(sorted(by_axis.items())),
-                         profile.compute_weight * (record.hidden_s + record.hidden_sync_s),
-                         tuple((kind, axis, t) for (kind, axis), t in sorted(by_pair.items())))
+    return TimeBreakdown(
+        compute,
+        sum(by_kind.values()),
+        tuple(sorted(by_kind.items())),
+        tuple(sorted(by_axis.items())),
+        profile.compute_weight * (record.hidden_s + record.hidden_sync_s),
+        tuple((kind, axis, t) for (kind, axis), t in sorted(by_pair.items())),
+    )

@@ -21,8 +21,16 @@ from typing import Sequence
 from planner.cluster.mesh import Mesh
 from planner.cost.collectives import Collective, collective_seconds, hierarchical_steps, scaled
 from planner.cost.records import CostRecord
-from planner.cost.strategy import (PARTIAL, REPLICATE, Layout, forward_layout, gradient_layout, gradient_target,
-                                   layout_divides, shard_factor)
+from planner.cost.strategy import (
+    PARTIAL,
+    REPLICATE,
+    Layout,
+    forward_layout,
+    gradient_layout,
+    gradient_target,
+    layout_divides,
+    shard_factor,
+)
 
 STEP_KINDS = ("slice", "reduce_scatter", "all_to_all", "all_reduce", "all_gather")
 _DST = -100  # move(): take the placement from the target layout
@@ -43,8 +51,9 @@ class Step:
             raise ValueError(f"redistribution step: unknown kind {self.kind!r}")
 
 
-def redistribution_steps(shape: tuple[int, ...], src: Layout, dst: Layout,
-                         mesh_shape: tuple[int, ...]) -> tuple[Step, ...]:
+def redistribution_steps(
+    shape: tuple[int, ...], src: Layout, dst: Layout, mesh_shape: tuple[int, ...]
+) -> tuple[Step, ...]:
     """The steps from layout ``src`` to ``dst`` of a tensor of ``shape``. A Partial placement in
     ``dst`` stays as it is and must already be Partial in ``src`` (nothing creates a pending sum).
     A slice, reduce-scatter or all-to-all that would cut a dim into more blocks than it has rows
@@ -65,20 +74,25 @@ def _numel(shape: Sequence[int]) -> float:
 
 def _divisibility(shape: Sequence[int], mesh_shape: Sequence[int]) -> tuple[int, ...]:
     """The shape as the steps read it: only divisibility by products of axis sizes matters, which
-    the gcd of each dim with the device count keeps (so tensors of many shapes share a cache entry)."""
+    the gcd of each dim with the device count keeps (so tensors of many shapes share a cache
+    entry)."""
     total = math.prod(mesh_shape)
     return tuple(math.gcd(int(dim), total) for dim in shape)
 
 
 @functools.lru_cache(maxsize=1 << 18)
-def _steps(shape: tuple[int, ...], src: Layout, dst: Layout, mesh_shape: tuple[int, ...]) -> tuple[Step, ...]:
+def _steps(
+    shape: tuple[int, ...], src: Layout, dst: Layout, mesh_shape: tuple[int, ...]
+) -> tuple[Step, ...]:
     if any(want == PARTIAL and have != PARTIAL for have, want in zip(src, dst)):
         raise ValueError(f"redistribution: {src} -> {dst} would create a Partial placement")
     plan = _Steps(shape, list(src), tuple(dst), mesh_shape)
     axes = range(len(src))
-    for kind, wanted in (("slice", lambda ax: plan.cur[ax] == REPLICATE),
-                         ("reduce_scatter", lambda ax: plan.cur[ax] == PARTIAL),
-                         ("all_to_all", lambda ax: plan.cur[ax] >= 0 and plan.cur[ax] != dst[ax])):
+    for kind, wanted in (
+        ("slice", lambda ax: plan.cur[ax] == REPLICATE),
+        ("reduce_scatter", lambda ax: plan.cur[ax] == PARTIAL),
+        ("all_to_all", lambda ax: plan.cur[ax] >= 0 and plan.cur[ax] != dst[ax]),
+    ):
         for ax in axes:
             if dst[ax] >= 0 and wanted(ax):
                 plan.move(kind, [ax], _DST)
@@ -98,7 +112,8 @@ def _steps(shape: tuple[int, ...], src: Layout, dst: Layout, mesh_shape: tuple[i
 
 @dataclass(slots=True)
 class _Steps:
-    """The layout as it changes (``cur``), the steps so far and the steps waiting for the gathers."""
+    """The layout as it changes (``cur``), the steps so far and the steps waiting for the
+    gathers."""
 
     shape: tuple[int, ...]
     cur: list[int]
@@ -112,19 +127,26 @@ class _Steps:
         self.cur[:] = after
 
     def regroup(self, kind: str, ax: int, placement: int) -> None:
-        """Adding or removing axis ``ax`` on a dim that an inner axis also shards (and keeps sharded)
-        moves the inner axis's blocks: gather it first; ``slice_back`` re-slices it."""
+        """Adding or removing axis ``ax`` on a dim that an inner axis also shards (and keeps
+        sharded) moves the inner axis's blocks: gather it first; ``slice_back`` re-slices it."""
         touched = {self.cur[ax]} if kind in ("all_to_all", "all_gather") else set()
         if kind != "all_gather":
             touched.add(self.dst[ax] if placement == _DST else placement)
         for inner in reversed(range(ax + 1, len(self.cur))):
             if self.cur[inner] >= 0 and self.cur[inner] in touched and self.dst[inner] >= 0:
-                self._append("all_gather", (inner,), [REPLICATE if a == inner else p for a, p in enumerate(self.cur)])
+                self._append(
+                    "all_gather",
+                    (inner,),
+                    [REPLICATE if a == inner else p for a, p in enumerate(self.cur)],
+                )
 
     def move(self, kind: str, axes: list[int], placement: int, wait: bool = True) -> None:
         if kind != "all_reduce":
             self.regroup(kind, axes[0], placement)
-        after = [(self.dst[a] if placement == _DST else placement) if a in axes else p for a, p in enumerate(self.cur)]
+        after = [
+            (self.dst[a] if placement == _DST else placement) if a in axes else p
+            for a, p in enumerate(self.cur)
+        ]
         if wait and not layout_divides(self.shape, tuple(after), self.mesh_shape):
             self.waiting.append((kind, axes[0]))
             return
@@ -133,7 +155,11 @@ class _Steps:
     def slice_back(self) -> None:
         """Slice every axis the target shards and the layout replicates (free), outer axes first."""
         for ax in range(len(self.cur)):
-            if self.dst[ax] >= 0 and self.cur[ax] == REPLICATE and all(ax != a for _, a in self.waiting):
+            if (
+                self.dst[ax] >= 0
+                and self.cur[ax] == REPLICATE
+                and all(ax != a for _, a in self.waiting)
+            ):
                 self.move("slice", [ax], _DST)
 
     def finish_waiting(self) -> None:
@@ -147,31 +173,52 @@ class _Steps:
                 after = tuple(self.dst[ax] if a == ax else p for a, p in enumerate(self.cur))
                 if layout_divides(self.shape, after, self.mesh_shape):
                     self.waiting.pop(i)
-                    self.move("slice" if self.cur[ax] == REPLICATE else kind, [ax], _DST, wait=False)
+                    self.move(
+                        "slice" if self.cur[ax] == REPLICATE else kind, [ax], _DST, wait=False
+                    )
                     break
             else:
-                split = next((i for i, (kind, _) in enumerate(self.waiting) if kind != "slice"), None)
+                split = next(
+                    (i for i, (kind, _) in enumerate(self.waiting) if kind != "slice"), None
+                )
                 if split is None:
-                    raise ValueError(f"redistribution: no valid order reaches {self.dst} from {tuple(self.cur)}")
+                    raise ValueError(
+                        f"redistribution: no valid order reaches {self.dst} from {tuple(self.cur)}"
+                    )
                 kind, ax = self.waiting.pop(split)
-                self.move("all_gather" if kind == "all_to_all" else "all_reduce", [ax], REPLICATE, wait=False)
+                self.move(
+                    "all_gather" if kind == "all_to_all" else "all_reduce",
+                    [ax],
+                    REPLICATE,
+                    wait=False,
+                )
                 self.waiting.insert(split, ("slice", ax))
 
 
-def redistribute(shape: tuple[int, ...], elem_bytes: int, src: Layout, dst: Layout,
-                 mesh_shape: tuple[int, ...], phase: str) -> tuple[Collective, ...]:
+def redistribute(
+    shape: tuple[int, ...],
+    elem_bytes: int,
+    src: Layout,
+    dst: Layout,
+    mesh_shape: tuple[int, ...],
+    phase: str,
+) -> tuple[Collective, ...]:
     """Collectives that turn layout ``src`` into ``dst``. Each is charged on the local buffer it
     starts from, except the all-gather, charged on the gathered buffer it ends with (ring formulas
     in ``planner.cost.collectives``)."""
     numel = _numel(shape)
-    return tuple(Collective(phase, kind, ax, scaled(numel * elem_bytes / factor, chain))
-                 for kind, ax, factor, chain in _recipe(_divisibility(shape, mesh_shape), tuple(src), tuple(dst),
-                                                        tuple(mesh_shape)))
+    return tuple(
+        Collective(phase, kind, ax, scaled(numel * elem_bytes / factor, chain))
+        for kind, ax, factor, chain in _recipe(
+            _divisibility(shape, mesh_shape), tuple(src), tuple(dst), tuple(mesh_shape)
+        )
+    )
 
 
 @functools.lru_cache(maxsize=1 << 18)
-def _recipe(shape: tuple[int, ...], src: Layout, dst: Layout,
-            mesh_shape: tuple[int, ...]) -> tuple[tuple[str, int, int, tuple[int, ...]], ...]:
+def _recipe(
+    shape: tuple[int, ...], src: Layout, dst: Layout, mesh_shape: tuple[int, ...]
+) -> tuple[tuple[str, int, int, tuple[int, ...]], ...]:
     """Per collective of ``redistribute``: kind, axis, the shard factor of the buffer the step is
     charged on, and the ``hierarchical_steps`` chain from that buffer (axes of size 1 dropped)."""
     out = []
@@ -181,24 +228,47 @@ def _recipe(shape: tuple[int, ...], src: Layout, dst: Layout,
         factor = shard_factor(step.after if step.kind == "all_gather" else step.before, mesh_shape)
         if step.kind == "all_reduce":
             axes = [ax for ax in step.axes if mesh_shape[ax] > 1]
-            out.extend((kind, ax, factor, chain) for kind, ax, chain in hierarchical_steps(axes, mesh_shape))
+            out.extend(
+                (kind, ax, factor, chain)
+                for kind, ax, chain in hierarchical_steps(axes, mesh_shape)
+            )
         else:
             out.append((step.kind, step.axes[0], factor, ()))
     return tuple(c for c in out if mesh_shape[c[1]] > 1)
 
 
-def edge_cost(shape: tuple[int, ...], elem_bytes: int, producer_layout: Layout, consumer_layout: Layout,
-              mesh_shape: tuple[int, ...], needs_grad: bool) -> CostRecord:
+def edge_cost(
+    shape: tuple[int, ...],
+    elem_bytes: int,
+    producer_layout: Layout,
+    consumer_layout: Layout,
+    mesh_shape: tuple[int, ...],
+    needs_grad: bool,
+) -> CostRecord:
     """Forward redistribution producer -> consumer plus, if needed, its transposed gradient."""
-    comm = redistribute(shape, elem_bytes, producer_layout, forward_layout(consumer_layout), mesh_shape, "fwd")
+    comm = redistribute(
+        shape, elem_bytes, producer_layout, forward_layout(consumer_layout), mesh_shape, "fwd"
+    )
     if needs_grad:
-        comm += redistribute(shape, elem_bytes, gradient_layout(consumer_layout), gradient_target(producer_layout),
-                             mesh_shape, "bwd")
+        comm += redistribute(
+            shape,
+            elem_bytes,
+            gradient_layout(consumer_layout),
+            gradient_target(producer_layout),
+            mesh_shape,
+            "bwd",
+        )
     return CostRecord(comm=comm)
 
 
-def edge_seconds(shape: tuple[int, ...], elem_bytes: int, producer_layout: Layout, consumer_layout: Layout,
-                 mesh: Mesh, needs_grad: bool) -> float:
+def edge_seconds(
+    shape: tuple[int, ...],
+    elem_bytes: int,
+    producer_layout: Layout,
+    consumer_layout: Layout,
+    mesh: Mesh,
+    needs_grad: bool,
+) -> float:
     """``seconds(edge_cost(...))`` without building the records, for the cost tables (one call per
     layout pair of every edge): the same collectives, summed per kind in the order ``breakdown``
     sums them, so the two agree to the last bit (tested)."""
@@ -210,19 +280,29 @@ def edge_seconds(shape: tuple[int, ...], elem_bytes: int, producer_layout: Layou
     for src, dst in legs:
         for kind, ax, factor, chain in _recipe(divisibility, src, dst, mesh.shape):
             axis = mesh.axes[ax]
-            t = collective_seconds(kind, axis.size, axis.bandwidth, axis.latency,
-                                   scaled(numel * elem_bytes / factor, chain))
+            t = collective_seconds(
+                kind,
+                axis.size,
+                axis.bandwidth,
+                axis.latency,
+                scaled(numel * elem_bytes / factor, chain),
+            )
             by_kind[kind] = by_kind.get(kind, 0.0) + t
     return sum(by_kind.values())
 
 
-def hierarchical_layouts(shape: Sequence[int], before: Layout, axes: Sequence[int],
-                         mesh_shape: Sequence[int]) -> list[Layout] | None:
-    """The layouts a hierarchical all-reduce over ``axes`` (outer first, sizes > 1) passes through, one
-    axis changed per step (``hierarchical_steps``): reduce-scatters on the inner axes over the largest
-    local dim that divides, the all-reduce on the outer axis, all-gathers back. None: no dim divides."""
+def hierarchical_layouts(
+    shape: Sequence[int], before: Layout, axes: Sequence[int], mesh_shape: Sequence[int]
+) -> list[Layout] | None:
+    """The layouts a hierarchical all-reduce over ``axes`` (outer first, sizes > 1) passes through,
+    one axis changed per step (``hierarchical_steps``): reduce-scatters on the inner axes over the
+    largest local dim that divides, the all-reduce on the outer axis, all-gathers back. None: no dim
+    divides."""
     inner = math.prod(mesh_shape[ax] for ax in axes[1:])
-    local = [n // math.prod(mesh_shape[ax] for ax, p in enumerate(before) if p == d) for d, n in enumerate(shape)]
+    local = [
+        n // math.prod(mesh_shape[ax] for ax, p in enumerate(before) if p == d)
+        for d, n in enumerate(shape)
+    ]
     dims = [d for d in range(len(shape)) if local[d] % inner == 0]
     if not dims:
         return None

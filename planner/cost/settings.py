@@ -10,12 +10,19 @@ from planner.errors import SettingsError
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 INTEGER_BYTES = 4
 # Optimizer state bytes per parameter: mixed precision keeps an fp32 master copy.
-OPTIMIZER_BYTES = {("adam", "bf16"): 12, ("adam", "fp16"): 12, ("adam", "fp32"): 8,
-                   ("sgd", "bf16"): 8, ("sgd", "fp16"): 8, ("sgd", "fp32"): 4}
+OPTIMIZER_BYTES = {
+    ("adam", "bf16"): 12,
+    ("adam", "fp16"): 12,
+    ("adam", "fp32"): 8,
+    ("sgd", "bf16"): 8,
+    ("sgd", "fp16"): 8,
+    ("sgd", "fp32"): 4,
+}
 OVERLAP = ("none", "grad", "full")
 RECOMPUTE = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
-AUTO = "auto"  # recompute / ZeRO decided per layer by the exact search (``layer_recompute``, ``layer_zero``)
+# recompute / ZeRO decided per layer by the exact search (``layer_recompute``, ``layer_zero``)
+AUTO = "auto"
 # PyTorch DDP's default bucket_cap_mb (25 MiB): small tensors share a bucket's collective latency.
 DEFAULT_BUCKET_BYTES = 25 * 2**20
 
@@ -58,7 +65,10 @@ class TrainingSettings:
         if isinstance(self.recompute, bool):
             object.__setattr__(self, "recompute", "full" if self.recompute else "none")
         if self.recompute not in RECOMPUTE + (AUTO,):
-            raise SettingsError(f"--recompute: must be one of {', '.join(RECOMPUTE + (AUTO,))}, got {self.recompute!r}")
+            raise SettingsError(
+                f"--recompute: must be one of {', '.join(RECOMPUTE + (AUTO,))}, got "
+                f"{self.recompute!r}"
+            )
         _check_layers("layer_recompute", self.layer_recompute, RECOMPUTE)
         if self.layer_recompute and self.recompute != AUTO:
             raise SettingsError("layer_recompute: per-layer modes need recompute 'auto'")
@@ -66,19 +76,31 @@ class TrainingSettings:
         if self.layer_zero and self.zero != AUTO:
             raise SettingsError("layer_zero: per-layer stages need zero 'auto'")
         if not isinstance(self.sequence_parallel, bool):
-            raise SettingsError(f"--sequence-parallel: must be true or false, got {self.sequence_parallel!r}")
+            raise SettingsError(
+                f"--sequence-parallel: must be true or false, got {self.sequence_parallel!r}"
+            )
         if self.dtype not in DTYPE_BYTES:
-            raise SettingsError(f"--dtype: must be one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}")
+            raise SettingsError(
+                f"--dtype: must be one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}"
+            )
         if self.optimizer not in ("adam", "sgd"):
             raise SettingsError(f"--optimizer: must be adam or sgd, got {self.optimizer!r}")
         if self.zero not in ZERO_STAGES + (AUTO,) or isinstance(self.zero, bool):
             raise SettingsError(f"--zero: must be 0, 1, 2, 3 or auto, got {self.zero!r}")
         if self.overlap not in OVERLAP:
-            raise SettingsError(f"--overlap: must be one of {', '.join(OVERLAP)}, got {self.overlap!r}")
-        if isinstance(self.bucket_bytes, bool) or not isinstance(self.bucket_bytes, (int, float)) \
-                or not 0 <= self.bucket_bytes < 2**50:
-            raise SettingsError(f"--bucket-mb: must be a non-negative size, got {self.bucket_bytes!r}")
-        if self.fp32_grads and self.dtype == "fp32":  # an option that would change nothing is refused
+            raise SettingsError(
+                f"--overlap: must be one of {', '.join(OVERLAP)}, got {self.overlap!r}"
+            )
+        if (
+            isinstance(self.bucket_bytes, bool)
+            or not isinstance(self.bucket_bytes, (int, float))
+            or not 0 <= self.bucket_bytes < 2**50
+        ):
+            raise SettingsError(
+                f"--bucket-mb: must be a non-negative size, got {self.bucket_bytes!r}"
+            )
+        # an option that would change nothing is refused
+        if self.fp32_grads and self.dtype == "fp32":
             raise SettingsError("--fp32-grads: gradients are fp32 already under --dtype fp32")
 
     def recompute_at(self, layer: int | None) -> str:
@@ -98,13 +120,20 @@ class TrainingSettings:
         return DTYPE_BYTES[self.dtype]
 
     def to_dict(self) -> dict:
-        """The settings as plan files and CSV rows write them (the CLI's option names and values)."""
-        return {"dtype": self.dtype, "optimizer": self.optimizer, "zero": self.zero,
-                "recompute": self.recompute, "overlap": self.overlap,
-                "bucket_mb": self.bucket_bytes / 2**20, "fp32_grads": self.fp32_grads,
-                "sequence_parallel": self.sequence_parallel,
-                "layer_recompute": format_layer_modes(self.layer_recompute),
-                "layer_zero": format_layer_modes(self.layer_zero)}
+        """The settings as plan files and CSV rows write them (the CLI's option names and
+        values)."""
+        return {
+            "dtype": self.dtype,
+            "optimizer": self.optimizer,
+            "zero": self.zero,
+            "recompute": self.recompute,
+            "overlap": self.overlap,
+            "bucket_mb": self.bucket_bytes / 2**20,
+            "fp32_grads": self.fp32_grads,
+            "sequence_parallel": self.sequence_parallel,
+            "layer_recompute": format_layer_modes(self.layer_recompute),
+            "layer_zero": format_layer_modes(self.layer_zero),
+        }
 
     @property
     def grad_bytes(self) -> int:
@@ -136,14 +165,24 @@ def parse_layer_modes(text: str, field: str = "layer_recompute") -> tuple[tuple[
         mode, _, span = part.partition(":")
         first, _, last = span.partition("-")
         if mode not in allowed or not first.isdigit() or (last and not last.isdigit()):
-            raise SettingsError(f"{field}: expected mode:first-last runs like 'full:0-11' or '1:0-11', got {part!r}")
+            raise SettingsError(
+                f"{field}: expected mode:first-last runs like 'full:0-11' or '1:0-11', got {part!r}"
+            )
         pairs.extend((layer, allowed[mode]) for layer in range(int(first), int(last or first) + 1))
     return tuple(sorted(pairs))
 
 
 def _check_layers(field: str, pairs: tuple, allowed: tuple) -> None:
     layers = [layer for layer, _ in pairs]
-    if layers != sorted(set(layers)) or any(not isinstance(layer, int) or isinstance(layer, bool) or layer < 0
-                                            or mode not in allowed or isinstance(mode, bool) for layer, mode in pairs):
-        raise SettingsError(f"{field}: needs (layer >= 0, one of {', '.join(map(str, allowed))}) pairs in increasing "
-                            f"layer order, got {pairs!r}")
+    if layers != sorted(set(layers)) or any(
+        not isinstance(layer, int)
+        or isinstance(layer, bool)
+        or layer < 0
+        or mode not in allowed
+        or isinstance(mode, bool)
+        for layer, mode in pairs
+    ):
+        raise SettingsError(
+            f"{field}: needs (layer >= 0, one of {', '.join(map(str, allowed))}) pairs in "
+            f"increasing layer order, got {pairs!r}"
+        )

@@ -40,7 +40,8 @@ def layout_name(layout: Layout) -> str:
 
 
 def splittable_dims(op: Operator) -> list[str]:
-    """Dims a mesh axis may split: not unsplittable, and never a non-leading dim of a merged group."""
+    """Dims a mesh axis may split: not unsplittable, and never a non-leading dim of a merged
+    group."""
     inner = {d for operand in op.inputs + op.outputs for group in operand.dims for d in group[1:]}
     return [d for d, _ in op.dims if d not in op.unsplittable and d not in inner]
 
@@ -50,7 +51,11 @@ def enumerate_strategies(op: Operator, mesh: Mesh) -> list[Strategy]:
     sizes = op.sizes
     dims = splittable_dims(op)
     choices = [[None] + (dims if axis.size > 1 else []) for axis in mesh.axes]
-    return [tuple(strategy) for strategy in itertools.product(*choices) if divides(sizes, strategy, mesh)]
+    return [
+        tuple(strategy)
+        for strategy in itertools.product(*choices)
+        if divides(sizes, strategy, mesh)
+    ]
 
 
 def divides(sizes: dict[str, int], strategy: Strategy, mesh: Mesh) -> bool:
@@ -66,8 +71,14 @@ def parallel_degree(strategy: Strategy, mesh: Mesh) -> int:
     return math.prod(axis.size for axis, dim in zip(mesh.axes, strategy) if dim is not None)
 
 
-def operand_layout(operand: Operand, strategy: Strategy, *, output: bool, needs_grad: bool = True,
-                   exact_grad_dims: frozenset[str] = frozenset()) -> Layout:
+def operand_layout(
+    operand: Operand,
+    strategy: Strategy,
+    *,
+    output: bool,
+    needs_grad: bool = True,
+    exact_grad_dims: frozenset[str] = frozenset(),
+) -> Layout:
     """The layout the strategy implies for one operand (output or input).
 
     ``exact_grad_dims``: dims absent from an input whose split still leaves its gradient complete
@@ -94,10 +105,13 @@ def bias_exact_dims(op: Operator, operand: Operand) -> frozenset[str]:
     gradient is a sum of the output gradient, which is replicated over an axis that splits a
     reduction dim (the gradient of a Partial output is Replicate). Megatron's row-parallel bias.
     """
-    return _bias_exact(tuple(o.dims for o in op.outputs), operand.dims, tuple(o.dims for o in op.inputs))
+    return _bias_exact(
+        tuple(o.dims for o in op.outputs), operand.dims, tuple(o.dims for o in op.inputs)
+    )
 
 
-@functools.lru_cache(maxsize=4096)  # a pure function of dims, asked once per (operator, input, strategy)
+# a pure function of dims, asked once per (operator, input, strategy)
+@functools.lru_cache(maxsize=4096)
 def _bias_exact(outputs: tuple, own_dims: tuple, inputs: tuple) -> frozenset[str]:
     out_dims = {d for dims in outputs for group in dims for d in group}
     own = {d for group in own_dims for d in group}
@@ -109,8 +123,13 @@ def _bias_exact(outputs: tuple, own_dims: tuple, inputs: tuple) -> frozenset[str
 
 def input_layout(op: Operator, slot: int, strategy: Strategy, needs_grad: bool) -> Layout:
     operand = op.inputs[slot]
-    return operand_layout(operand, strategy, output=False, needs_grad=needs_grad,
-                          exact_grad_dims=bias_exact_dims(op, operand))
+    return operand_layout(
+        operand,
+        strategy,
+        output=False,
+        needs_grad=needs_grad,
+        exact_grad_dims=bias_exact_dims(op, operand),
+    )
 
 
 def shard_factor(layout: Layout, mesh_shape: Sequence[int]) -> int:
@@ -119,7 +138,8 @@ def shard_factor(layout: Layout, mesh_shape: Sequence[int]) -> int:
 
 
 def layout_divides(shape: Sequence[int], layout: Layout, mesh_shape: Sequence[int]) -> bool:
-    """Whether every tensor dim is a whole multiple of the number of blocks the layout cuts it into."""
+    """Whether every tensor dim is a whole multiple of the number of blocks the layout cuts it
+    into."""
     pieces = [1] * len(shape)
     for p, size in zip(layout, mesh_shape):
         if p >= 0:

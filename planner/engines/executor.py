@@ -1,15 +1,15 @@
 """Run a plan on virtual devices with numpy: local shards, literal collectives (DESIGN section 8).
 
-Each tensor lives as one local array per device coordinate plus a layout (per mesh axis: Shard of
-a tensor dim, Replicate or Partial, as in ``planner.cost.strategy``). Operators run on local shards with
-their local dim sizes; a mesh axis on a reduction dim leaves Partial sums; a bias is added on one
-shard only. Layouts change by per-axis collectives over the devices that differ only in that axis
-(all-gather = concatenate, all-reduce = sum, reduce-scatter = sum then keep a block, all-to-all =
-gather then keep a block, local slice). When several axes shard one tensor dim, the first axis
-in mesh order holds the major block. Two documented deviations, exact in value: an operator that
-splits a normalised dim (layer norm, softmax, loss over classes; batch norm's batch) gathers that
-dim before it runs and slices after (the cost model charges the statistics all-reduce instead),
-and a gather on an axis that is not the innermost of its dim gathers the inner axes too.
+Each tensor lives as one local array per device coordinate plus a layout (per mesh axis: Shard of a
+tensor dim, Replicate or Partial, as in ``planner.cost.strategy``). Operators run on local shards
+with their local dim sizes; a mesh axis on a reduction dim leaves Partial sums; a bias is added on
+one shard only. Layouts change by per-axis collectives over the devices that differ only in that
+axis (all-gather = concatenate, all-reduce = sum, reduce-scatter = sum then keep a block, all-to-all
+= gather then keep a block, local slice). When several axes shard one tensor dim, the first axis in
+mesh order holds the major block. Two documented deviations, exact in value: an operator that splits
+a normalised dim (layer norm, softmax, loss over classes; batch norm's batch) gathers that dim
+before it runs and slices after (the cost model charges the statistics all-reduce instead), and a
+gather on an axis that is not the innermost of its dim gathers the inner axes too.
 """
 
 from __future__ import annotations
@@ -23,7 +23,15 @@ from planner.ir.graph import Graph
 from planner.engines.interpret import BIAS, letters, random_feeds, run_graph, run_operator
 from planner.cluster.mesh import Mesh
 from planner.cost.redistribution import redistribution_steps
-from planner.cost.strategy import PARTIAL, REPLICATE, Layout, Strategy, forward_layout, input_layout, operand_layout
+from planner.cost.strategy import (
+    PARTIAL,
+    REPLICATE,
+    Layout,
+    Strategy,
+    forward_layout,
+    input_layout,
+    operand_layout,
+)
 
 Coord = tuple[int, ...]
 
@@ -41,7 +49,9 @@ def _axes_of_dim(layout: Layout, dim: int) -> list[int]:
     return [ax for ax, p in enumerate(layout) if p == dim]
 
 
-def block(shape: tuple[int, ...], layout: Layout, mesh_shape: tuple[int, ...], coord: Coord) -> tuple[slice, ...]:
+def block(
+    shape: tuple[int, ...], layout: Layout, mesh_shape: tuple[int, ...], coord: Coord
+) -> tuple[slice, ...]:
     """The global index range a device holds under a layout (Shard blocks, major axis first)."""
     index = []
     for dim, size in enumerate(shape):
@@ -60,12 +70,15 @@ def coords(mesh_shape: tuple[int, ...]) -> list[Coord]:
 
 def scatter(value: np.ndarray, layout: Layout, mesh_shape: tuple[int, ...]) -> Sharded:
     """Place a global (replicated) value on the devices under a layout without Partial."""
-    return Sharded({c: value[block(value.shape, layout, mesh_shape, c)] for c in coords(mesh_shape)},
-                   tuple(layout), value.shape)
+    return Sharded(
+        {c: value[block(value.shape, layout, mesh_shape, c)] for c in coords(mesh_shape)},
+        tuple(layout),
+        value.shape,
+    )
 
 
 def _group(c: Coord, axis: int, size: int) -> list[Coord]:
-    return [c[:axis] + (k,) + c[axis + 1:] for k in range(size)]
+    return [c[:axis] + (k,) + c[axis + 1 :] for k in range(size)]
 
 
 def _all_reduce(t: Sharded, axis: int, mesh_shape) -> Sharded:
@@ -79,7 +92,10 @@ def _gather(t: Sharded, axis: int, mesh_shape) -> Sharded:
     inner = [ax for ax in _axes_of_dim(t.layout, dim) if ax > axis]
     for ax in sorted(inner, reverse=True):  # not innermost: gather the inner axes first
         t = _gather(t, ax, mesh_shape)
-    local = {c: np.concatenate([t.local[g] for g in _group(c, axis, mesh_shape[axis])], axis=dim) for c in t.local}
+    local = {
+        c: np.concatenate([t.local[g] for g in _group(c, axis, mesh_shape[axis])], axis=dim)
+        for c in t.local
+    }
     out = Sharded(local, _set(t.layout, axis, REPLICATE), t.shape)
     for ax in sorted(inner):
         out = _slice(out, ax, dim, mesh_shape)
@@ -116,7 +132,10 @@ def redistribute(t: Sharded, dst: Layout, mesh_shape: tuple[int, ...]) -> Sharde
     shards: a reduce-scatter is an all-reduce that keeps its block, an all-to-all a gather that
     keeps its block, and the hierarchical all-reduce one all-reduce per axis. A Partial target
     placement (an output whose reduction dim was gathered locally) keeps a replicated value."""
-    dst = tuple(have if want == PARTIAL and have in (PARTIAL, REPLICATE) else want for have, want in zip(t.layout, dst))
+    dst = tuple(
+        have if want == PARTIAL and have in (PARTIAL, REPLICATE) else want
+        for have, want in zip(t.layout, dst)
+    )
     for step in redistribution_steps(t.shape, t.layout, dst, mesh_shape):
         ax = step.axes[0]
         if step.kind in ("reduce_scatter", "all_reduce"):
@@ -136,7 +155,9 @@ def gathered_dims(op, strategy: Strategy) -> set[str]:
     return {d for d in strategy if d in norm}
 
 
-def run_op(graph: Graph, op, strategy: Strategy, inputs: list[Sharded], mesh: Mesh) -> list[Sharded]:
+def run_op(
+    graph: Graph, op, strategy: Strategy, inputs: list[Sharded], mesh: Mesh
+) -> list[Sharded]:
     """One operator under one strategy on every device."""
     mesh_shape = mesh.shape
     gathered = gathered_dims(op, strategy)
@@ -145,7 +166,11 @@ def run_op(graph: Graph, op, strategy: Strategy, inputs: list[Sharded], mesh: Me
     grads = graph.grad_tensors()
     for slot, t in enumerate(inputs):
         needs_grad = op.inputs[slot].tensor in grads
-        args.append(redistribute(t, forward_layout(input_layout(op, slot, local_strategy, needs_grad)), mesh_shape))
+        args.append(
+            redistribute(
+                t, forward_layout(input_layout(op, slot, local_strategy, needs_grad)), mesh_shape
+            )
+        )
     outs_layout = [operand_layout(o, local_strategy, output=True) for o in op.outputs]
     results: list[dict[Coord, np.ndarray]] = [{} for _ in op.outputs]
     for c in coords(mesh_shape):
@@ -163,12 +188,17 @@ def run_op(graph: Graph, op, strategy: Strategy, inputs: list[Sharded], mesh: Me
         offsets[BIAS] = int(all(c[ax] == 0 for ax in partial_axes))
         for k, value in enumerate(run_operator(op, [a.local[c] for a in args], np, sizes, offsets)):
             results[k][c] = value
-    outs = [Sharded(r, layout, op.operand_shape(o)) for r, layout, o in zip(results, outs_layout, op.outputs)]
+    outs = [
+        Sharded(r, layout, op.operand_shape(o))
+        for r, layout, o in zip(results, outs_layout, op.outputs)
+    ]
     final = [operand_layout(o, strategy, output=True) for o in op.outputs]
     return [redistribute(t, want, mesh_shape) for t, want in zip(outs, final)]
 
 
-def execute(graph: Graph, strategies: dict[str, Strategy], mesh: Mesh, feeds: dict[str, np.ndarray]) -> dict[str, Sharded]:
+def execute(
+    graph: Graph, strategies: dict[str, Strategy], mesh: Mesh, feeds: dict[str, np.ndarray]
+) -> dict[str, Sharded]:
     """Run the plan forward on virtual devices; returns every activation as a ``Sharded``."""
     env: dict[str, Sharded] = {}
     mesh_shape = mesh.shape
@@ -187,7 +217,9 @@ def execute(graph: Graph, strategies: dict[str, Strategy], mesh: Mesh, feeds: di
     return env
 
 
-def check_plan(graph: Graph, strategies: dict[str, Strategy], mesh: Mesh, seed: int = 0) -> dict[str, float]:
+def check_plan(
+    graph: Graph, strategies: dict[str, Strategy], mesh: Mesh, seed: int = 0
+) -> dict[str, float]:
     """Largest relative error, per activation, between the plan on virtual devices and the
     unsharded forward (both float64). Every device's copy is compared after an all-gather."""
     feeds = random_feeds(graph, seed)

@@ -1,4 +1,5 @@
-"""Export a plan to engines: JAX ``PartitionSpec``s and PyTorch DTensor placements (DESIGN section 8).
+"""Export a plan to engines: JAX ``PartitionSpec``s and PyTorch DTensor placements (DESIGN section
+8).
 
 A layout (per mesh axis: Shard(tensor dim), Replicate, Partial) becomes
 - JAX: one ``PartitionSpec`` entry per tensor dim listing the mesh axes that shard it, in mesh
@@ -17,7 +18,15 @@ from typing import Mapping
 
 from planner.ir.graph import Graph
 from planner.cluster.mesh import Mesh
-from planner.cost.strategy import PARTIAL, REPLICATE, Layout, Strategy, forward_layout, input_layout, operand_layout
+from planner.cost.strategy import (
+    PARTIAL,
+    REPLICATE,
+    Layout,
+    Strategy,
+    forward_layout,
+    input_layout,
+    operand_layout,
+)
 
 Spec = tuple  # per tensor dim: None, an axis name, or a tuple of axis names
 
@@ -35,7 +44,10 @@ def spec_of(layout: Layout, ndim: int, axis_names: tuple[str, ...]) -> Spec | No
 
 def placements_of(layout: Layout) -> tuple[str, ...]:
     """DTensor placements, one per mesh axis, as text: 'Shard(i)', 'Replicate()', 'Partial()'."""
-    return tuple("Replicate()" if p == REPLICATE else "Partial()" if p == PARTIAL else f"Shard({p})" for p in layout)
+    return tuple(
+        "Replicate()" if p == REPLICATE else "Partial()" if p == PARTIAL else f"Shard({p})"
+        for p in layout
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,11 +65,18 @@ class ExportedPlan:
 
     def partition_specs(self, graph: Graph) -> dict[str, Spec]:
         """JAX PartitionSpec entries of every parameter and data tensor."""
-        return {name: spec_of(layout, len(graph.tensor(name).shape), self.axis_names) for name, layout in self.leaves}
+        return {
+            name: spec_of(layout, len(graph.tensor(name).shape), self.axis_names)
+            for name, layout in self.leaves
+        }
 
     def dtensor_placements(self, graph: Graph) -> dict[str, tuple[str, ...]]:
         """DTensor placements of every parameter."""
-        return {name: placements_of(layout) for name, layout in self.leaves if graph.tensor(name).role == "param"}
+        return {
+            name: placements_of(layout)
+            for name, layout in self.leaves
+            if graph.tensor(name).role == "param"
+        }
 
     def to_dict(self, graph: Graph) -> dict:
         """A JSON-ready description: mesh, per-parameter specs and placements, per-output specs."""
@@ -66,10 +85,12 @@ class ExportedPlan:
         for op_name, slot, layout in self.outputs:
             tensor = graph.operator(op_name).outputs[slot].tensor
             out_specs[tensor] = spec_of(layout, len(graph.tensor(tensor).shape), self.axis_names)
-        return {"mesh": {"axis_names": list(self.axis_names), "shape": list(self.mesh_shape)},
-                "partition_specs": {k: _json_spec(v) for k, v in specs.items()},
-                "dtensor_placements": {k: list(v) for k, v in self.dtensor_placements(graph).items()},
-                "activation_specs": {k: _json_spec(v) for k, v in out_specs.items()}}
+        return {
+            "mesh": {"axis_names": list(self.axis_names), "shape": list(self.mesh_shape)},
+            "partition_specs": {k: _json_spec(v) for k, v in specs.items()},
+            "dtensor_placements": {k: list(v) for k, v in self.dtensor_placements(graph).items()},
+            "activation_specs": {k: _json_spec(v) for k, v in out_specs.items()},
+        }
 
 
 def _json_spec(spec: Spec | None):
@@ -91,18 +112,22 @@ def export_plan(graph: Graph, strategies: Mapping[str, Strategy], mesh: Mesh) ->
                 leaves.setdefault(tensor.name, forward_layout(layout))
         for slot, operand in enumerate(op.outputs):
             outputs.append((op.name, slot, operand_layout(operand, strategy, output=True)))
-    return ExportedPlan(mesh.names, mesh.shape, tuple(sorted(leaves.items())), tuple(inputs), tuple(outputs))
+    return ExportedPlan(
+        mesh.names, mesh.shape, tuple(sorted(leaves.items())), tuple(inputs), tuple(outputs)
+    )
 
 
 def jax_partition_spec(spec: Spec):
     """A ``jax.sharding.PartitionSpec`` from spec entries."""
     from jax.sharding import PartitionSpec
+
     return PartitionSpec(*spec)
 
 
 def torch_placements(texts: tuple[str, ...]) -> list:
     """DTensor placement objects from their text form."""
     from torch.distributed.tensor import Partial, Replicate, Shard
+
     out = []
     for text in texts:
         if text.startswith("Shard("):
@@ -118,7 +143,11 @@ def linear_parallel_plan(graph: Graph, exported: ExportedPlan, tensor_axis: str)
     axis = exported.axis_names.index(tensor_axis)
     plan = {}
     for name, layout in exported.leaves:
-        if name.endswith(".weight") and len(graph.tensor(name).shape) == 2 and layout[axis] in (0, 1):
+        if (
+            name.endswith(".weight")
+            and len(graph.tensor(name).shape) == 2
+            and layout[axis] in (0, 1)
+        ):
             plan[name[: -len(".weight")]] = "colwise" if layout[axis] == 0 else "rowwise"
     return plan
 
@@ -127,9 +156,10 @@ JAX_TEMPLATE = '''"""JAX plan from planner: {title}.
 
     mesh = jax.make_mesh(MESH_SHAPE, MESH_AXIS_NAMES)
     params = {{k: jax.device_put(v, s) for k, s in shardings(mesh, PARAM_SPECS).items()}}
-and inside the jitted step, jax.lax.with_sharding_constraint(x, NamedSharding(mesh, ACTIVATION_SPECS[name]))
-on the activations. A tensor read in another layout is redistributed by XLA (planner run-jax constrains
-every edge: planner run-jax --plan PLAN.json).
+and inside the jitted step, on the activations,
+    jax.lax.with_sharding_constraint(x, NamedSharding(mesh, ACTIVATION_SPECS[name]))
+A tensor read in another layout is redistributed by XLA (planner run-jax constrains every edge:
+planner run-jax --plan PLAN.json).
 """
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -161,13 +191,20 @@ def jax_file(graph: Graph, exported: ExportedPlan, title: str) -> str:
     rows = {"param": [], "data": []}
     for name, spec in sorted(specs.items()):
         if spec is not None:
-            rows["param" if graph.tensor(name).role == "param" else "data"].append(f"\n    {name!r}: {_spec_source(spec)},")
+            rows["param" if graph.tensor(name).role == "param" else "data"].append(
+                f"\n    {name!r}: {_spec_source(spec)},"
+            )
     activations = []
     for op_name, slot, layout in exported.outputs:
         tensor = graph.operator(op_name).outputs[slot].tensor
         spec = spec_of(layout, len(graph.tensor(tensor).shape), exported.axis_names)
         if spec is not None:
             activations.append(f"\n    {tensor!r}: {_spec_source(spec)},")
-    return JAX_TEMPLATE.format(title=title, names=exported.axis_names, shape=exported.mesh_shape,
-                               params="".join(rows["param"]), data="".join(rows["data"]),
-                               activations="".join(activations))
+    return JAX_TEMPLATE.format(
+        title=title,
+        names=exported.axis_names,
+        shape=exported.mesh_shape,
+        params="".join(rows["param"]),
+        data="".join(rows["data"]),
+        activations="".join(activations),
+    )

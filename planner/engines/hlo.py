@@ -16,12 +16,32 @@ import math
 import re
 from dataclasses import dataclass
 
-KINDS = {"all-reduce": "all_reduce", "all-gather": "all_gather", "reduce-scatter": "reduce_scatter",
-         "all-to-all": "all_to_all", "collective-permute": "p2p"}
-DTYPE_BYTES = {"f64": 8, "f32": 4, "bf16": 2, "f16": 2, "s64": 8, "s32": 4, "u32": 4, "s8": 1, "u8": 1, "pred": 1,
-               "s16": 2, "u16": 2, "u64": 8}
-LINE = re.compile(r"=\s*(?P<shape>\(.*?\)|[a-z0-9]+\[[0-9,]*\](?:\{[^}]*\})?)\s+"
-                  r"(?P<op>all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?:-start)?\(")
+KINDS = {
+    "all-reduce": "all_reduce",
+    "all-gather": "all_gather",
+    "reduce-scatter": "reduce_scatter",
+    "all-to-all": "all_to_all",
+    "collective-permute": "p2p",
+}
+DTYPE_BYTES = {
+    "f64": 8,
+    "f32": 4,
+    "bf16": 2,
+    "f16": 2,
+    "s64": 8,
+    "s32": 4,
+    "u32": 4,
+    "s8": 1,
+    "u8": 1,
+    "pred": 1,
+    "s16": 2,
+    "u16": 2,
+    "u64": 8,
+}
+LINE = re.compile(
+    r"=\s*(?P<shape>\(.*?\)|[a-z0-9]+\[[0-9,]*\](?:\{[^}]*\})?)\s+"
+    r"(?P<op>all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?:-start)?\("
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,9 +62,13 @@ def shape_bytes(text: str) -> int:
 def replica_groups(line: str, num_devices: int) -> list[list[int]]:
     """Device groups of a collective: list form, iota form, or source-target pairs."""
     import numpy as np
+
     match = re.search(r"replica_groups=\{(\{[0-9,]*\}(?:,\{[0-9,]*\})*)?\}", line)
     if match:
-        groups = [[int(x) for x in g.split(",") if x] for g in re.findall(r"\{([0-9,]*)\}", match.group(1) or "")]
+        groups = [
+            [int(x) for x in g.split(",") if x]
+            for g in re.findall(r"\{([0-9,]*)\}", match.group(1) or "")
+        ]
         return [g for g in groups if g] or [list(range(num_devices))]
     match = re.search(r"replica_groups=\[([0-9,]+)\]<=\[([0-9,]+)\](?:T\(([0-9,]+)\))?", line)
     if match:
@@ -54,11 +78,16 @@ def replica_groups(line: str, num_devices: int) -> list[list[int]]:
         if match.group(3):
             ids = ids.transpose([int(x) for x in match.group(3).split(",")])
         return ids.reshape(shape[0], -1).tolist()
-    match = re.search(r"replica_groups=mesh\[([^\]]*)\](?:,\s*device_ids=\(([^)]*\)?)\))?\s*\{([^}]*)\}", line)
-    if match:  # mesh form: device ids over named dims (row-major, or as device_ids says); groups vary
+    match = re.search(
+        r"replica_groups=mesh\[([^\]]*)\](?:,\s*device_ids=\(([^)]*\)?)\))?\s*\{([^}]*)\}", line
+    )
+    # mesh form: device ids over named dims (row-major, or as device_ids says); groups vary
+    if match:
         dims = re.findall(r"'?([A-Za-z_][A-Za-z0-9_]*)'?\s*=\s*([0-9]+)", match.group(1))
         names = [n for n, _ in dims]
-        chosen = [names.index(n) for n in re.findall(r"'?([A-Za-z_][A-Za-z0-9_]*)'?", match.group(3))]
+        chosen = [
+            names.index(n) for n in re.findall(r"'?([A-Za-z_][A-Za-z0-9_]*)'?", match.group(3))
+        ]
         sizes = [int(s) for _, s in dims]
         ids = np.arange(math.prod(sizes))
         order = re.fullmatch(r"\[([0-9,]+)\](?:T\(([0-9,]+)\))?", (match.group(2) or "").strip())
@@ -70,15 +99,22 @@ def replica_groups(line: str, num_devices: int) -> list[list[int]]:
             ids = np.array([int(x) for x in re.findall(r"[0-9]+", match.group(2))])
         ids = ids.reshape(sizes)
         rest = [ax for ax in range(len(dims)) if ax not in chosen]
-        return ids.transpose(rest + chosen).reshape(-1, math.prod(int(dims[ax][1]) for ax in chosen)).tolist()
+        return (
+            ids.transpose(rest + chosen)
+            .reshape(-1, math.prod(int(dims[ax][1]) for ax in chosen))
+            .tolist()
+        )
     match = re.search(r"source_target_pairs=\{((?:\{[0-9]+,[0-9]+\},?)*)\}", line)
     if match:
         return [[int(a), int(b)] for a, b in re.findall(r"\{([0-9]+),([0-9]+)\}", match.group(1))]
     return [list(range(num_devices))]
 
 
-def group_axes(groups: list[list[int]], mesh_shape: tuple[int, ...], axis_names: tuple[str, ...]) -> tuple[str, ...]:
+def group_axes(
+    groups: list[list[int]], mesh_shape: tuple[int, ...], axis_names: tuple[str, ...]
+) -> tuple[str, ...]:
     import numpy as np
+
     varying = set()
     for group in groups:
         coords = np.array([np.unravel_index(d, mesh_shape) for d in group])
@@ -87,7 +123,10 @@ def group_axes(groups: list[list[int]], mesh_shape: tuple[int, ...], axis_names:
 
 
 COMMENT = re.compile(r"/\*.*?\*/")
-INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%(?P<name>[\w.\-]+)\s*=\s*(?P<shape>\([^=]*?\)|\S+)\s+(?P<op>[\w\-]+)\((?P<args>[^)]*)")
+INSTRUCTION = re.compile(
+    r"^\s*(?:ROOT\s+)?%(?P<name>[\w.\-]+)\s*=\s*(?P<shape>\([^=]*?\)|\S+)\s+"
+    r"(?P<op>[\w\-]+)\((?P<args>[^)]*)"
+)
 
 
 def _users(hlo: str) -> tuple[dict[str, list[str]], dict[str, tuple[str, str, list[str]]]]:
@@ -106,14 +145,22 @@ def _users(hlo: str) -> tuple[dict[str, list[str]], dict[str, tuple[str, str, li
 
 
 def _elements(shape: str) -> int:
-    return sum(math.prod(int(d) for d in dims.split(",") if d) for dims in re.findall(r"\[([0-9,]*)\]", shape))
+    return sum(
+        math.prod(int(d) for d in dims.split(",") if d)
+        for dims in re.findall(r"\[([0-9,]*)\]", shape)
+    )
 
 
 def _is_scatter(name: str, group: int, users, defs) -> bool:
     """An all-reduce whose every result is only cut down to this device's 1/group block (a slice
-    indexed by the partition id): the reduce-scatter the CPU backend writes as all-reduce + slice."""
+    indexed by the partition id): the reduce-scatter the CPU backend writes as all-reduce +
+    slice."""
     shape, _, _ = defs[name]
-    results = [u for u in users.get(name, []) if defs[u][1] == "get-tuple-element"] if shape.startswith("(") else [name]
+    results = (
+        [u for u in users.get(name, []) if defs[u][1] == "get-tuple-element"]
+        if shape.startswith("(")
+        else [name]
+    )
     if not results:
         return False
     for result in results:
@@ -122,7 +169,9 @@ def _is_scatter(name: str, group: int, users, defs) -> bool:
             return False
         for consumer in consumers:
             operands = defs[consumer][2]
-            if not any(defs.get(o, ("", "", []))[1] in ("partition-id", "replica-id") for o in operands):
+            if not any(
+                defs.get(o, ("", "", []))[1] in ("partition-id", "replica-id") for o in operands
+            ):
                 return False
             if _elements(defs[consumer][0]) * group != _elements(defs[result][0]):
                 return False
@@ -135,22 +184,32 @@ def _all_reduce_parts(name: str, group: int, users, defs) -> list[tuple[str, int
     cut down to this device's block; elements nobody reads count as all-reduced."""
     shape = defs[name][0]
     if not shape.startswith("("):
-        return [("reduce_scatter" if _is_scatter(name, group, users, defs) else "all_reduce", shape_bytes(shape))]
+        return [
+            (
+                "reduce_scatter" if _is_scatter(name, group, users, defs) else "all_reduce",
+                shape_bytes(shape),
+            )
+        ]
     parts, seen = [], 0
     for element in (u for u in users.get(name, []) if defs[u][1] == "get-tuple-element"):
         nbytes = shape_bytes(defs[element][0])
-        parts.append(("reduce_scatter" if _is_scatter(element, group, users, defs) else "all_reduce", nbytes))
+        parts.append(
+            ("reduce_scatter" if _is_scatter(element, group, users, defs) else "all_reduce", nbytes)
+        )
         seen += nbytes
     if shape_bytes(shape) > seen:
         parts.append(("all_reduce", shape_bytes(shape) - seen))
     return parts
 
 
-def parse_collectives(hlo: str, mesh_shape: tuple[int, ...], axis_names: tuple[str, ...]) -> list[HloCollective]:
+def parse_collectives(
+    hlo: str, mesh_shape: tuple[int, ...], axis_names: tuple[str, ...]
+) -> list[HloCollective]:
     """Every collective of a compiled HLO module with its bytes (n) and mesh axes."""
     out = []
     num_devices = math.prod(mesh_shape)
-    hlo = COMMENT.sub("", hlo)  # XLA numbers long operand lists with /*index=5*/, whose '=' breaks the shapes
+    # XLA numbers long operand lists with /*index=5*/, whose '=' breaks the shapes
+    hlo = COMMENT.sub("", hlo)
     users, defs = _users(hlo)
     for line in hlo.splitlines():
         match = LINE.search(line)
@@ -161,8 +220,10 @@ def parse_collectives(hlo: str, mesh_shape: tuple[int, ...], axis_names: tuple[s
         name = INSTRUCTION.match(line).group("name") if INSTRUCTION.match(line) else ""
         if kind == "all_reduce" and name:
             axes = group_axes(groups, mesh_shape, axis_names)
-            out.extend(HloCollective(part_kind, float(nbytes), axes)
-                       for part_kind, nbytes in _all_reduce_parts(name, len(groups[0]), users, defs))
+            out.extend(
+                HloCollective(part_kind, float(nbytes), axes)
+                for part_kind, nbytes in _all_reduce_parts(name, len(groups[0]), users, defs)
+            )
             continue
         nbytes = shape_bytes(match.group("shape"))
         if kind == "reduce_scatter":

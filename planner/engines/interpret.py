@@ -48,7 +48,8 @@ def merge_dims(x: Array, operand: Operand, sizes: Mapping[str, int], xp) -> Arra
 
 
 def align(x: Array, src: str, dst: str, sizes: Mapping[str, int], xp) -> Array:
-    """Sum away dims not in ``dst``, order the rest as in ``dst``, add size-1 axes for the missing."""
+    """Sum away dims not in ``dst``, order the rest as in ``dst``, add size-1 axes for the
+    missing."""
     kept = "".join(d for d in dst if d in src)
     if kept != src:
         x = xp.einsum(f"{src}->{kept}", x)
@@ -63,7 +64,9 @@ def _contraction(op, args, sizes, offsets, xp):
     y = xp.einsum(spec, *[split_dims(args[k], op.inputs[k], sizes, xp) for k in main])
     for k, operand in enumerate(op.inputs):
         if k not in main:  # a bias, added once (see ``bias_scale``)
-            y = y + offsets.get(BIAS, 1) * align(split_dims(args[k], operand, sizes, xp), letters(operand), out_letters, sizes, xp)
+            y = y + offsets.get(BIAS, 1) * align(
+                split_dims(args[k], operand, sizes, xp), letters(operand), out_letters, sizes, xp
+            )
     return [merge_dims(y, out, sizes, xp)]
 
 
@@ -78,7 +81,11 @@ def _windows(x, window, stride, padding, out_hw, xp, fill):
     x = xp.pad(x, ((0, 0), (0, 0), (padding, padding), (padding, padding)), constant_values=fill)
     for i in range(window[0]):
         for j in range(window[1]):
-            yield i, j, x[:, :, i:i + stride * out_hw[0]:stride, j:j + stride * out_hw[1]:stride]
+            yield (
+                i,
+                j,
+                x[:, :, i : i + stride * out_hw[0] : stride, j : j + stride * out_hw[1] : stride],
+            )
 
 
 def _conv2d(op, args, sizes, offsets, xp):
@@ -99,7 +106,9 @@ def _maxpool(op, args, sizes, offsets, xp):
     kernel = op.attr("kernel", stride)
     padding = op.attr("padding", 0)
     y = None
-    for _, _, view in _windows(args[0], (kernel, kernel), stride, padding, (sizes["p"], sizes["q"]), xp, -math.inf):
+    for _, _, view in _windows(
+        args[0], (kernel, kernel), stride, padding, (sizes["p"], sizes["q"]), xp, -math.inf
+    ):
         y = view if y is None else xp.maximum(y, view)
     return [y]
 
@@ -112,8 +121,11 @@ def _embedding(op, args, sizes, offsets, xp):
         # A one-hot contraction (as MaxText and T5X do on TPUs): its gradient is a matmul whose
         # partial sums the SPMD partitioner reduces once with the other uses of a tied table.
         # The JAX check may pass the ids already one-hot, in the plan's layout (``xla.edge_hooks``).
-        one_hot = ids if ids.ndim == len(op.inputs[0].dims) + 1 else cast(
-            xp.expand_dims(local, -1) == xp.arange(table.shape[0]), table.dtype)
+        one_hot = (
+            ids
+            if ids.ndim == len(op.inputs[0].dims) + 1
+            else cast(xp.expand_dims(local, -1) == xp.arange(table.shape[0]), table.dtype)
+        )
         return [xp.einsum("...v,vh->...h", cast(one_hot, table.dtype), table)]
     inside = (local >= 0) & (local < table.shape[0])
     rows = xp.take(table, xp.clip(local, 0, table.shape[0] - 1), axis=0)
@@ -124,14 +136,18 @@ def _elementwise(fn: Callable) -> Callable:
     def run(op, args, sizes, offsets, xp):
         out = op.outputs[0]
         target = letters(out)
-        aligned = [align(split_dims(a, o, sizes, xp), letters(o), target, sizes, xp) for a, o in zip(args, op.inputs)]
+        aligned = [
+            align(split_dims(a, o, sizes, xp), letters(o), target, sizes, xp)
+            for a, o in zip(args, op.inputs)
+        ]
         y = fn(xp, *aligned)
         return [merge_dims(xp.broadcast_to(y, tuple(sizes[d] for d in target)), out, sizes, xp)]
+
     return run
 
 
 def _gelu(xp, x):
-    return 0.5 * x * (1 + xp.tanh(0.7978845608028654 * (x + 0.044715 * x ** 3)))
+    return 0.5 * x * (1 + xp.tanh(0.7978845608028654 * (x + 0.044715 * x**3)))
 
 
 def _normalize(op, args, sizes, offsets, xp):
@@ -149,7 +165,10 @@ def _normalize(op, args, sizes, offsets, xp):
     else:
         mean = xp.mean(x, axis=axes, keepdims=True)
         y = (x - mean) / xp.sqrt(xp.mean((x - mean) ** 2, axis=axes, keepdims=True) + 1e-5)
-    scales = [align(split_dims(a, o, sizes, xp), letters(o), target, sizes, xp) for a, o in zip(args[1:], op.inputs[1:])]
+    scales = [
+        align(split_dims(a, o, sizes, xp), letters(o), target, sizes, xp)
+        for a, o in zip(args[1:], op.inputs[1:])
+    ]
     if scales:
         y = y * scales[0]
     if len(scales) > 1:
@@ -160,15 +179,21 @@ def _normalize(op, args, sizes, offsets, xp):
 def _cross_entropy(op, args, sizes, offsets, xp):
     logits, labels = args[0], args[1]
     class_dim = letters(op.inputs[0])[-1]
-    lse = xp.log(xp.sum(xp.exp(logits - xp.max(logits, axis=-1, keepdims=True)), axis=-1)) + xp.max(logits, axis=-1)
+    lse = xp.log(xp.sum(xp.exp(logits - xp.max(logits, axis=-1, keepdims=True)), axis=-1)) + xp.max(
+        logits, axis=-1
+    )
     local = labels - offsets.get(class_dim, 0)
-    picked = xp.take_along_axis(logits, xp.expand_dims(xp.clip(local, 0, logits.shape[-1] - 1), -1), axis=-1)[..., 0]
+    picked = xp.take_along_axis(
+        logits, xp.expand_dims(xp.clip(local, 0, logits.shape[-1] - 1), -1), axis=-1
+    )[..., 0]
     return [xp.reshape(xp.sum(lse - picked), ())]
 
 
 def _reduce(op, args, sizes, offsets, xp):
     out = op.outputs[0]
-    y = xp.einsum(f"{letters(op.inputs[0])}->{letters(out)}", split_dims(args[0], op.inputs[0], sizes, xp))
+    y = xp.einsum(
+        f"{letters(op.inputs[0])}->{letters(out)}", split_dims(args[0], op.inputs[0], sizes, xp)
+    )
     if op.kind in ("avgpool", "mean"):
         # the global count: a split reduced dim leaves partial sums, which add up to the full mean
         y = y / math.prod(op.sizes[d] for d in letters(op.inputs[0]) if d not in letters(out))
@@ -177,7 +202,9 @@ def _reduce(op, args, sizes, offsets, xp):
 
 def _view(op, args, sizes, offsets, xp):
     out = op.outputs[0]
-    y = align(split_dims(args[0], op.inputs[0], sizes, xp), letters(op.inputs[0]), letters(out), sizes, xp)
+    y = align(
+        split_dims(args[0], op.inputs[0], sizes, xp), letters(op.inputs[0]), letters(out), sizes, xp
+    )
     return [merge_dims(y, out, sizes, xp)]
 
 
@@ -190,7 +217,11 @@ def _split(op, args, sizes, offsets, xp):
     outs = []
     for i, out in enumerate(op.outputs):
         part = xp.take(x, i, axis=axis)
-        outs.append(merge_dims(align(part, whole.replace(piece, ""), letters(out), sizes, xp), out, sizes, xp))
+        outs.append(
+            merge_dims(
+                align(part, whole.replace(piece, ""), letters(out), sizes, xp), out, sizes, xp
+            )
+        )
     return outs
 
 
@@ -198,16 +229,21 @@ def _slice(op, args, sizes, offsets, xp):
     """Piece ``attrs["index"]`` of the dim that only the input has (``b(sk)h->bkh``)."""
     whole = letters(op.inputs[0])
     piece = next(d for d in whole if d not in letters(op.outputs[0]))
-    part = xp.take(split_dims(args[0], op.inputs[0], sizes, xp), op.attr("index", 0), axis=whole.index(piece))
+    part = xp.take(
+        split_dims(args[0], op.inputs[0], sizes, xp), op.attr("index", 0), axis=whole.index(piece)
+    )
     out = op.outputs[0]
-    return [merge_dims(align(part, whole.replace(piece, ""), letters(out), sizes, xp), out, sizes, xp)]
+    return [
+        merge_dims(align(part, whole.replace(piece, ""), letters(out), sizes, xp), out, sizes, xp)
+    ]
 
 
 def _concat(op, args, sizes, offsets, xp):
     out = op.outputs[0]
     whole = letters(out)
     own = [next((d for d in letters(o) if d not in whole), None) for o in op.inputs]
-    if all(own):  # inputs of different lengths along one dim (``bnh,kh->bsh``): concatenate, broadcasting
+    # inputs of different lengths along one dim (``bnh,kh->bsh``): concatenate, broadcasting
+    if all(own):
         joined = next(d for d in whole if all(d not in letters(o) for o in op.inputs))
         parts = []
         for arg, operand, dim in zip(args, op.inputs, own):
@@ -217,7 +253,10 @@ def _concat(op, args, sizes, offsets, xp):
         return [merge_dims(xp.concatenate(parts, axis=whole.index(joined)), out, sizes, xp)]
     piece = next(d for d in whole if d not in letters(op.inputs[0]))
     rest = whole.replace(piece, "")
-    parts = [align(split_dims(a, o, sizes, xp), letters(o), rest, sizes, xp) for a, o in zip(args, op.inputs)]
+    parts = [
+        align(split_dims(a, o, sizes, xp), letters(o), rest, sizes, xp)
+        for a, o in zip(args, op.inputs)
+    ]
     return [merge_dims(xp.stack(parts, axis=whole.index(piece)), out, sizes, xp)]
 
 
@@ -231,7 +270,9 @@ def _attention(op, args, sizes, offsets, xp):
     q, k, v = (split_dims(a, o, sizes, xp) for a, o in zip(args[:3], op.inputs[:3]))
     z = xp.einsum(f"{lq},{lk}->{scores}", q, k) / math.sqrt(op.sizes[head])
     if len(args) > 3:
-        z = z + align(split_dims(args[3], op.inputs[3], sizes, xp), letters(op.inputs[3]), scores, sizes, xp)
+        z = z + align(
+            split_dims(args[3], op.inputs[3], sizes, xp), letters(op.inputs[3]), scores, sizes, xp
+        )
     if op.attr("causal", 0):
         q_pos = xp.arange(sizes[query]) + offsets.get(query, 0)
         k_pos = xp.arange(sizes[key]) + offsets.get(key, 0)
@@ -250,35 +291,65 @@ def _moe_gate(op, args, sizes, offsets, xp):
     slot = xp.arange(sizes[c]) + offsets.get(c, 0)
     route = xp.reshape(position % op.sizes[c], (-1, 1)) == xp.reshape(slot, (1, -1))
     gate = 1.0 / (1.0 + xp.exp(-logits))
-    y = xp.reshape(gate, gate.shape + (1,)) * xp.reshape(cast(route, gate.dtype), (1, sizes[s], 1, sizes[c]))
+    y = xp.reshape(gate, gate.shape + (1,)) * xp.reshape(
+        cast(route, gate.dtype), (1, sizes[s], 1, sizes[c])
+    )
     return [merge_dims(y, op.outputs[0], sizes, xp)]
 
 
 KERNELS: Mapping[str, Callable] = {
-    **{k: _contraction for k in ("matmul", "linear", "batch_matmul", "einsum", "moe_dispatch", "moe_combine")},
-    "conv2d": _conv2d, "maxpool": _maxpool, "embedding": _embedding,
-    "gelu": _elementwise(lambda xp, x: _gelu(xp, x)), "relu": _elementwise(lambda xp, x: xp.maximum(x, 0)),
-    "dropout": _elementwise(lambda xp, x: x), "unary": _elementwise(lambda xp, x: xp.tanh(x)),
-    "silu": _elementwise(lambda xp, x: x / (1 + xp.exp(-x))), "attention": _attention,
-    "add": _elementwise(lambda xp, *xs: sum(xs[1:], xs[0])), "bias_add": _elementwise(lambda xp, *xs: sum(xs[1:], xs[0])),
+    **{
+        k: _contraction
+        for k in ("matmul", "linear", "batch_matmul", "einsum", "moe_dispatch", "moe_combine")
+    },
+    "conv2d": _conv2d,
+    "maxpool": _maxpool,
+    "embedding": _embedding,
+    "gelu": _elementwise(lambda xp, x: _gelu(xp, x)),
+    "relu": _elementwise(lambda xp, x: xp.maximum(x, 0)),
+    "dropout": _elementwise(lambda xp, x: x),
+    "unary": _elementwise(lambda xp, x: xp.tanh(x)),
+    "silu": _elementwise(lambda xp, x: x / (1 + xp.exp(-x))),
+    "attention": _attention,
+    "add": _elementwise(lambda xp, *xs: sum(xs[1:], xs[0])),
+    "bias_add": _elementwise(lambda xp, *xs: sum(xs[1:], xs[0])),
     "mul": _elementwise(lambda xp, x, y: x * y),
     **{k: _normalize for k in ("softmax", "layernorm", "rmsnorm", "batchnorm")},
-    "cross_entropy": _cross_entropy, "reduce": _reduce, "avgpool": _reduce, "mean": _reduce,
-    "reshape": _view, "transpose": _view, "split": _split, "slice": _slice, "concat": _concat, "moe_gate": _moe_gate,
+    "cross_entropy": _cross_entropy,
+    "reduce": _reduce,
+    "avgpool": _reduce,
+    "mean": _reduce,
+    "reshape": _view,
+    "transpose": _view,
+    "split": _split,
+    "slice": _slice,
+    "concat": _concat,
+    "moe_gate": _moe_gate,
 }
 
 
-def run_operator(op: Operator, args: list[Array], xp, sizes: Mapping[str, int] | None = None,
-                 offsets: Mapping[str, int] | None = None) -> list[Array]:
-    """Run one operator (on full tensors, or on a shard with its local ``sizes`` and ``offsets``)."""
+def run_operator(
+    op: Operator,
+    args: list[Array],
+    xp,
+    sizes: Mapping[str, int] | None = None,
+    offsets: Mapping[str, int] | None = None,
+) -> list[Array]:
+    """Run one operator (on full tensors, or on a shard with its local ``sizes`` and
+    ``offsets``)."""
     kernel = KERNELS.get(op.kind)
     if kernel is None:
         raise GraphError(f"operator {op.name}: field 'kind' {op.kind!r} has no interpreter kernel")
     return kernel(op, args, dict(sizes or op.sizes), dict(offsets or {}), xp)
 
 
-def run_graph(graph: Graph, feeds: Mapping[str, Array], xp, on_input: Callable | None = None,
-              on_output: Callable | None = None) -> dict[str, Array]:
+def run_graph(
+    graph: Graph,
+    feeds: Mapping[str, Array],
+    xp,
+    on_input: Callable | None = None,
+    on_output: Callable | None = None,
+) -> dict[str, Array]:
     """Run the graph forward from param and data ``feeds``; returns every tensor's value.
 
     ``on_input(op, slot, value)`` and ``on_output(op, slot, value)`` may replace values (the JAX
@@ -299,13 +370,16 @@ def run_graph(graph: Graph, feeds: Mapping[str, Array], xp, on_input: Callable |
 def random_feeds(graph: Graph, seed: int = 0, dtype: str = "float64") -> dict[str, Any]:
     """Deterministic numpy values for every param and data tensor (integers index their table)."""
     import numpy as np
+
     rng = np.random.default_rng(seed)
     feeds = {}
     for t in graph.tensors:
         if t.role == "activation":
             continue
         if t.integer:
-            feeds[t.name] = rng.integers(0, _index_bound(graph, t.name), size=t.shape).astype(np.int32)
+            feeds[t.name] = rng.integers(0, _index_bound(graph, t.name), size=t.shape).astype(
+                np.int32
+            )
         else:
             scale = 1.0 / math.sqrt(t.shape[0]) if t.role == "param" and len(t.shape) > 1 else 1.0
             feeds[t.name] = (rng.standard_normal(t.shape) * scale).astype(dtype)

@@ -22,7 +22,12 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from planner.engines.hlo import parse_collectives
-from planner.engines.predicted import VERIFY_SETTINGS, compare, predicted_collectives, predicted_pipeline_collectives
+from planner.engines.predicted import (
+    VERIFY_SETTINGS,
+    compare,
+    predicted_collectives,
+    predicted_pipeline_collectives,
+)
 from planner.errors import PlannerError
 from planner.ir.crossing import tied_copies
 
@@ -40,7 +45,8 @@ class TrainRun:
     devices: int
     platform: str
     hlo: str = ""
-    transfers: tuple[tuple[str, tuple[str, ...], float], ...] = ()  # collectives counted by the engine (torch)
+    # collectives counted by the engine (torch)
+    transfers: tuple[tuple[str, tuple[str, ...], float], ...] = ()
 
     @property
     def max_rel_diff(self) -> float:
@@ -53,25 +59,31 @@ class TrainRun:
         return parse_collectives(self.hlo, mesh_shape, axis_names)
 
     def xla_comparison(self, graph, strategies: dict, mesh) -> tuple:
-        """Bytes each device sends in the compiled step against the cost model's prediction, in total
-        and per mesh axis (``planner.engines.predicted.compare``)."""
+        """Bytes each device sends in the compiled step against the cost model's prediction, in
+        total and per mesh axis (``planner.engines.predicted.compare``)."""
         compiled = [(c.kind, c.axes, c.nbytes) for c in self.collectives(mesh.shape, mesh.names)]
         return _compare(graph, strategies, mesh, compiled)
 
     def counted_comparison(self, graph, strategies: dict, mesh, zero: int = 0) -> tuple:
-        """The same for the collectives the engine counted in the first step (PyTorch's CommDebugMode);
-        ``zero`` 3: against the plan's ZeRO-3 collectives (an FSDP2 run)."""
+        """The same for the collectives the engine counted in the first step (PyTorch's
+        CommDebugMode); ``zero`` 3: against the plan's ZeRO-3 collectives (an FSDP2 run)."""
         return _compare(graph, strategies, mesh, list(self.transfers), zero)
 
-    def pipeline_comparison(self, micro, stage_of: dict, strategies: dict, mesh, stages: int,
-                            num_microbatches: int) -> tuple:
+    def pipeline_comparison(
+        self, micro, stage_of: dict, strategies: dict, mesh, stages: int, num_microbatches: int
+    ) -> tuple:
         """A 3D run's counted bytes (one device of each stage, summed; ``mesh`` the stage mesh)
-        against ``predicted.predicted_pipeline_collectives``: per stage-mesh axis, ``pp`` (the sends)
-        and ``tied`` (the all-reduce of a tied parameter's copies)."""
-        predicted = predicted_pipeline_collectives(micro, stage_of, strategies, mesh, stages, num_microbatches)
+        against ``predicted.predicted_pipeline_collectives``: per stage-mesh axis, ``pp`` (the
+        sends) and ``tied`` (the all-reduce of a tied parameter's copies)."""
+        predicted = predicted_pipeline_collectives(
+            micro, stage_of, strategies, mesh, stages, num_microbatches
+        )
         copies = tied_copies(micro, stage_of)
-        rows, _ = compare(predicted, list(self.transfers), {**dict(zip(mesh.names, mesh.shape)), "pp": stages,
-                                                             "tied": copies})
+        rows, _ = compare(
+            predicted,
+            list(self.transfers),
+            {**dict(zip(mesh.names, mesh.shape)), "pp": stages, "tied": copies},
+        )
         return rows
 
 
@@ -81,26 +93,53 @@ def _compare(graph, strategies: dict, mesh, observed: list, zero: int = 0) -> tu
     return rows
 
 
-def flat_job(graph, strategies: dict, axis_names, mesh_shape, steps: int, lr: float, seed: int) -> dict:
+def flat_job(
+    graph, strategies: dict, axis_names, mesh_shape, steps: int, lr: float, seed: int
+) -> dict:
     """The job file of a flat training run (the JAX and torchrun workers read the same fields)."""
     from planner.ir.graph_json import graph_to_dict
-    return {"graph": graph_to_dict(graph), "axis_names": list(axis_names), "mesh_shape": list(mesh_shape),
-            "strategies": {k: list(v) for k, v in strategies.items()}, "steps": steps, "lr": lr, "seed": seed}
+
+    return {
+        "graph": graph_to_dict(graph),
+        "axis_names": list(axis_names),
+        "mesh_shape": list(mesh_shape),
+        "strategies": {k: list(v) for k, v in strategies.items()},
+        "steps": steps,
+        "lr": lr,
+        "seed": seed,
+    }
 
 
-def pipeline_job(full, micro, stage_of: dict, strategies: dict, axis_names, stage_shape, stages: int,
-                 num_microbatches: int, steps: int, lr: float, seed: int) -> dict:
-    """The job file of a 3D run: the flat fields on the whole-batch graph and the stage mesh, plus the
-    micro-batch graph, each operator's stage and the pipeline's shape."""
+def pipeline_job(
+    full,
+    micro,
+    stage_of: dict,
+    strategies: dict,
+    axis_names,
+    stage_shape,
+    stages: int,
+    num_microbatches: int,
+    steps: int,
+    lr: float,
+    seed: int,
+) -> dict:
+    """The job file of a 3D run: the flat fields on the whole-batch graph and the stage mesh, plus
+    the micro-batch graph, each operator's stage and the pipeline's shape."""
     from planner.ir.graph_json import graph_to_dict
-    return {**flat_job(full, strategies, axis_names, stage_shape, steps, lr, seed),
-            "micro_graph": graph_to_dict(micro), "stage_of": stage_of, "stages": stages,
-            "num_microbatches": num_microbatches}
+
+    return {
+        **flat_job(full, strategies, axis_names, stage_shape, steps, lr, seed),
+        "micro_graph": graph_to_dict(micro),
+        "stage_of": stage_of,
+        "stages": stages,
+        "num_microbatches": num_microbatches,
+    }
 
 
 def stage_plan(job: dict):
     """A 3D job's graphs (whole batch, micro-batch) and each operator's stage."""
     from planner.ir.graph_json import graph_from_dict
+
     full, micro = graph_from_dict(job["graph"]), graph_from_dict(job["micro_graph"])
     stage_of = {name: int(k) for name, k in job["stage_of"].items()}
     return full, micro, stage_of
@@ -111,14 +150,20 @@ def micro_batch(micro, feeds: dict, m: int) -> dict:
     micro-batch graph's batch) cut to its m-th block; the others (position ids, a mask shared by the
     samples) whole."""
     b = micro.batch_size
-    return {t.name: feeds[t.name][m * b:(m + 1) * b] if t.shape and t.shape[0] == b and feeds[t.name].shape[0] != b
-            else feeds[t.name] for t in micro.tensors if t.role == "data"}
+    return {
+        t.name: feeds[t.name][m * b : (m + 1) * b]
+        if t.shape and t.shape[0] == b and feeds[t.name].shape[0] != b
+        else feeds[t.name]
+        for t in micro.tensors
+        if t.role == "data"
+    }
 
 
 def run_job(job: dict, launch: Callable[[Path, Path], None]) -> dict:
     """Write ``job`` to a temporary ``job.json``, ``launch(job_path, out_path)`` (which runs the
     worker and raises ``EngineError`` if it fails) and return the worker's ``out.json``."""
     from planner.outputs import write_json
+
     with tempfile.TemporaryDirectory() as tmp:
         job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "out.json"
         write_json(job_path, job)
@@ -126,15 +171,22 @@ def run_job(job: dict, launch: Callable[[Path, Path], None]) -> dict:
         return json.loads(out_path.read_text())
 
 
-def python_worker(module: str, job_path: Path, out_path: Path, timeout_s: float, env: dict, what: str) -> None:
+def python_worker(
+    module: str, job_path: Path, out_path: Path, timeout_s: float, env: dict, what: str
+) -> None:
     """``python -m module JOB OUT`` in a process group of its own; a failure raises ``EngineError``
     naming ``what`` and the worker's own exception line."""
-    proc = run_group([sys.executable, "-m", module, str(job_path), str(out_path)], timeout_s, env=dict(os.environ, **env))
+    proc = run_group(
+        [sys.executable, "-m", module, str(job_path), str(out_path)],
+        timeout_s,
+        env=dict(os.environ, **env),
+    )
     if proc.returncode != 0:
         raise EngineError(f"{what} failed ({exception_line(proc.stderr)})")
 
 
-EXCEPTION = re.compile(r"^(\[rank\d+\]: )?[\w.]*(Error|Exception)\w*(: \S|\s*$)")  # a bare one: an assert
+# a bare one: an assert
+EXCEPTION = re.compile(r"^(\[rank\d+\]: )?[\w.]*(Error|Exception)\w*(: \S|\s*$)")
 
 
 FRAME = re.compile(r'^(?:\[rank\d+\]: )?\s*File "([^"]+)", line (\d+), in (\S+)')
@@ -143,7 +195,7 @@ FRAME = re.compile(r'^(?:\[rank\d+\]: )?\s*File "([^"]+)", line (\d+), in (\S+)'
 def _frame_before(lines: list[str], at: int) -> str:
     """`` (at FILE:LINE in FUNCTION)``: the innermost traceback frame above line ``at``, so a
     failure seen only in a log (CI's tail) says where it was raised; empty when there is none."""
-    for line in reversed(lines[max(0, at - 40):at]):
+    for line in reversed(lines[max(0, at - 40) : at]):
         match = FRAME.match(line)
         if match:
             path, number, function = match.groups()
@@ -151,12 +203,14 @@ def _frame_before(lines: list[str], at: int) -> str:
     return ""
 
 
-ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+).*?traceback\s*:\s*([^\n]*)", re.S)
+ROOT_CAUSE = re.compile(
+    r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+).*?traceback\s*:\s*([^\n]*)", re.S
+)
 
 
 def _root_cause(stderr: str) -> str:
-    """torchrun's root-cause block when a rank died with no traceback of its own (a signal, a hard exit):
-    its rank, exit code and signal."""
+    """torchrun's root-cause block when a rank died with no traceback of its own (a signal, a hard
+    exit): its rank, exit code and signal."""
     match = ROOT_CAUSE.search(stderr)
     if not match:
         return ""
@@ -166,9 +220,10 @@ def _root_cause(stderr: str) -> str:
 
 
 def exception_line(stderr: str) -> str:
-    """A worker's own exception line (``RuntimeError: message``; under torchrun ``[rank0]: ...``), the
-    last one (a chained exception's outermost); JAX ends its tracebacks with a note on filtered frames
-    and torchrun with a ChildFailedError that names no cause. Else any line naming an error."""
+    """A worker's own exception line (``RuntimeError: message``; under torchrun ``[rank0]: ...``),
+    the last one (a chained exception's outermost); JAX ends its tracebacks with a note on filtered
+    frames and torchrun with a ChildFailedError that names no cause. Else any line naming an error.
+    """
     lines = stderr.strip().splitlines()
     own = [i for i, line in enumerate(lines) if EXCEPTION.match(line)]
     if own:
@@ -176,19 +231,31 @@ def exception_line(stderr: str) -> str:
     died = _root_cause(stderr)
     if died:
         return died
-    cause = [line for line in lines if line.startswith("[rank") and "Error" in line] or \
-        [line for line in lines if "Error" in line] or lines or ["no output"]
+    cause = (
+        [line for line in lines if line.startswith("[rank") and "Error" in line]
+        or [line for line in lines if "Error" in line]
+        or lines
+        or ["no output"]
+    )
     return cause[0 if cause[0].startswith("[rank") else -1].strip()
 
 
 GRACE_S = 3.0  # between SIGTERM and SIGKILL of a group
 
 
-def run_group(cmd: Sequence[str], timeout_s: float, env: dict | None = None) -> subprocess.CompletedProcess:
+def run_group(
+    cmd: Sequence[str], timeout_s: float, env: dict | None = None
+) -> subprocess.CompletedProcess:
     """``subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)`` in a new session;
     raises ``subprocess.TimeoutExpired`` as it does, after the group is stopped."""
-    proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        list(cmd),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except BaseException:

@@ -49,17 +49,34 @@ class Comparison:
 Transfer = tuple[str, tuple[str, ...], float]  # (kind, mesh axes in mesh order, n bytes)
 
 
-def predicted_collectives(graph: Graph, strategies: dict[str, Strategy], mesh: Mesh,
-                          settings: TrainingSettings = VERIFY_SETTINGS) -> list[Transfer]:
-    """Every collective the cost model charges for the plan (fp32, SGD, no ZeRO unless ``settings``)."""
-    terms = plan_terms(graph, mesh, SYMBOLIC, settings, [strategies[op.name] for op in graph.operators])
+def predicted_collectives(
+    graph: Graph,
+    strategies: dict[str, Strategy],
+    mesh: Mesh,
+    settings: TrainingSettings = VERIFY_SETTINGS,
+) -> list[Transfer]:
+    """Every collective the cost model charges for the plan (fp32, SGD, no ZeRO unless
+    ``settings``)."""
+    terms = plan_terms(
+        graph, mesh, SYMBOLIC, settings, [strategies[op.name] for op in graph.operators]
+    )
     record = sum_records(terms.records())
-    return [(c.kind, (mesh.names[c.axis],), c.nbytes) for c in record.comm if c.axis >= 0 and c.nbytes > 0]
+    return [
+        (c.kind, (mesh.names[c.axis],), c.nbytes)
+        for c in record.comm
+        if c.axis >= 0 and c.nbytes > 0
+    ]
 
 
-def predicted_pipeline_collectives(micro: Graph, stage_of: dict[str, int], strategies: dict[str, Strategy],
-                                   mesh: Mesh, stages: int, num_microbatches: int,
-                                   settings: TrainingSettings = VERIFY_SETTINGS) -> list[Transfer]:
+def predicted_pipeline_collectives(
+    micro: Graph,
+    stage_of: dict[str, int],
+    strategies: dict[str, Strategy],
+    mesh: Mesh,
+    stages: int,
+    num_microbatches: int,
+    settings: TrainingSettings = VERIFY_SETTINGS,
+) -> list[Transfer]:
     """What the 3D cost model charges one device of each stage in one step, summed over the stages:
     the stage plan's terms (forward and backward once per micro-batch, the gradient sync once; an
     edge runs on its consumer's stage), each crossing tensor sent forward and its gradient sent back
@@ -69,54 +86,81 @@ def predicted_pipeline_collectives(micro: Graph, stage_of: dict[str, int], strat
     terms = plan_terms(micro, mesh, SYMBOLIC, settings, chosen)
     out: list[Transfer] = []
     for record in terms.records():
-        out += [(c.kind, (mesh.names[c.axis],), c.nbytes * (num_microbatches if c.phase in ("fwd", "bwd") else 1))
-                for c in record.comm if c.axis >= 0 and c.nbytes > 0]
+        out += [
+            (
+                c.kind,
+                (mesh.names[c.axis],),
+                c.nbytes * (num_microbatches if c.phase in ("fwd", "bwd") else 1),
+            )
+            for c in record.comm
+            if c.axis >= 0 and c.nbytes > 0
+        ]
     made = {o.tensor: (op, k) for op in micro.operators for k, o in enumerate(op.outputs)}
     for names in crossing_tensors(micro, stage_of, stages):
         for name in names:
             op, k = made[name]
-            share = math.prod(micro.tensor(name).shape) * settings.elem_bytes / send_split(
-                output_layouts(op, strategies[op.name])[k], mesh)
+            share = (
+                math.prod(micro.tensor(name).shape)
+                * settings.elem_bytes
+                / send_split(output_layouts(op, strategies[op.name])[k], mesh)
+            )
             out.append(("p2p", ("pp",), 2 * num_microbatches * share))
-    leaves = dict(export_plan(micro, strategies, mesh).leaves)  # where each copy is kept: its first reader's layout
+    # where each copy is kept: its first reader's layout
+    leaves = dict(export_plan(micro, strategies, mesh).leaves)
     for name, readers in stages_reading(micro, stage_of).items():
         if len(readers) > 1:
             layout = leaves[name]
-            nbytes = math.prod(micro.tensor(name).shape) * settings.grad_bytes / shard_factor(layout, mesh.shape)
+            nbytes = (
+                math.prod(micro.tensor(name).shape)
+                * settings.grad_bytes
+                / shard_factor(layout, mesh.shape)
+            )
             out += [("all_reduce", ("tied",), nbytes)] * len(readers)
     return out
 
 
-def wire_bytes(kind: str, axes: tuple[str, ...], nbytes: float, sizes: dict[str, int]) -> dict[str, float]:
+def wire_bytes(
+    kind: str, axes: tuple[str, ...], nbytes: float, sizes: dict[str, int]
+) -> dict[str, float]:
     """Bytes one device sends, per mesh axis: (p-1)/p n, twice for an all-reduce, n for p2p.
 
     A collective over several axes (one flat replica group) is attributed as its hierarchical
     equivalent, which sends the same bytes in total: all-reduce and all-gather run outer to inner
     with the buffer on axis j = n / (product of the axes inside j); reduce-scatter and all-to-all
     inner to outer, buffer n / (product of the axes outside j). This is the order the cost model
-    uses (``planner.cost.collectives.hierarchical_all_reduce`` and ``planner.cost.redistribution``)."""
+    uses (``planner.cost.collectives.hierarchical_all_reduce`` and
+    ``planner.cost.redistribution``)."""
     if kind == "p2p":  # XLA's collective-permute: every byte leaves the device
         return {"+".join(axes) or "none": nbytes}
     out = {}
     for j, axis in enumerate(axes):
-        others = axes[j + 1:] if kind in ("all_reduce", "all_gather") else axes[:j]
+        others = axes[j + 1 :] if kind in ("all_reduce", "all_gather") else axes[:j]
         buffer = nbytes / math.prod(sizes[a] for a in others)
         out[axis] = bytes_sent(kind, sizes[axis], buffer)
     return out
 
 
-def compare(predicted: list[Transfer], compiled: list[Transfer], sizes: dict[str, int]) -> tuple[tuple[Comparison, ...], tuple]:
+def compare(
+    predicted: list[Transfer], compiled: list[Transfer], sizes: dict[str, int]
+) -> tuple[tuple[Comparison, ...], tuple]:
     """Sent bytes compared in total and per mesh axis; n bytes per kind (for information)."""
+
     def per_axis(transfers: list[Transfer]) -> dict[str, float]:
         acc: dict[str, float] = {}
         for kind, axes, n in transfers:
             for axis, value in wire_bytes(kind, axes, n, sizes).items():
                 acc[axis] = acc.get(axis, 0.0) + value
         return acc
+
     want, got = per_axis(predicted), per_axis(compiled)
     rows = [Comparison("total", sum(want.values()), sum(got.values()))]
-    rows += [Comparison(axis, want.get(axis, 0.0), got.get(axis, 0.0)) for axis in sorted(set(want) | set(got))]
+    rows += [
+        Comparison(axis, want.get(axis, 0.0), got.get(axis, 0.0))
+        for axis in sorted(set(want) | set(got))
+    ]
     kinds = sorted({k for k, _, _ in predicted} | {k for k, _, _ in compiled})
-    by_kind = tuple((k, sum(n for kk, _, n in predicted if kk == k), sum(n for kk, _, n in compiled if kk == k))
-                    for k in kinds)
+    by_kind = tuple(
+        (k, sum(n for kk, _, n in predicted if kk == k), sum(n for kk, _, n in compiled if kk == k))
+        for k in kinds
+    )
     return tuple(rows), by_kind

@@ -28,7 +28,8 @@ def crossing_tensors(graph: Graph, position: Mapping[str, int], count: int) -> l
 
 
 def stages_reading(graph: Graph, stage_of: Mapping[str, int]) -> dict[str, set[int]]:
-    """Per parameter, the stages that read it (two or more: a tied parameter with a copy on each)."""
+    """Per parameter, the stages that read it (two or more: a tied parameter with a copy on
+    each)."""
     out: dict[str, set[int]] = {}
     for op in graph.operators:
         for o in op.inputs:

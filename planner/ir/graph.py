@@ -38,10 +38,14 @@ class Tensor:
     def __post_init__(self) -> None:
         _check_name(self.name, "tensor")
         if self.role not in TENSOR_ROLES:
-            raise GraphError(f"tensor {self.name}: field 'role' must be one of {TENSOR_ROLES}, got {self.role!r}")
+            raise GraphError(
+                f"tensor {self.name}: field 'role' must be one of {TENSOR_ROLES}, got {self.role!r}"
+            )
         for size in self.shape:
             if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
-                raise GraphError(f"tensor {self.name}: field 'shape' needs positive integers, got {self.shape!r}")
+                raise GraphError(
+                    f"tensor {self.name}: field 'shape' needs positive integers, got {self.shape!r}"
+                )
 
     @property
     def numel(self) -> int:
@@ -87,25 +91,40 @@ class Operator:
     norm_dims: frozenset[str] = frozenset()
     norm_stats: int = 0
     layer: int | None = None
-    attrs: tuple[tuple[str, int], ...] = ()  # numeric details that do not change costs (pool kernel, ...)
+    # numeric details that do not change costs (pool kernel, ...)
+    attrs: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         _check_name(self.name, "operator")
         for key, value in self.attrs:
-            if not isinstance(key, str) or isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise GraphError(f"operator {self.name}: field 'attrs' needs non-negative integers, got {key!r}: {value!r}")
+            if (
+                not isinstance(key, str)
+                or isinstance(value, bool)
+                or not isinstance(value, int)
+                or value < 0
+            ):
+                raise GraphError(
+                    f"operator {self.name}: field 'attrs' needs non-negative integers, got "
+                    f"{key!r}: {value!r}"
+                )
         names = [d for d, _ in self.dims]
         if len(set(names)) != len(names):
             raise GraphError(f"operator {self.name}: field 'dims' repeats a dim: {names}")
         for dim, size in self.dims:
             if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
-                raise GraphError(f"operator {self.name}: field 'dims' needs a positive integer size for {dim!r}, got {size!r}")
+                raise GraphError(
+                    f"operator {self.name}: field 'dims' needs a positive integer size for "
+                    f"{dim!r}, got {size!r}"
+                )
         declared = set(names)
         for field_name, operands in (("inputs", self.inputs), ("outputs", self.outputs)):
             for operand in operands:
                 unknown = [d for d in operand.op_dims() if d not in declared]
                 if unknown:
-                    raise GraphError(f"operator {self.name}: field '{field_name}' uses undeclared dims {unknown} for {operand.tensor}")
+                    raise GraphError(
+                        f"operator {self.name}: field '{field_name}' uses undeclared dims "
+                        f"{unknown} for {operand.tensor}"
+                    )
         if not self.outputs:
             raise GraphError(f"operator {self.name}: field 'outputs' is empty")
         if self.flops < 0:
@@ -113,7 +132,9 @@ class Operator:
         for set_name, label in (("unsplittable", "unsplittable"), ("norm_dims", "norm")):
             extra = set(getattr(self, set_name)) - declared
             if extra:
-                raise GraphError(f"operator {self.name}: field '{label}' names undeclared dims {sorted(extra)}")
+                raise GraphError(
+                    f"operator {self.name}: field '{label}' names undeclared dims {sorted(extra)}"
+                )
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -138,7 +159,8 @@ class Graph:
     data parallelism splits it, and ``batch_size`` (its size, which every operator that has it
     must agree on) is the global batch that micro-batching and gradient accumulation divide.
     ``dim_names`` says what the other letters mean: ``semantic`` (the zoo: ``a`` heads, ``f`` ffn,
-    ``v`` vocabulary, ``e`` experts, which the Megatron baseline reads) or ``positional`` (import-torch:
+    ``v`` vocabulary, ``e`` experts, which the Megatron baseline reads) or ``positional``
+    (import-torch:
     letters by position in each operator, so baselines follow the data flow instead)."""
 
     name: str
@@ -164,16 +186,27 @@ class Graph:
             self._check_operands(op, tensors)
             for out in op.outputs:
                 if out.tensor in producer:
-                    raise GraphError(f"operator {op.name}: field 'outputs' writes {out.tensor}, already written by {producer[out.tensor]}")
+                    raise GraphError(
+                        f"operator {op.name}: field 'outputs' writes {out.tensor}, already written "
+                        f"by {producer[out.tensor]}"
+                    )
                 if tensors[out.tensor].role != "activation":
-                    raise GraphError(f"operator {op.name}: field 'outputs' writes {tensors[out.tensor].role} tensor {out.tensor}")
+                    raise GraphError(
+                        f"operator {op.name}: field 'outputs' writes {tensors[out.tensor].role} "
+                        f"tensor {out.tensor}"
+                    )
                 producer[out.tensor] = op.name
         for t in self.tensors:
             if t.role == "activation" and t.name not in producer:
-                raise GraphError(f"tensor {t.name}: field 'role' is activation but no operator produces it")
+                raise GraphError(
+                    f"tensor {t.name}: field 'role' is activation but no operator produces it"
+                )
         _check_name(self.batch_dim, f"graph {self.name}: field 'batch_dim'")
         if self.dim_names not in DIM_NAMES:
-            raise GraphError(f"graph {self.name}: field 'dim_names' {self.dim_names!r} is not one of {', '.join(DIM_NAMES)}")
+            raise GraphError(
+                f"graph {self.name}: field 'dim_names' {self.dim_names!r} is not one of "
+                f"{', '.join(DIM_NAMES)}"
+            )
         order = self._topological_order(producer)
         object.__setattr__(self, "operators", order)
         object.__setattr__(self, "_index", {"tensors": tensors, "producer": producer})
@@ -181,7 +214,9 @@ class Graph:
     @property
     def batch_size(self) -> int:
         """The size of the batch dim: the global batch of one training step."""
-        sizes = sorted({op.sizes[self.batch_dim] for op in self.operators if self.batch_dim in op.sizes})
+        sizes = sorted(
+            {op.sizes[self.batch_dim] for op in self.operators if self.batch_dim in op.sizes}
+        )
         if len(sizes) != 1:
             why = f"has different sizes {sizes}" if sizes else "is in no operator"
             raise GraphError(f"graph {self.name}: field 'batch_dim' {self.batch_dim!r} {why}")
@@ -192,11 +227,17 @@ class Graph:
         for field_name, operands in (("inputs", op.inputs), ("outputs", op.outputs)):
             for operand in operands:
                 if operand.tensor not in tensors:
-                    raise GraphError(f"operator {op.name}: field '{field_name}' names unknown tensor {operand.tensor!r}")
+                    raise GraphError(
+                        f"operator {op.name}: field '{field_name}' names unknown tensor "
+                        f"{operand.tensor!r}"
+                    )
                 want = tensors[operand.tensor].shape
                 got = op.operand_shape(operand)
                 if got != want:
-                    raise GraphError(f"operator {op.name}: field '{field_name}' sees {operand.tensor} with shape {got}, tensor has {want}")
+                    raise GraphError(
+                        f"operator {op.name}: field '{field_name}' sees {operand.tensor} with "
+                        f"shape {got}, tensor has {want}"
+                    )
 
     def _topological_order(self, producer: dict[str, str]) -> tuple[Operator, ...]:
         g = nx.DiGraph()
@@ -211,7 +252,9 @@ class Graph:
             names = list(nx.lexicographical_topological_sort(g, key=position.__getitem__))
         except nx.NetworkXUnfeasible:
             cycle = [u for u, _ in nx.find_cycle(g)]
-            raise GraphError(f"operator {cycle[0]}: field 'inputs' closes a cycle through {' -> '.join(cycle)}") from None
+            raise GraphError(
+                f"operator {cycle[0]}: field 'inputs' closes a cycle through {' -> '.join(cycle)}"
+            ) from None
         return tuple(by_name[n] for n in names)
 
     def tensor(self, name: str) -> Tensor:

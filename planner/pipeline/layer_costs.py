@@ -1,7 +1,7 @@
-"""Layer chains of a fixed intra-operator plan: each layer's time per micro-batch (by term), gradient
-sync, memory and the activation bytes it sends to the next stage, re-costed at every micro-batch
-count (costs stay symbolic: nothing is measured). Operators outside layers join the first and the
-last layer; an edge belongs to its consumer's layer."""
+"""Layer chains of a fixed intra-operator plan: each layer's time per micro-batch (by term),
+gradient sync, memory and the activation bytes it sends to the next stage, re-costed at every
+micro-batch count (costs stay symbolic: nothing is measured). Operators outside layers join the
+first and the last layer; an edge belongs to its consumer's layer."""
 
 from __future__ import annotations
 
@@ -39,8 +39,38 @@ def layer_of(graph: Graph) -> list[int]:
     return out
 
 
-def cost_layers(graph: Graph, mesh: Mesh, profile: MachineProfile, settings: TrainingSettings,
-                strategies: dict[str, Strategy]) -> dict[str, np.ndarray]:
+def _layer_arrays(records: list, summed: dict, mesh: Mesh, profile: MachineProfile) -> dict:
+    """Per layer: time per micro-batch and its parts, gradient sync, static and activation memory
+    (each distinct record's phases computed once)."""
+    phases = {
+        id(r): (
+            _phase_seconds(r, mesh, profile, PER_MICROBATCH),
+            _phase_seconds(r, mesh, profile, ("grad", "opt")),
+            _time_parts(r, mesh, profile),
+        )
+        for r in summed.values()
+    }
+    return {
+        "time": np.array([phases[id(r)][0] for r in records]),
+        "parts": np.array([phases[id(r)][2] for r in records]),
+        "static_parts": np.array(
+            [(r.memory.params, r.memory.grads, r.memory.optimizer) for r in records]
+        ),
+        "sync": np.array([phases[id(r)][1] for r in records]),
+        "activation_memory": np.array([r.memory.activations for r in records]),
+        "static_memory": np.array(
+            [r.memory.params + r.memory.grads + r.memory.optimizer for r in records]
+        ),
+    }
+
+
+def cost_layers(
+    graph: Graph,
+    mesh: Mesh,
+    profile: MachineProfile,
+    settings: TrainingSettings,
+    strategies: dict[str, Strategy],
+) -> dict[str, np.ndarray]:
     """Per-layer costs of a fixed intra-operator plan: time per micro-batch, gradient sync, memory,
     and the bytes per device of the activations leaving each layer (each tensor once per boundary,
     split over the stage's devices by ``send_split``). An edge belongs to its consumer's layer."""
@@ -55,48 +85,56 @@ def cost_layers(graph: Graph, mesh: Mesh, profile: MachineProfile, settings: Tra
     for src, dst, slot, record in terms.edges:
         per_layer[layer[dst]].append(record)
     out_bytes = _crossing_bytes(graph, mesh, settings, chosen, layer, n)
-    summed: dict[tuple[int, ...], CostRecord] = {}  # identical layers hold the same (cached) term objects
+    # identical layers hold the same (cached) term objects
+    summed: dict[tuple[int, ...], CostRecord] = {}
     records = []
     for layer_terms in per_layer:
         key = tuple(map(id, layer_terms))
         if key not in summed:
             summed[key] = sum_records(layer_terms)
         records.append(summed[key])
-    phases = {id(r): (_phase_seconds(r, mesh, profile, PER_MICROBATCH),
-                      _phase_seconds(r, mesh, profile, ("grad", "opt")), _time_parts(r, mesh, profile))
-              for r in summed.values()}
     return {
-        "time": np.array([phases[id(r)][0] for r in records]),
-        "parts": np.array([phases[id(r)][2] for r in records]),
-        "static_parts": np.array([(r.memory.params, r.memory.grads, r.memory.optimizer) for r in records]),
-        "sync": np.array([phases[id(r)][1] for r in records]),
-        "activation_memory": np.array([r.memory.activations for r in records]),
-        "static_memory": np.array([r.memory.params + r.memory.grads + r.memory.optimizer for r in records]),
+        **_layer_arrays(records, summed, mesh, profile),
         "out_bytes": out_bytes,
-        "working_memory": _working_memory(graph, mesh, profile, settings, chosen, terms.ops, layer, n),
+        "working_memory": _working_memory(
+            graph, mesh, profile, settings, chosen, terms.ops, layer, n
+        ),
         "tied": _tied_parameters(graph, mesh, profile, settings, chosen, infos, terms.ops, layer),
     }
 
 
-def _crossing_bytes(graph: Graph, mesh: Mesh, settings: TrainingSettings, chosen, layer: list[int],
-                    n: int) -> np.ndarray:
+def _crossing_bytes(
+    graph: Graph, mesh: Mesh, settings: TrainingSettings, chosen, layer: list[int], n: int
+) -> np.ndarray:
     """Per layer l, the bytes per device sent at a stage boundary after it: every tensor that
     crosses it (``planner.ir.crossing``: made at or before l, read after l; a tensor that skips
     stages is handed on at each boundary, as the runners send it), split by ``send_split``."""
     out = np.zeros(n)
-    made = {o.tensor: (i, k) for i, op in enumerate(graph.operators) for k, o in enumerate(op.outputs)}
+    made = {
+        o.tensor: (i, k) for i, op in enumerate(graph.operators) for k, o in enumerate(op.outputs)
+    }
     position = {op.name: layer[i] for i, op in enumerate(graph.operators)}
     elem = {t.name: (INTEGER_BYTES if t.integer else settings.elem_bytes) for t in graph.tensors}
     for boundary, names in enumerate(crossing_tensors(graph, position, n)):
         for name in names:
             i, k = made[name]
             layout = output_layouts(graph.operators[i], chosen[i])[k]
-            out[boundary] += math.prod(graph.tensor(name).shape) * elem[name] / send_split(layout, mesh)
+            out[boundary] += (
+                math.prod(graph.tensor(name).shape) * elem[name] / send_split(layout, mesh)
+            )
     return out
 
 
-def _working_memory(graph: Graph, mesh: Mesh, profile: MachineProfile, settings: TrainingSettings, chosen,
-                    records, layer: list[int], n: int) -> np.ndarray:
+def _working_memory(
+    graph: Graph,
+    mesh: Mesh,
+    profile: MachineProfile,
+    settings: TrainingSettings,
+    chosen,
+    records,
+    layer: list[int],
+    n: int,
+) -> np.ndarray:
     """Per layer, the activations its re-run materialises again under recompute (what it would
     keep without recompute less what it keeps): Megatron's working set of one layer."""
     working = np.zeros(n)
@@ -108,33 +146,58 @@ def _working_memory(graph: Graph, mesh: Mesh, profile: MachineProfile, settings:
     for i, (op, signature) in enumerate(zip(graph.operators, signature_ids(graph, plain))):
         key = (signature, chosen[i])
         if key not in kept:
-            kept[key] = op_cost(op, chosen[i], mesh, plain, infos[op.name], profile).memory.activations
+            kept[key] = op_cost(
+                op, chosen[i], mesh, plain, infos[op.name], profile
+            ).memory.activations
         working[layer[i]] += kept[key] - records[i].memory.activations
     return working
 
 
-def _tied_parameters(graph: Graph, mesh: Mesh, profile: MachineProfile, settings: TrainingSettings, chosen, infos,
-                     records, layer: list[int]) -> list[tuple[int, int, float, float]]:
+def _tied_parameters(
+    graph: Graph,
+    mesh: Mesh,
+    profile: MachineProfile,
+    settings: TrainingSettings,
+    chosen,
+    infos,
+    records,
+    layer: list[int],
+) -> list[tuple[int, int, float, float]]:
     """Parameters read in two layers (the tied embedding, read by the LM head): (owner layer,
     reader layer, the reader's copy's static bytes, its gradient bytes)."""
     tied = []
-    for i, slot, home in graph.derived(("tied_reads", settings), lambda: _tied_reads(graph, infos, layer)):
+    for i, slot, home in graph.derived(
+        ("tied_reads", settings), lambda: _tied_reads(graph, infos, layer)
+    ):
         op = graph.operators[i]
-        own = tuple(replace(x, counts_memory=True) if j == slot else x for j, x in enumerate(infos[op.name]))
+        own = tuple(
+            replace(x, counts_memory=True) if j == slot else x for j, x in enumerate(infos[op.name])
+        )
         copy, base = op_cost(op, chosen[i], mesh, settings, own, profile).memory, records[i].memory
-        static = copy.params + copy.grads + copy.optimizer - (base.params + base.grads + base.optimizer)
+        static = (
+            copy.params + copy.grads + copy.optimizer - (base.params + base.grads + base.optimizer)
+        )
         tied.append((home, layer[i], static, copy.grads - base.grads))
     return tied
 
 
 def _tied_reads(graph: Graph, infos, layer: list[int]) -> tuple[tuple[int, int, int], ...]:
-    """(operator, input slot, owner layer) of each parameter read outside the layer that keeps it."""
-    owner = {op.inputs[slot].tensor: layer[i] for i, op in enumerate(graph.operators)
-             for slot, info in enumerate(infos[op.name]) if info.role == "param" and info.counts_memory}
-    return tuple((i, slot, owner.get(op.inputs[slot].tensor, layer[i])) for i, op in enumerate(graph.operators)
-                 for slot, info in enumerate(infos[op.name])
-                 if info.role == "param" and not info.counts_memory
-                 and owner.get(op.inputs[slot].tensor, layer[i]) != layer[i])
+    """(operator, input slot, owner layer) of each parameter read outside the layer that keeps
+    it."""
+    owner = {
+        op.inputs[slot].tensor: layer[i]
+        for i, op in enumerate(graph.operators)
+        for slot, info in enumerate(infos[op.name])
+        if info.role == "param" and info.counts_memory
+    }
+    return tuple(
+        (i, slot, owner.get(op.inputs[slot].tensor, layer[i]))
+        for i, op in enumerate(graph.operators)
+        for slot, info in enumerate(infos[op.name])
+        if info.role == "param"
+        and not info.counts_memory
+        and owner.get(op.inputs[slot].tensor, layer[i]) != layer[i]
+    )
 
 
 def send_split(layout, mesh: Mesh) -> int:
@@ -150,7 +213,9 @@ def _phase_seconds(record, mesh: Mesh, profile: MachineProfile, phases: tuple[st
     per-step part (``grad``/``opt``: gradient sync and optimizer step)."""
     comm = tuple(c for c in record.comm if c.phase in phases)
     if "fwd" in phases:
-        part = CostRecord(comm=comm, fwd_s=record.fwd_s, bwd_s=record.bwd_s, hidden_s=record.hidden_s)
+        part = CostRecord(
+            comm=comm, fwd_s=record.fwd_s, bwd_s=record.bwd_s, hidden_s=record.hidden_s
+        )
     else:
         part = CostRecord(comm=comm, opt_s=record.opt_s, hidden_sync_s=record.hidden_sync_s)
     return seconds(part, mesh, profile)
@@ -160,33 +225,67 @@ def _time_parts(record, mesh: Mesh, profile: MachineProfile) -> tuple[float, ...
     """A record's per-micro-batch seconds by term (``timeline.PARTS``); they add up to
     ``_phase_seconds(record, ..., PER_MICROBATCH)``."""
     weight = profile.compute_weight
-    comm = [breakdown(CostRecord(comm=tuple(c for c in record.comm if c.phase == phase)), mesh, profile).comm_s
-            for phase in PER_MICROBATCH]
-    return (weight * record.fwd_s, weight * (record.bwd_s - record.rerun_s), weight * record.rerun_s,
-            comm[0], comm[1], weight * record.hidden_s)
+    comm = [
+        breakdown(
+            CostRecord(comm=tuple(c for c in record.comm if c.phase == phase)), mesh, profile
+        ).comm_s
+        for phase in PER_MICROBATCH
+    ]
+    return (
+        weight * record.fwd_s,
+        weight * (record.bwd_s - record.rerun_s),
+        weight * record.rerun_s,
+        comm[0],
+        comm[1],
+        weight * record.hidden_s,
+    )
 
 
-def model_chain(load: Callable[[int], Graph], batch: int, counts: list[int], mesh: Mesh, profile: MachineProfile,
-                settings: TrainingSettings, strategies: dict[str, Strategy], link: MeshAxis) -> LayerChain | None:
+def model_chain(
+    load: Callable[[int], Graph],
+    batch: int,
+    counts: list[int],
+    mesh: Mesh,
+    profile: MachineProfile,
+    settings: TrainingSettings,
+    strategies: dict[str, Strategy],
+    link: MeshAxis,
+) -> LayerChain | None:
     """The layer chain of a fixed intra-operator plan re-costed at every micro-batch count."""
     columns, kept = [], []
     for count in counts:
         graph = load(batch // count)
-        if plan_valid(graph, mesh, strategies):  # a split that no longer divides the micro-batch: skip
+        # a split that no longer divides the micro-batch: skip
+        if plan_valid(graph, mesh, strategies):
             columns.append(cost_layers(graph, mesh, profile, settings, strategies))
             kept.append(count)
     if not columns:
         return None
     stack = lambda key: np.stack([col[key] for col in columns], axis=1)
     # the two copies' gradients are all-reduced between their stages over the pipeline link
-    tied = tuple((o, r, nbytes, 2 * link.latency + grad_bytes / link.bandwidth)
-                 for o, r, nbytes, grad_bytes in columns[0]["tied"])
-    return LayerChain(tuple(batch // c for c in kept), tuple(kept), stack("time"), stack("out_bytes"),
-                      stack("activation_memory"), columns[0]["static_memory"], stack("sync"),
-                      link.bandwidth, link.latency, working_memory=stack("working_memory"), tied=tied,
-                      parts=stack("parts"), static_parts=columns[0]["static_parts"])
+    tied = tuple(
+        (o, r, nbytes, 2 * link.latency + grad_bytes / link.bandwidth)
+        for o, r, nbytes, grad_bytes in columns[0]["tied"]
+    )
+    return LayerChain(
+        tuple(batch // c for c in kept),
+        tuple(kept),
+        stack("time"),
+        stack("out_bytes"),
+        stack("activation_memory"),
+        columns[0]["static_memory"],
+        stack("sync"),
+        link.bandwidth,
+        link.latency,
+        working_memory=stack("working_memory"),
+        tied=tied,
+        parts=stack("parts"),
+        static_parts=columns[0]["static_parts"],
+    )
 
 
 def plan_valid(graph: Graph, mesh: Mesh, strategies: dict[str, Strategy]) -> bool:
-    distinct = {(op.dims, strategies[op.name]) for op in graph.operators}  # the layers repeat a few operators
+    distinct = {
+        (op.dims, strategies[op.name]) for op in graph.operators
+    }  # the layers repeat a few operators
     return all(divides(dict(dims), strategy, mesh) for dims, strategy in distinct)

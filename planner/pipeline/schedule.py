@@ -1,4 +1,5 @@
-"""Pipeline planning on a chain of layers (DESIGN section 7): schedules, exact DP, brute force, CSIMD.
+"""Pipeline planning on a chain of layers (DESIGN section 7): schedules, exact DP, brute force,
+CSIMD.
 
 A ``LayerChain`` tabulates, for each layer l and each candidate micro-batch size b, its forward +
 backward time t_l(b), the bytes of its output activation a_l(b), and its activation memory per
@@ -21,8 +22,7 @@ GPipe and 1F1B have v = 1 and the same time (sum + (M - 1) max); they differ in 
 bubble (p - 1) t by v; each micro-batch then crosses v times as many stage boundaries, so a stage
 sends 2 v activations per micro-batch (v - 1 on the last stage). The gradient synchronisation of the
 first stage is the one on the critical path (stage 0 finishes its last backward last), so it is
-added once. The searches over cuts and M are in
-``planner.pipeline.search``.
+added once. The searches over cuts and M are in ``planner.pipeline.search``.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ import numpy as np
 
 from planner.errors import SettingsError
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")  # interleaved:v has v model chunks per device (default 2)
+# interleaved:v has v model chunks per device (default 2)
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
 DEFAULT_CHUNKS = 2
 
 
@@ -44,12 +45,18 @@ def parse_schedule(schedule: str) -> tuple[str, int]:
     """(name, chunks per device) of ``gpipe``, ``1f1b``, ``interleaved`` or ``interleaved:v``."""
     name, colon, chunks = str(schedule).partition(":")
     if name not in SCHEDULES or (colon and name != "interleaved"):
-        raise SettingsError(f"--schedule: must be one of {', '.join(SCHEDULES)} (interleaved:v for v chunks), "
-                            f"got {schedule!r}")
+        raise SettingsError(
+            f"--schedule: must be one of {', '.join(SCHEDULES)} (interleaved:v for v chunks), got "
+            f"{schedule!r}"
+        )
     if name != "interleaved":
         return name, 1
-    if colon and (not chunks.isascii() or not chunks.isdigit() or len(chunks) > 6 or int(chunks) < 2):
-        raise SettingsError(f"--schedule: interleaved:v needs v >= 2 chunks per device, got {schedule!r}")
+    if colon and (
+        not chunks.isascii() or not chunks.isdigit() or len(chunks) > 6 or int(chunks) < 2
+    ):
+        raise SettingsError(
+            f"--schedule: interleaved:v needs v >= 2 chunks per device, got {schedule!r}"
+        )
     return name, int(chunks) if chunks else DEFAULT_CHUNKS
 
 
@@ -68,13 +75,16 @@ class LayerChain:
     activation_bytes: np.ndarray
     activation_memory: np.ndarray
     static_memory: np.ndarray  # [layers]
-    grad_sync: np.ndarray  # [layers, counts] (or [layers]: the same at every count); exposed per step
+    # [layers, counts] (or [layers]: the same at every count); exposed per step
+    grad_sync: np.ndarray
     link_bandwidth: float
     link_latency: float
     names: tuple[str, ...] = ()
     working_memory: np.ndarray | None = None  # extra bytes while one layer re-runs (recompute)
-    tied: tuple[tuple[int, int, float, float], ...] = ()  # (owner layer, reader layer, bytes, sync s)
-    parts: np.ndarray | None = None  # [layers, counts, 6]: time per micro-batch by term (timeline.PARTS)
+    # (owner layer, reader layer, bytes, sync s)
+    tied: tuple[tuple[int, int, float, float], ...] = ()
+    # [layers, counts, 6]: time per micro-batch by term (timeline.PARTS)
+    parts: np.ndarray | None = None
     static_parts: np.ndarray | None = None  # [layers, 3]: params, grads, optimizer bytes
 
     def __post_init__(self) -> None:
@@ -83,18 +93,32 @@ class LayerChain:
         if sync.ndim == 1 and sync.shape == (layers,):
             # the part of the sync hidden behind the last micro-batch's backward pass depends on its
             # size, so a chain costed at several sizes carries one column per count
-            object.__setattr__(self, "grad_sync", np.repeat(sync[:, None], len(self.counts), axis=1))
+            object.__setattr__(
+                self, "grad_sync", np.repeat(sync[:, None], len(self.counts), axis=1)
+            )
         elif sync.shape != (layers, len(self.counts)):
-            raise SettingsError(f"layer chain: field 'grad_sync' must have shape ({layers}, {len(self.counts)})")
+            raise SettingsError(
+                f"layer chain: field 'grad_sync' must have shape ({layers}, {len(self.counts)})"
+            )
         for name in ("time", "activation_bytes", "activation_memory"):
             if getattr(self, name).shape != (layers, len(self.counts)):
-                raise SettingsError(f"layer chain: field '{name}' must have shape ({layers}, {len(self.counts)})")
+                raise SettingsError(
+                    f"layer chain: field '{name}' must have shape ({layers}, {len(self.counts)})"
+                )
         if layers < 1:
             raise SettingsError("layer chain: needs at least one layer")
-        if self.working_memory is not None and self.working_memory.shape != (layers, len(self.counts)):
-            raise SettingsError(f"layer chain: field 'working_memory' must have shape ({layers}, {len(self.counts)})")
+        if self.working_memory is not None and self.working_memory.shape != (
+            layers,
+            len(self.counts),
+        ):
+            raise SettingsError(
+                f"layer chain: field 'working_memory' must have shape ({layers}, "
+                f"{len(self.counts)})"
+            )
         if self.parts is not None and self.parts.shape[:2] != (layers, len(self.counts)):
-            raise SettingsError(f"layer chain: field 'parts' must have shape ({layers}, {len(self.counts)}, 6)")
+            raise SettingsError(
+                f"layer chain: field 'parts' must have shape ({layers}, {len(self.counts)}, 6)"
+            )
         if any(not (0 <= o < layers and 0 <= r < layers) for o, r, *_ in self.tied):
             raise SettingsError("layer chain: field 'tied' names a layer outside the chain")
 
@@ -135,7 +159,8 @@ class Evaluator:
     _act: np.ndarray = field(init=False)
     _static: np.ndarray = field(init=False)
     _sync: np.ndarray = field(init=False)
-    _work: np.ndarray | None = field(init=False)  # [M, begin, end]: max working memory of layers [begin, end)
+    # [M, begin, end]: max working memory of layers [begin, end)
+    _work: np.ndarray | None = field(init=False)
 
     def __post_init__(self) -> None:
         self.kind, self.chunks = parse_schedule(self.schedule)
@@ -150,18 +175,21 @@ class Evaluator:
             layers = self.chain.num_layers
             self._work = np.zeros((len(self.chain.counts), layers + 1, layers + 1))
             for begin in range(layers):
-                self._work[:, begin, begin + 1:] = np.maximum.accumulate(work[begin:], axis=0).T
+                self._work[:, begin, begin + 1 :] = np.maximum.accumulate(work[begin:], axis=0).T
 
     def send(self, last_layer: int, m: int) -> float:
         nbytes = self.chain.activation_bytes[last_layer, m]
-        return 2.0 * point_to_point_seconds(nbytes, self.chain.link_bandwidth, self.chain.link_latency)
+        return 2.0 * point_to_point_seconds(
+            nbytes, self.chain.link_bandwidth, self.chain.link_latency
+        )
 
     def stage_time(self, start: int, end: int, m: int) -> float:
         """Layers [start, end) on one stage; sends its output unless it is the last stage."""
         return self._time[end, m] - self._time[start, m] + self.boundary_seconds(end, m)
 
     def boundary_seconds(self, end: int, m: int) -> float:
-        """Sends of a stage that ends before layer ``end``: v per micro-batch (v - 1 on the last stage)."""
+        """Sends of a stage that ends before layer ``end``: v per micro-batch (v - 1 on the last
+        stage)."""
         sends = self.chunks if end < self.chain.num_layers else self.chunks - 1
         return sends * self.send(end - 1, m) if sends else 0.0
 
@@ -175,7 +203,11 @@ class Evaluator:
         if self.kind == "gpipe":
             return count
         inflight = np.minimum(self.stages - np.asarray(k), count)
-        return inflight * (1 + (self.stages - 1) / (self.stages * self.chunks)) if self.chunks > 1 else inflight
+        return (
+            inflight * (1 + (self.stages - 1) / (self.stages * self.chunks))
+            if self.chunks > 1
+            else inflight
+        )
 
     def stage_memory(self, k, start, end, m: int):
         """Memory of stage k holding layers [start, end) (any of the three may be an array:
@@ -188,14 +220,19 @@ class Evaluator:
         if self._work is not None:
             memory = memory + self._work[m, start, end]
         for owner, reader, nbytes, _ in self.chain.tied:
-            memory = memory + np.where(_holds(start, end, reader) & ~_holds(start, end, owner), nbytes, 0.0)
+            memory = memory + np.where(
+                _holds(start, end, reader) & ~_holds(start, end, owner), nbytes, 0.0
+            )
         return float(memory) if memory.ndim == 0 else memory
 
     def tied_sync(self, cuts: Sequence[int]) -> float:
-        """Gradient sync of parameters whose copies sit on two stages (Megatron's embedding all-reduce)."""
+        """Gradient sync of parameters whose copies sit on two stages (Megatron's embedding
+        all-reduce)."""
         bounds = (0, *cuts, self.chain.num_layers)
         stage = lambda layer: int(np.searchsorted(bounds, layer, side="right")) - 1
-        return sum(sync for owner, reader, _, sync in self.chain.tied if stage(owner) != stage(reader))
+        return sum(
+            sync for owner, reader, _, sync in self.chain.tied if stage(owner) != stage(reader)
+        )
 
     def fits(self, k: int, start: int, end: int, m: int) -> bool:
         return self.memory_limit is None or self.stage_memory(k, start, end, m) <= self.memory_limit
@@ -206,7 +243,9 @@ class Evaluator:
         bounds = (0, *cuts, self.chain.num_layers)
         times = [self.stage_time(bounds[k], bounds[k + 1], m) for k in range(self.stages)]
         memory = float(self.stage_memory(np.arange(self.stages), bounds[:-1], bounds[1:], m).max())
-        total = sum(times) / self.chunks + self.bubble_factor(m) * max(times) + self._sync[bounds[1], m]
+        total = (
+            sum(times) / self.chunks + self.bubble_factor(m) * max(times) + self._sync[bounds[1], m]
+        )
         return total + self.tied_sync(cuts), max(times), memory
 
     def objective(self, cuts: Sequence[int], m: int) -> float:
@@ -219,14 +258,41 @@ def _holds(start: np.ndarray, end: np.ndarray, layer: int) -> np.ndarray:
     return (start <= layer) & (layer < end)
 
 
-def make_result(ev: Evaluator, method: str, cuts: Sequence[int] | None, m: int | None, start: float) -> PipelinePlan:
+def make_result(
+    ev: Evaluator, method: str, cuts: Sequence[int] | None, m: int | None, start: float
+) -> PipelinePlan:
     elapsed = time.perf_counter() - start
     if cuts is None or m is None:
-        return PipelinePlan(method, ev.schedule, ev.stages, (), 0, 0, math.inf, math.inf, math.inf, False,
-                            ev.evaluations, elapsed, "INFEASIBLE")
+        return PipelinePlan(
+            method,
+            ev.schedule,
+            ev.stages,
+            (),
+            0,
+            0,
+            math.inf,
+            math.inf,
+            math.inf,
+            False,
+            ev.evaluations,
+            elapsed,
+            "INFEASIBLE",
+        )
     evaluations = ev.evaluations
     total, bottleneck, memory = (float(x) for x in ev.cost(cuts, m))
     fits = bool(ev.memory_limit is None or memory <= ev.memory_limit)
-    return PipelinePlan(method, ev.schedule, ev.stages, tuple(int(c) for c in cuts), int(ev.chain.counts[m]),
-                        int(ev.chain.micro_batches[m]), total, bottleneck, memory, fits, evaluations, elapsed,
-                        "OK" if fits else "INFEASIBLE")
+    return PipelinePlan(
+        method,
+        ev.schedule,
+        ev.stages,
+        tuple(int(c) for c in cuts),
+        int(ev.chain.counts[m]),
+        int(ev.chain.micro_batches[m]),
+        total,
+        bottleneck,
+        memory,
+        fits,
+        evaluations,
+        elapsed,
+        "OK" if fits else "INFEASIBLE",
+    )

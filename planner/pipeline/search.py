@@ -18,7 +18,10 @@ import numpy as np
 from planner.errors import SettingsError
 from planner.pipeline.schedule import Evaluator, LayerChain, PipelinePlan, make_result
 
-def brute_force(chain: LayerChain, stages: int, schedule: str = "1f1b", memory_limit: float | None = None) -> PipelinePlan:
+
+def brute_force(
+    chain: LayerChain, stages: int, schedule: str = "1f1b", memory_limit: float | None = None
+) -> PipelinePlan:
     """Every composition of the layers into ``stages`` parts, every micro-batch count."""
     start = time.perf_counter()
     ev = Evaluator(chain, stages, schedule, memory_limit)
@@ -32,7 +35,8 @@ def brute_force(chain: LayerChain, stages: int, schedule: str = "1f1b", memory_l
 
 
 def _dp_at(ev: Evaluator, m: int, bottleneck: float) -> tuple[float, tuple[int, ...]] | None:
-    """Least sum of stage times / v (+ stage-0 sync) with every stage <= bottleneck and fitting memory.
+    """Least sum of stage times / v (+ stage-0 sync) with every stage <= bottleneck and fitting
+    memory.
 
     DP over (stages k, layers end): best[k, end] = min_begin best[k-1, begin] + T(begin, end),
     vectorised over ``begin`` with prefix sums.
@@ -63,12 +67,15 @@ def _dp_at(ev: Evaluator, m: int, bottleneck: float) -> tuple[float, tuple[int, 
     return float(best[p, layers]), tuple(reversed(cuts))
 
 
-def exact_dp(chain: LayerChain, stages: int, schedule: str = "1f1b", memory_limit: float | None = None) -> PipelinePlan:
+def exact_dp(
+    chain: LayerChain, stages: int, schedule: str = "1f1b", memory_limit: float | None = None
+) -> PipelinePlan:
     """Alpa's exact formulation: for every micro-batch count and every candidate bottleneck value
     (the time of some contiguous layer range), a DP over (stages, layers) minimising the sum of
     stage times under that bottleneck. The smallest feasible candidate is found by bisection
     (feasibility is monotone); candidates above it are scanned in increasing order until
-    sum(layer times) / v + (M - 1/v) * bottleneck alone reaches the best plan (no later plan can win)."""
+    sum(layer times) / v + (M - 1/v) * bottleneck alone reaches the best plan (no later plan can
+    win)."""
     start = time.perf_counter()
     ev = Evaluator(chain, stages, schedule, memory_limit)
     layers = chain.num_layers
@@ -78,8 +85,11 @@ def exact_dp(chain: LayerChain, stages: int, schedule: str = "1f1b", memory_limi
     starts = []
     for m, count in enumerate(chain.counts):
         prefix = ev._time[:, m]
-        candidates = np.unique(np.concatenate([
-            prefix[j] - prefix[:j] + ev.boundary_seconds(j, m) for j in range(1, layers + 1)]))
+        candidates = np.unique(
+            np.concatenate(
+                [prefix[j] - prefix[:j] + ev.boundary_seconds(j, m) for j in range(1, layers + 1)]
+            )
+        )
         unbounded = _dp_at(ev, m, math.inf)
         if unbounded is None:
             continue  # no partition fits in memory at this micro-batch count
@@ -91,8 +101,11 @@ def exact_dp(chain: LayerChain, stages: int, schedule: str = "1f1b", memory_limi
             else:
                 hi = mid
         # unbounded[0], the least sum of stage times, bounds every threshold's sum from below
-        starts.append((unbounded[0] + ev.bubble_factor(m) * candidates[lo], m, unbounded[0], candidates[lo:]))
-    for bound, m, floor, candidates in sorted(starts, key=lambda x: (x[0], x[1])):  # most promising first
+        starts.append(
+            (unbounded[0] + ev.bubble_factor(m) * candidates[lo], m, unbounded[0], candidates[lo:])
+        )
+    # most promising first
+    for bound, m, floor, candidates in sorted(starts, key=lambda x: (x[0], x[1])):
         for bottleneck in candidates:
             if best is not None and floor + ev.bubble_factor(m) * bottleneck >= best[0]:
                 break
@@ -100,7 +113,8 @@ def exact_dp(chain: LayerChain, stages: int, schedule: str = "1f1b", memory_limi
             value = ev.objective(found[1], m)
             if value < math.inf and (best is None or value < best[0]):
                 best = (value, found[1], m)
-            if found[0] <= floor:  # the sum cannot shrink further; larger bottlenecks only cost more
+            # the sum cannot shrink further; larger bottlenecks only cost more
+            if found[0] <= floor:
                 break
     return make_result(ev, "exact", best[1] if best else None, best[2] if best else None, start)
 
@@ -112,7 +126,9 @@ def _greedy_cuts(ev: Evaluator, m: int, bottleneck: float) -> list[int] | None:
     cuts, begin, k = [], 0, 0
     layers = ev.chain.num_layers
     prefix_t = ev._time[:, m]
-    sends = 2.0 * (ev.chain.link_latency + ev.chain.activation_bytes[:, m] / ev.chain.link_bandwidth)
+    sends = 2.0 * (
+        ev.chain.link_latency + ev.chain.activation_bytes[:, m] / ev.chain.link_bandwidth
+    )
     sends = np.append(sends[:-1], 0.0)  # the last layer's stage sends nothing
     while begin < layers:
         ends = np.arange(begin + 1, layers + 1)
@@ -136,11 +152,17 @@ def _fill_stages(ev: Evaluator, cuts: list[int], m: int) -> list[int]:
     cuts = sorted(cuts)
     while len(cuts) < ev.stages - 1:
         bounds = [0, *cuts, ev.chain.num_layers]
-        spans = [(ev.stage_time(bounds[k], bounds[k + 1], m), k) for k in range(len(bounds) - 1)
-                 if bounds[k + 1] - bounds[k] > 1]
+        spans = [
+            (ev.stage_time(bounds[k], bounds[k + 1], m), k)
+            for k in range(len(bounds) - 1)
+            if bounds[k + 1] - bounds[k] > 1
+        ]
         _, k = max(spans)
         begin, end = bounds[k], bounds[k + 1]
-        split = min(range(begin + 1, end), key=lambda c: max(ev.stage_time(begin, c, m), ev.stage_time(c, end, m)))
+        split = min(
+            range(begin + 1, end),
+            key=lambda c: max(ev.stage_time(begin, c, m), ev.stage_time(c, end, m)),
+        )
         cuts = sorted(cuts + [split])
     return cuts
 
@@ -183,8 +205,13 @@ def _repair(ev: Evaluator, cuts: list[int], m: int) -> tuple[list[int], float]:
     return cuts, value
 
 
-def csimd(chain: LayerChain, stages: int, schedule: str = "1f1b", memory_limit: float | None = None,
-          tolerance: float = 1e-4) -> PipelinePlan:
+def csimd(
+    chain: LayerChain,
+    stages: int,
+    schedule: str = "1f1b",
+    memory_limit: float | None = None,
+    tolerance: float = 1e-4,
+) -> PipelinePlan:
     """CSIMD: cross-search over the cuts and the micro-batch count.
 
     (a) Improved multi-dimensional dichotomy at a fixed M: bisection on the bottleneck stage time,
@@ -227,9 +254,15 @@ def csimd(chain: LayerChain, stages: int, schedule: str = "1f1b", memory_limit: 
     return make_result(ev, "csimd", best[1], best[2], start)
 
 
-def even_split(chain: LayerChain, stages: int, schedule: str = "1f1b", memory_limit: float | None = None,
-               balanced: bool = False) -> PipelinePlan:
-    """Baseline: equal layers per stage (or equal compute when ``balanced``), best micro-batch count."""
+def even_split(
+    chain: LayerChain,
+    stages: int,
+    schedule: str = "1f1b",
+    memory_limit: float | None = None,
+    balanced: bool = False,
+) -> PipelinePlan:
+    """Baseline: equal layers per stage (or equal compute when ``balanced``), best micro-batch
+    count."""
     start = time.perf_counter()
     ev = Evaluator(chain, stages, schedule, memory_limit)
     layers = chain.num_layers
@@ -240,8 +273,10 @@ def even_split(chain: LayerChain, stages: int, schedule: str = "1f1b", memory_li
         if balanced:
             prefix = ev._time[:, m]
             targets = [prefix[-1] * k / stages for k in range(1, stages)]
-            cuts = [int(np.clip(np.searchsorted(prefix, t), k + 1, layers - (stages - k - 1)))
-                    for k, t in enumerate(targets)]
+            cuts = [
+                int(np.clip(np.searchsorted(prefix, t), k + 1, layers - (stages - k - 1)))
+                for k, t in enumerate(targets)
+            ]
             cuts = sorted(set(cuts))
             if len(cuts) != stages - 1:
                 cuts = [round(layers * k / stages) for k in range(1, stages)]
@@ -253,25 +288,36 @@ def even_split(chain: LayerChain, stages: int, schedule: str = "1f1b", memory_li
     return make_result(ev, "balanced" if balanced else "even", best[1], best[2], start)
 
 
-def given_cuts(chain: LayerChain, stages: int, schedule: str, memory_limit: float | None,
-               cuts: Sequence[int]) -> PipelinePlan:
+def given_cuts(
+    chain: LayerChain, stages: int, schedule: str, memory_limit: float | None, cuts: Sequence[int]
+) -> PipelinePlan:
     """Cost fixed cuts (first layer of stages 1..p-1) at the best micro-batch count of the chain."""
     start = time.perf_counter()
     ev = Evaluator(chain, stages, schedule, memory_limit)
     cuts = tuple(int(c) for c in cuts)
-    if len(cuts) != stages - 1 or list(cuts) != sorted(set(cuts)) or (cuts and not 0 < cuts[0] <= cuts[-1] < chain.num_layers):
-        raise SettingsError(f"--cuts: {list(cuts)} are not {stages - 1} increasing layer indices in "
-                            f"1..{chain.num_layers - 1} (one per stage boundary of {stages} stages)")
+    if (
+        len(cuts) != stages - 1
+        or list(cuts) != sorted(set(cuts))
+        or (cuts and not 0 < cuts[0] <= cuts[-1] < chain.num_layers)
+    ):
+        raise SettingsError(
+            f"--cuts: {list(cuts)} are not {stages - 1} increasing layer indices in "
+            f"1..{chain.num_layers - 1} (one per stage boundary of {stages} stages)"
+        )
     bounds = (0, *cuts, chain.num_layers)
     thinnest = min(bounds[k + 1] - bounds[k] for k in range(stages))
     if thinnest < ev.chunks:
-        raise SettingsError(f"--schedule: interleaved:{ev.chunks} needs at least {ev.chunks} layers on every "
-                            f"stage; the cuts {list(cuts)} leave a stage {thinnest}")
+        raise SettingsError(
+            f"--schedule: interleaved:{ev.chunks} needs at least {ev.chunks} layers on every "
+            f"stage; the cuts {list(cuts)} leave a stage {thinnest}"
+        )
     m = min(range(len(chain.counts)), key=lambda k: (ev.objective(cuts, k), k))
     return make_result(ev, "given", cuts, m, start)
 
 
-def stage_breakdown(chain: LayerChain, plan: PipelinePlan) -> tuple[tuple[float, ...], tuple[float, ...]]:
+def stage_breakdown(
+    chain: LayerChain, plan: PipelinePlan
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Per stage: time per micro-batch (compute, collectives and the send) and memory per device."""
     ev = Evaluator(chain, plan.stages, plan.schedule, None)
     m = chain.counts.index(plan.num_microbatches)
@@ -282,5 +328,10 @@ def stage_breakdown(chain: LayerChain, plan: PipelinePlan) -> tuple[tuple[float,
 
 
 # Cut searches; "exact" is Alpa's dynamic programme (exact_dp).
-METHODS = {"csimd": csimd, "exact": exact_dp, "brute": brute_force, "even": even_split,
-           "balanced": lambda c, p, s="1f1b", mem=None: even_split(c, p, s, mem, balanced=True)}
+METHODS = {
+    "csimd": csimd,
+    "exact": exact_dp,
+    "brute": brute_force,
+    "even": even_split,
+    "balanced": lambda c, p, s="1f1b", mem=None: even_split(c, p, s, mem, balanced=True),
+}

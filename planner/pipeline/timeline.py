@@ -3,20 +3,22 @@
 ``stage_details`` splits the cost model's per-stage figures (``Evaluator.stage_time`` and
 ``stage_memory``) into their terms, each summing back exactly:
 
-    time per micro-batch = forward + backward + recompute + forward comm + backward comm - hidden + send
-    memory               = params + grads + optimizer + activations (in flight) + working + tied copy
+    time per micro-batch = forward + backward + recompute + forward comm + backward comm - hidden +
+    send
+    memory               = params + grads + optimizer + activations (in flight) + working
+                           + tied copy
 
 ``simulate`` lays out one iteration of a schedule with those durations: every device runs its
-schedule's static order of passes (GPipe: all forwards, then all backwards; 1F1B: p - k - 1
-warm-up forwards, then one forward and one backward in turn; interleaved: Megatron-LM's order over
-v chunks, micro-batches in groups of p; when p does not divide M, which Megatron-LM refuses, all
-forwards then all backwards), each pass starting when its device is free and its
-dependencies (the same micro-batch's forward on the previous virtual stage, its backward on the next)
-are done; then each stage's gradient synchronisation. A pass's block holds its compute, its exposed
-collectives (the stage's hidden seconds taken pro rata from the forward and backward collectives)
-and its stage-to-stage send. With identical stages the simulated makespan equals the cost model's
-``sum_k T_k / v + (M - 1/v) max_k T_k + sync`` (tested); with unequal stages the two can differ
-either way (the closed form charges every stage's time once and the slowest stage M - 1/v times).
+schedule's static order of passes (GPipe: all forwards, then all backwards; 1F1B: p - k - 1 warm-up
+forwards, then one forward and one backward in turn; interleaved: Megatron-LM's order over v chunks,
+micro-batches in groups of p; when p does not divide M, which Megatron-LM refuses, all forwards then
+all backwards), each pass starting when its device is free and its dependencies (the same
+micro-batch's forward on the previous virtual stage, its backward on the next) are done; then each
+stage's gradient synchronisation. A pass's block holds its compute, its exposed collectives (the
+stage's hidden seconds taken pro rata from the forward and backward collectives) and its
+stage-to-stage send. With identical stages the simulated makespan equals the cost model's ``sum_k
+T_k / v + (M - 1/v) max_k T_k + sync`` (tested); with unequal stages the two can differ either way
+(the closed form charges every stage's time once and the slowest stage M - 1/v times).
 """
 
 from __future__ import annotations
@@ -56,22 +58,37 @@ class StageDetail:
 
     @property
     def time_per_microbatch_s(self) -> float:
-        return (self.forward_s + self.backward_s + self.recompute_s + self.forward_comm_s + self.backward_comm_s
-                - self.hidden_s + self.send_s)
+        return (
+            self.forward_s
+            + self.backward_s
+            + self.recompute_s
+            + self.forward_comm_s
+            + self.backward_comm_s
+            - self.hidden_s
+            + self.send_s
+        )
 
     @property
     def memory_bytes(self) -> float:
-        return (self.params_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes
-                + self.working_bytes + self.tied_bytes)
+        return (
+            self.params_bytes
+            + self.grads_bytes
+            + self.optimizer_bytes
+            + self.activations_bytes
+            + self.working_bytes
+            + self.tied_bytes
+        )
 
     def pass_seconds(self) -> dict[str, tuple[float, float]]:
-        """Per pass of one micro-batch (all chunks together): (compute seconds, exposed communication
-        seconds incl. its half of the sends)."""
+        """Per pass of one micro-batch (all chunks together): (compute seconds, exposed
+        communication seconds incl. its half of the sends)."""
         comm = self.forward_comm_s + self.backward_comm_s
         share = 0.0 if comm <= 0 else self.hidden_s / comm
-        return {"forward": (self.forward_s, self.forward_comm_s * (1 - share) + self.send_s / 2),
-                "backward": (self.backward_s, self.backward_comm_s * (1 - share) + self.send_s / 2),
-                "recompute": (self.recompute_s, 0.0)}
+        return {
+            "forward": (self.forward_s, self.forward_comm_s * (1 - share) + self.send_s / 2),
+            "backward": (self.backward_s, self.backward_comm_s * (1 - share) + self.send_s / 2),
+            "recompute": (self.recompute_s, 0.0),
+        }
 
 
 def stage_details(chain: LayerChain, plan: PipelinePlan) -> tuple[StageDetail, ...]:
@@ -87,18 +104,37 @@ def stage_details(chain: LayerChain, plan: PipelinePlan) -> tuple[StageDetail, .
         parts = chain.parts[start:end, m].sum(axis=0)
         static = chain.static_parts[start:end].sum(axis=0)
         act = float(ev.inflight(k, m) * chain.activation_memory[start:end, m].sum())
-        work = float(chain.working_memory[start:end, m].max()) if chain.working_memory is not None else 0.0
-        tied = sum(nbytes for owner, reader, nbytes, _ in chain.tied
-                   if start <= reader < end and not start <= owner < end)
-        out.append(StageDetail(k, start, end, *(float(x) for x in parts), float(ev.boundary_seconds(end, m)),
-                               float(chain.grad_sync[start:end, m].sum()), *(float(x) for x in static), act, work,
-                               float(tied)))
+        work = (
+            float(chain.working_memory[start:end, m].max())
+            if chain.working_memory is not None
+            else 0.0
+        )
+        tied = sum(
+            nbytes
+            for owner, reader, nbytes, _ in chain.tied
+            if start <= reader < end and not start <= owner < end
+        )
+        out.append(
+            StageDetail(
+                k,
+                start,
+                end,
+                *(float(x) for x in parts),
+                float(ev.boundary_seconds(end, m)),
+                float(chain.grad_sync[start:end, m].sum()),
+                *(float(x) for x in static),
+                act,
+                work,
+                float(tied),
+            )
+        )
     return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
 class Block:
-    """One pass of one micro-batch on one chunk of one stage, or a stage's gradient sync (``sync``)."""
+    """One pass of one micro-batch on one chunk of one stage, or a stage's gradient sync
+    (``sync``)."""
 
     stage: int
     chunk: int
@@ -113,15 +149,25 @@ class Block:
         return self.start_s + self.compute_s + self.comm_s
 
 
-def device_order(schedule: str, stages: int, num_microbatches: int, stage: int) -> list[tuple[str, int, int]]:
-    """The static order of (pass, micro-batch, chunk) one stage runs (recompute runs inside backward)."""
+def device_order(
+    schedule: str, stages: int, num_microbatches: int, stage: int
+) -> list[tuple[str, int, int]]:
+    """The static order of (pass, micro-batch, chunk) one stage runs (recompute runs inside
+    backward)."""
     kind, chunks = parse_schedule(schedule)
-    groups = [list(range(g, min(g + stages, num_microbatches))) for g in range(0, num_microbatches, stages)]
+    groups = [
+        list(range(g, min(g + stages, num_microbatches)))
+        for g in range(0, num_microbatches, stages)
+    ]
     forwards = [("forward", mb, c) for group in groups for c in range(chunks) for mb in group]
-    backwards = [("backward", mb, c) for group in groups for c in reversed(range(chunks)) for mb in group]
+    backwards = [
+        ("backward", mb, c) for group in groups for c in reversed(range(chunks)) for mb in group
+    ]
     if kind == "gpipe" or (chunks > 1 and num_microbatches % stages):
         return forwards + backwards  # Megatron-LM's interleaved order needs M a multiple of p
-    warmup = (stages - stage - 1) if chunks == 1 else (stages - stage - 1) * 2 + (chunks - 1) * stages
+    warmup = (
+        (stages - stage - 1) if chunks == 1 else (stages - stage - 1) * 2 + (chunks - 1) * stages
+    )
     warmup = min(warmup, len(forwards))
     order = forwards[:warmup]
     rest_f, rest_b = forwards[warmup:], list(backwards)
@@ -133,10 +179,12 @@ def device_order(schedule: str, stages: int, num_microbatches: int, stage: int) 
     return order
 
 
-def simulate(details: tuple[StageDetail, ...], schedule: str, num_microbatches: int,
-             tied_sync_s: float = 0.0) -> tuple[Block, ...]:
+def simulate(
+    details: tuple[StageDetail, ...], schedule: str, num_microbatches: int, tied_sync_s: float = 0.0
+) -> tuple[Block, ...]:
     """Blocks of one iteration (see the module docstring); deterministic, in start order per stage.
-    ``tied_sync_s``: the all-reduce of a parameter kept on two stages, after the first stage's sync."""
+    ``tied_sync_s``: the all-reduce of a parameter kept on two stages, after the first stage's
+    sync."""
     _, chunks = parse_schedule(schedule)
     p = len(details)
     orders = [device_order(schedule, p, num_microbatches, k) for k in range(p)]
@@ -151,7 +199,9 @@ def simulate(details: tuple[StageDetail, ...], schedule: str, num_microbatches: 
                 virtual = chunk * p + k
                 deps = [("forward", mb, virtual - 1)] if kind == "forward" and virtual > 0 else []
                 if kind == "backward":
-                    deps = [("forward", mb, virtual)] + ([("backward", mb, virtual + 1)] if virtual < last_virtual else [])
+                    deps = [("forward", mb, virtual)] + (
+                        [("backward", mb, virtual + 1)] if virtual < last_virtual else []
+                    )
                 if any(d not in done for d in deps):
                     break
                 start = max([free[k]] + [done[d] for d in deps])
@@ -160,15 +210,35 @@ def simulate(details: tuple[StageDetail, ...], schedule: str, num_microbatches: 
                 position[k] += 1
                 progressed = True
         if not progressed:
-            raise SettingsError(f"--schedule: {schedule} order deadlocks on {p} stages")  # a bug, not an input
+            # a bug, not an input
+            raise SettingsError(f"--schedule: {schedule} order deadlocks on {p} stages")
     for k, detail in enumerate(details):
-        blocks.append(Block(k, 0, -1, "sync", free[k], 0.0, detail.grad_sync_s + (tied_sync_s if k == 0 else 0.0)))
+        blocks.append(
+            Block(
+                k,
+                0,
+                -1,
+                "sync",
+                free[k],
+                0.0,
+                detail.grad_sync_s + (tied_sync_s if k == 0 else 0.0),
+            )
+        )
     return tuple(blocks)
 
 
-def _place(blocks: list, detail: StageDetail, stage: int, chunk: int, mb: int, kind: str, start: float,
-           chunks: int) -> float:
-    """Append the blocks of one pass (a backward under recompute: its re-run forward first); its end."""
+def _place(
+    blocks: list,
+    detail: StageDetail,
+    stage: int,
+    chunk: int,
+    mb: int,
+    kind: str,
+    start: float,
+    chunks: int,
+) -> float:
+    """Append the blocks of one pass (a backward under recompute: its re-run forward first); its
+    end."""
     seconds = detail.pass_seconds()
     passes = ("recompute", "backward") if kind == "backward" and detail.recompute_s > 0 else (kind,)
     for name in passes:
@@ -184,7 +254,8 @@ def makespan(blocks: tuple[Block, ...]) -> float:
 
 
 def bubbles(blocks: tuple[Block, ...], stages: int) -> list[tuple[int, float, float]]:
-    """Idle intervals (stage, start, end) inside the iteration: the pipeline bubble of each stage."""
+    """Idle intervals (stage, start, end) inside the iteration: the pipeline bubble of each
+    stage."""
     end = makespan(blocks)
     out = []
     for k in range(stages):
@@ -195,4 +266,3 @@ def bubbles(blocks: tuple[Block, ...], stages: int) -> list[tuple[int, float, fl
                 out.append((k, cursor, s))
             cursor = max(cursor, e)
     return out
-

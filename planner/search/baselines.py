@@ -17,9 +17,14 @@ from planner.errors import SettingsError
 from planner.cluster.mesh import Mesh, MeshAxis
 from planner.ir.ops import REGISTRY
 from planner.cost.problem import Problem
-from planner.cost.strategy import Strategy, divides, enumerate_strategies, gradient_target, splittable_dims
+from planner.cost.strategy import (
+    Strategy,
+    divides,
+    enumerate_strategies,
+    gradient_target,
+    splittable_dims,
+)
 from planner.search.roles import batch_letters, megatron_letters
-
 
 
 def drop_until_valid(problem: Problem, op_index: int, wanted: tuple[str | None, ...]) -> Strategy:
@@ -31,7 +36,7 @@ def drop_until_valid(problem: Problem, op_index: int, wanted: tuple[str | None, 
         return strategy
     for ax in range(len(strategy)):  # drop wishes one axis at a time, innermost first
         ax = len(strategy) - 1 - ax
-        strategy = strategy[:ax] + (None,) + strategy[ax + 1:]
+        strategy = strategy[:ax] + (None,) + strategy[ax + 1 :]
         if strategy in valid:
             return strategy
     return tuple(None for _ in strategy)
@@ -40,7 +45,10 @@ def drop_until_valid(problem: Problem, op_index: int, wanted: tuple[str | None, 
 def data_parallel(problem: Problem) -> tuple[Strategy, ...]:
     """Split the batch dim on every mesh axis (replicate where the batch does not divide)."""
     n = len(problem.mesh.axes)
-    return tuple(drop_until_valid(problem, i, (batch,) * n) for i, batch in enumerate(batch_letters(problem.graph)))
+    return tuple(
+        drop_until_valid(problem, i, (batch,) * n)
+        for i, batch in enumerate(batch_letters(problem.graph))
+    )
 
 
 def megatron(problem: Problem, tensor_axis: int = -1) -> tuple[Strategy, ...]:
@@ -57,11 +65,13 @@ def megatron(problem: Problem, tensor_axis: int = -1) -> tuple[Strategy, ...]:
     return tuple(drop_until_valid(problem, i, wish(i, letter)) for i, letter in enumerate(letters))
 
 
-# ---------------------------------------------------------------- D-Rec's recursion on our cost model
+# ---------------------------------------------------------------- D-Rec's recursion on our cost
+# model
 
 
 def _virtual_mesh(mesh: Mesh) -> tuple[Mesh, list[int]]:
-    """Split every axis of size 2^k into k levels of size 2 (same link); returns level -> real axis."""
+    """Split every axis of size 2^k into k levels of size 2 (same link); returns level -> real
+    axis."""
     axes, owner = [], []
     for ax, axis in enumerate(mesh.axes):
         size, k = axis.size, 0
@@ -69,15 +79,49 @@ def _virtual_mesh(mesh: Mesh) -> tuple[Mesh, list[int]]:
             size //= 2
             k += 1
         if size != 1:
-            raise SettingsError(f"--mesh: drec-cost needs power-of-two axis sizes, {axis.name} has {axis.size}")
+            raise SettingsError(
+                f"--mesh: drec-cost needs power-of-two axis sizes, {axis.name} has {axis.size}"
+            )
         for level in range(k):
             axes.append(MeshAxis(f"{axis.name}_{level}", 2, axis.bandwidth, axis.latency))
             owner.append(ax)
     return Mesh(tuple(axes)), owner
 
 
+def _drec_level(problem, vmesh, level: int, visit, light, neighbours, assign, splittable) -> None:
+    """One level of D-Rec: each operator in ``visit`` order picks the dim to halve at ``level``
+    (``assign[i][level]``), its light neighbours following at once."""
+    ops, levels = [t.op for t in problem.ops], len(vmesh.axes)
+    decided: set[int] = set()
+
+    def decide(i: int) -> None:
+        best = None
+        for dim in [None] + splittable[i]:
+            trial = tuple(assign[i][:level]) + (dim,) + (None,) * (levels - level - 1)
+            if divides(ops[i].sizes, trial, vmesh):
+                cost = _level_cost(problem, vmesh, i, trial, assign, decided, neighbours[i], level)
+                if best is None or cost < best[0]:
+                    best = (cost, dim)
+        assign[i][level] = best[1]
+        decided.add(i)
+
+    for i in visit:
+        if i in decided:
+            continue
+        decide(i)
+        frontier = [i]
+        while frontier:  # light neighbours follow the decision at once
+            j = frontier.pop()
+            for e in neighbours[j]:
+                k = e.dst if e.src == j else e.src
+                if light[k] and k not in decided:
+                    decide(k)
+                    frontier.append(k)
+
+
 def drec_cost(problem: Problem, order: str = "weight") -> tuple[Strategy, ...]:
-    """D-Rec's level loop on the planner's own cost model (``--method drec-cost``; SAPP is ``sapp``).
+    """D-Rec's level loop on the planner's own cost model (``--method drec-cost``; SAPP is
+    ``sapp``).
 
     Level by level (each mesh axis of size 2^k is k halvings), every searched operator, visited in
     decreasing FLOPs (``order="weight"``) or topological order, picks the one dim to halve that
@@ -101,62 +145,59 @@ def drec_cost(problem: Problem, order: str = "weight") -> tuple[Strategy, ...]:
     assign = [[None] * levels for _ in ops]
     splittable = [splittable_dims(op) for op in ops]
     for level in range(levels):
-        decided: set[int] = set()
-
-        def decide(i: int) -> None:
-            best = None
-            for dim in [None] + splittable[i]:
-                trial = tuple(assign[i][:level]) + (dim,) + (None,) * (levels - level - 1)
-                if divides(ops[i].sizes, trial, vmesh):
-                    cost = _level_cost(problem, vmesh, i, trial, assign, decided, neighbours[i], level)
-                    if best is None or cost < best[0]:
-                        best = (cost, dim)
-            assign[i][level] = best[1]
-            decided.add(i)
-
-        for i in visit:
-            if i in decided:
-                continue
-            decide(i)
-            frontier = [i]
-            while frontier:  # light neighbours follow the decision at once
-                j = frontier.pop()
-                for e in neighbours[j]:
-                    k = e.dst if e.src == j else e.src
-                    if light[k] and k not in decided:
-                        decide(k)
-                        frontier.append(k)
+        _drec_level(problem, vmesh, level, visit, light, neighbours, assign, splittable)
     return tuple(_collapse(problem, i, assign[i], owner) for i in range(len(ops)))
 
 
 def _edge_lists(problem: Problem) -> list[list]:
     lists: list[list] = [[] for _ in problem.ops]
-    for e in problem.edges:  # D-Rec's levels see producer -> consumer edges; ties are costed with the plan
+    # D-Rec's levels see producer -> consumer edges; ties are costed with the plan
+    for e in problem.edges:
         lists[e.src].append(e)
         lists[e.dst].append(e)
     return lists
 
 
-def _level_cost(problem: Problem, vmesh: Mesh, i: int, trial: tuple, assign, decided: set[int], edges,
-                level: int) -> float:
+def _level_cost(
+    problem: Problem,
+    vmesh: Mesh,
+    i: int,
+    trial: tuple,
+    assign,
+    decided: set[int],
+    edges,
+    level: int,
+) -> float:
     table = problem.ops[i]
-    cost = seconds(op_cost(table.op, trial, vmesh, problem.settings, table.inputs, problem.profile), vmesh, problem.profile)
+    cost = seconds(
+        op_cost(table.op, trial, vmesh, problem.settings, table.inputs, problem.profile),
+        vmesh,
+        problem.profile,
+    )
     for e in edges:
         other = e.dst if e.src == i else e.src
         if other not in decided:
             if e.src == i:  # SMSG charges an operator the reduction of its own Partial output
                 a = output_layouts(table.op, trial)[e.src_slot]
                 info = problem.ops[e.dst].inputs[e.dst_slot]
-                cost += seconds(edge_cost(info.shape, info.elem_bytes, a, gradient_target(a), vmesh.shape, False),
-                                vmesh, problem.profile)
+                cost += seconds(
+                    edge_cost(
+                        info.shape, info.elem_bytes, a, gradient_target(a), vmesh.shape, False
+                    ),
+                    vmesh,
+                    problem.profile,
+                )
             continue
-        other_strategy = tuple(assign[other][:level + 1]) + (None,) * (len(trial) - level - 1)
+        other_strategy = tuple(assign[other][: level + 1]) + (None,) * (len(trial) - level - 1)
         src, dst = (trial, other_strategy) if e.src == i else (other_strategy, trial)
         info = problem.ops[e.dst].inputs[e.dst_slot]
         a = output_layouts(problem.ops[e.src].op, src)[e.src_slot]
         b = input_layouts(problem.ops[e.dst].op, dst, problem.ops[e.dst].inputs)[e.dst_slot]
-        cost += seconds(edge_cost(info.shape, info.elem_bytes, a, b, vmesh.shape, info.edge_grad), vmesh,
-                        problem.profile)
+        cost += seconds(
+            edge_cost(info.shape, info.elem_bytes, a, b, vmesh.shape, info.edge_grad),
+            vmesh,
+            problem.profile,
+        )
     return cost
 
 
@@ -167,11 +208,15 @@ def _collapse(problem: Problem, i: int, levels: list, owner: list[int]) -> Strat
         counts = {d: dims.count(d) for d in dims}
         out.append(max(dims, key=lambda d: (counts[d], -dims.index(d))) if dims else None)
     strategy = tuple(out)
-    return strategy if strategy in enumerate_strategies(problem.ops[i].op, problem.mesh) else \
-        drop_until_valid(problem, i, strategy)
+    return (
+        strategy
+        if strategy in enumerate_strategies(problem.ops[i].op, problem.mesh)
+        else drop_until_valid(problem, i, strategy)
+    )
 
 
 def greedy(problem: Problem) -> tuple[Strategy, ...]:
     """Topological order; each operator takes its locally cheapest strategy given its producers."""
-    from planner.search.solver import greedy_choice
+    from planner.search.fallback import greedy_choice
+
     return tuple(t.strategies[c] for t, c in zip(problem.ops, greedy_choice(problem)))

@@ -1,14 +1,33 @@
-"""Brute force over every combination of strategies: the reference the exact methods are tested against."""
+"""Brute force over every combination of strategies: the reference the exact methods are tested
+against."""
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
 from planner.cost.problem import Problem
 
 
-def brute_force(problem: Problem, memory_limit: float | None = None,
-                max_combinations: int = 20_000_000) -> tuple[int, tuple[int, ...]] | None:
+def _along(values: np.ndarray, ops: tuple[int, ...], dim: dict, counts: list) -> np.ndarray:
+    """``values`` indexed by the strategies of ``ops`` (at most two), broadcast over the free ops
+    (``dim``: each free op's axis)."""
+    for k in reversed(range(len(ops))):
+        if ops[k] not in dim:
+            values = np.take(values, 0, axis=k)
+    kept = [op for op in ops if op in dim]
+    shape = [1] * len(dim)
+    for op in kept:
+        shape[dim[op]] = counts[op]
+    if len(kept) == 2 and dim[kept[0]] > dim[kept[1]]:
+        values = values.T
+    return np.asarray(values).reshape(shape)
+
+
+def brute_force(
+    problem: Problem, memory_limit: float | None = None, max_combinations: int = 20_000_000
+) -> tuple[int, tuple[int, ...]] | None:
     """Exhaustive minimum over every combination of strategies (dense numpy; small problems only).
 
     Returns ``(objective, choice)`` with the lexicographically first optimal choice, or None if no
@@ -24,19 +43,7 @@ def brute_force(problem: Problem, memory_limit: float | None = None,
     dim = {op: k for k, op in enumerate(free)}
     shape_free = [counts[i] for i in free]
 
-    def along(values: np.ndarray, ops: tuple[int, ...]) -> np.ndarray:
-        """``values`` indexed by the strategies of ``ops`` (at most two), broadcast over the free ops."""
-        for k in reversed(range(len(ops))):
-            if ops[k] not in dim:
-                values = np.take(values, 0, axis=k)
-        kept = [op for op in ops if op in dim]
-        shape = [1] * len(free)
-        for op in kept:
-            shape[dim[op]] = counts[op]
-        if len(kept) == 2 and dim[kept[0]] > dim[kept[1]]:
-            values = values.T
-        return np.asarray(values).reshape(shape)
-
+    along = functools.partial(_along, dim=dim, counts=counts)
     total = np.zeros(shape_free, dtype=np.int64)
     memory = np.zeros(shape_free, dtype=np.int64)
     for i, table in enumerate(problem.ops):

@@ -6,7 +6,8 @@ from earlier to later operators. Cutting at every cut turns the model into segme
 tensor. ``C_g[i,j]`` (see ``planner.search.eliminate``) is the optimal cost of segment g with entry
 layout i and exit layout j, so the optimum of the model is
 
-    min over boundary layouts of  C_g1 (*) C_g2 (*) ... (*) C_gL,   (A (*) B)[i,j] = min_k A[i,k] + B[k,j]
+    min over boundary layouts of  C_g1 (*) C_g2 (*) ... (*) C_gL,
+    (A (*) B)[i,j] = min_k A[i,k] + B[k,j]
 
 The product is associative: identical segments (same canonical hash) are reduced once, segments
 of one layer are multiplied into a layer table, and a run of r identical layers is raised to the
@@ -65,8 +66,13 @@ def find_cuts(problem: Problem) -> list[tuple[int, str]]:
 
 def _edge_bytes(problem: Problem, local: dict[int, int], e) -> bytes:
     src = local.get(e.src, -1)
-    return b"%d>%d:%d:%d|" % (src, local[e.dst], e.src_slot if src >= 0 else -1, e.dst_slot) + \
-        e.cost.tobytes() + e.src_index.tobytes() + e.dst_index.tobytes() + b"%d" % hash(e.dst_layouts)
+    return (
+        b"%d>%d:%d:%d|" % (src, local[e.dst], e.src_slot if src >= 0 else -1, e.dst_slot)
+        + e.cost.tobytes()
+        + e.src_index.tobytes()
+        + e.dst_index.tobytes()
+        + b"%d" % hash(e.dst_layouts)
+    )
 
 
 def split_segments(problem: Problem) -> tuple[Segment, ...]:
@@ -82,9 +88,16 @@ def split_segments(problem: Problem) -> tuple[Segment, ...]:
         exit_tensor = tensors[k + 1]
         exit_producer = producer[exit_tensor] if exit_tensor else None
         layers = {problem.ops[op].op.layer for op in ops}
-        segments.append(Segment(ops, tensors[k], exit_tensor, exit_producer,
-                                _content_key(problem, ops, exit_tensor, exit_producer, by_dst),
-                                layers.pop() if len(layers) == 1 else None))
+        segments.append(
+            Segment(
+                ops,
+                tensors[k],
+                exit_tensor,
+                exit_producer,
+                _content_key(problem, ops, exit_tensor, exit_producer, by_dst),
+                layers.pop() if len(layers) == 1 else None,
+            )
+        )
     return tuple(segments)
 
 
@@ -93,7 +106,9 @@ def segment_keys(problem: Problem, segments: Sequence[Segment]) -> tuple[str, ..
     ``problem``'s own costs: a variant of a problem (other recompute / ZeRO settings) may tell
     apart segments whose costs are equal in the problem (a ZeRO-3 gather of ln1 and of ln2)."""
     by_dst = _edges_by_dst(problem)
-    return tuple(_content_key(problem, s.ops, s.exit_tensor, s.exit_producer, by_dst) for s in segments)
+    return tuple(
+        _content_key(problem, s.ops, s.exit_tensor, s.exit_producer, by_dst) for s in segments
+    )
 
 
 def _edges_by_dst(problem: Problem) -> dict[int, list]:
@@ -103,8 +118,13 @@ def _edges_by_dst(problem: Problem) -> dict[int, list]:
     return by_dst
 
 
-def _content_key(problem: Problem, ops: tuple[int, ...], exit_tensor: str | None, exit_producer: int | None,
-                 by_dst: dict[int, list]) -> str:
+def _content_key(
+    problem: Problem,
+    ops: tuple[int, ...],
+    exit_tensor: str | None,
+    exit_producer: int | None,
+    by_dst: dict[int, list],
+) -> str:
     local = {op: n for n, op in enumerate(ops)}
     digest = hashlib.sha256()
     for op in ops:
@@ -113,11 +133,15 @@ def _content_key(problem: Problem, ops: tuple[int, ...], exit_tensor: str | None
         for e in by_dst.get(op, ()):
             digest.update(_edge_bytes(problem, local, e))
     if exit_tensor:
-        digest.update(b"exit%d" % local[exit_producer] + problem.producer_layout_index(exit_tensor).tobytes())
+        digest.update(
+            b"exit%d" % local[exit_producer] + problem.producer_layout_index(exit_tensor).tobytes()
+        )
     return digest.hexdigest()
 
 
-def segment_network(problem: Problem, seg: Segment, unary: Sequence[np.ndarray]) -> tuple[Network, int | None, int | None]:
+def segment_network(
+    problem: Problem, seg: Segment, unary: Sequence[np.ndarray]
+) -> tuple[Network, int | None, int | None]:
     """The pairwise network of a segment: op variables, then the entry and exit layout variables."""
     local = {op: n for n, op in enumerate(seg.ops)}
     n = len(seg.ops)
@@ -133,7 +157,9 @@ def segment_network(problem: Problem, seg: Segment, unary: Sequence[np.ndarray])
         if e.dst not in local:
             continue
         if e.src in local:
-            net.add_factor(local[e.src], local[e.dst], _float(e.cost[np.ix_(e.src_index, e.dst_index)]))
+            net.add_factor(
+                local[e.src], local[e.dst], _float(e.cost[np.ix_(e.src_index, e.dst_index)])
+            )
         else:
             net.add_factor(entry_var, local[e.dst], _float(e.cost[:, e.dst_index]))
     if exit_var is not None:
@@ -188,7 +214,8 @@ def matrix_power(base: np.ndarray, r: int) -> Power:
 
 
 def chain(tables: Sequence[np.ndarray]) -> tuple[float, list[int]]:
-    """Left fold of a chain of tables (first has one row, last one column): value and boundary states."""
+    """Left fold of a chain of tables (first has one row, last one column): value and boundary
+    states."""
     vector = tables[0][0]
     args = []
     for t in tables[1:]:
@@ -206,11 +233,15 @@ def tree_product(tables: Sequence[np.ndarray]) -> np.ndarray:
     """The same chain multiplied in a balanced bracketing (associativity check)."""
     items = list(tables)
     while len(items) > 1:
-        items = [minplus(items[k], items[k + 1])[0] if k + 1 < len(items) else items[k] for k in range(0, len(items), 2)]
+        items = [
+            minplus(items[k], items[k + 1])[0] if k + 1 < len(items) else items[k]
+            for k in range(0, len(items), 2)
+        ]
     return items[0]
 
 
-# ---------------------------------------------------------------- blocks: how segments are multiplied
+# ---------------------------------------------------------------- blocks: how segments are
+# multiplied
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -271,7 +302,11 @@ def group_blocks(segments: Sequence[Segment], tables: Sequence[np.ndarray]) -> l
         while layer is not None and end < len(segments) and segments[end].layer == layer:
             end += 1
         children = [Block("segment", tables[m]) for m in range(k, end)]
-        key = tuple(segments[m].key for m in range(k, end)) if layer is not None else (segments[k].key, k)
+        key = (
+            tuple(segments[m].key for m in range(k, end))
+            if layer is not None
+            else (segments[k].key, k)
+        )
         units.append((key, product_block(children)))
         k = end
     blocks: list[Block] = []

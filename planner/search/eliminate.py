@@ -34,8 +34,11 @@ import numpy as np
 CHUNK_ELEMENTS = 1 << 22
 
 
-def minplus(a: np.ndarray, b: np.ndarray, middle: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """``C[i,j] = min_k a[i,k] + middle[k] + b[k,j]`` and its argmin (first minimum), chunked over i."""
+def minplus(
+    a: np.ndarray, b: np.ndarray, middle: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """``C[i,j] = min_k a[i,k] + middle[k] + b[k,j]`` and its argmin (first minimum), chunked over
+    i."""
     n, k = a.shape
     m = b.shape[1]
     if middle is not None:
@@ -44,9 +47,11 @@ def minplus(a: np.ndarray, b: np.ndarray, middle: np.ndarray | None = None) -> t
     arg = np.empty((n, m), dtype=np.int64)
     step = max(1, CHUNK_ELEMENTS // max(1, k * m))
     for start in range(0, n, step):
-        block = a[start:start + step, :, None] + b[None, :, :]
-        arg[start:start + step] = block.argmin(axis=1)
-        out[start:start + step] = np.take_along_axis(block, arg[start:start + step, None, :], axis=1)[:, 0, :]
+        block = a[start : start + step, :, None] + b[None, :, :]
+        arg[start : start + step] = block.argmin(axis=1)
+        out[start : start + step] = np.take_along_axis(
+            block, arg[start : start + step, None, :], axis=1
+        )[:, 0, :]
     return out, arg
 
 
@@ -199,8 +204,13 @@ class Network(Generic[T]):
             return self.factors.pop((x, v))
         return self.algebra.transpose(self.factors.pop((v, x)))
 
-    def reduce(self, entry: int | None, exit: int | None, fixed: frozenset[int] = frozenset(),
-               deadline: float | None = None) -> "Reduction | Conditioned":
+    def reduce(
+        self,
+        entry: int | None,
+        exit: int | None,
+        fixed: frozenset[int] = frozenset(),
+        deadline: float | None = None,
+    ) -> "Reduction | Conditioned":
         """Eliminate every variable but the boundary ones; min degree first, lowest index on ties.
 
         Conditioning nests (each branch reduces the rest of the network), so a segment with many
@@ -228,13 +238,22 @@ class Network(Generic[T]):
         other.const = self.const
         return other
 
-    def _condition(self, var: int, entry: int | None, exit: int | None, steps: list[Step],
-                   fixed: frozenset[int], deadline: float | None) -> Conditioned:
+    def _condition(
+        self,
+        var: int,
+        entry: int | None,
+        exit: int | None,
+        steps: list[Step],
+        fixed: frozenset[int],
+        deadline: float | None,
+    ) -> Conditioned:
         algebra, branches = self.algebra, []
         for state in range(algebra.states(self.unary[var])):
             if deadline is not None and time.perf_counter() > deadline:
-                raise TimeoutError("conditioning on the segment's non-series-parallel kernels ran "
-                                   "past its share of the time limit")
+                raise TimeoutError(
+                    "conditioning on the segment's non-series-parallel kernels ran past its share "
+                    "of the time limit"
+                )
             branch = self._clone()
             branch.const = algebra.combine(branch.const, algebra.pick(branch.unary[var], state))
             for other in sorted(branch.neighbours[var]):
@@ -263,6 +282,10 @@ class Network(Generic[T]):
         rows = self.unary[entry] if entry is not None else None
         cols = self.unary[exit] if exit is not None else None
         table = self.algebra.boundary(rows, cols, self.const)
-        if entry is not None and exit is not None and (min(entry, exit), max(entry, exit)) in self.factors:
+        if (
+            entry is not None
+            and exit is not None
+            and (min(entry, exit), max(entry, exit)) in self.factors
+        ):
             table = self.algebra.combine(table, self._take(entry, exit))
         return table

@@ -40,7 +40,7 @@ from planner.search.layer_modes import layer_options, least_memory
 from planner.search.master import pareto_phase
 from planner.search.pareto import lagrangian_bound
 from planner.search.reduce import Progress, Workers, solve_unary
-from planner.search.solver import explain_infeasible, greedy_result, min_memory
+from planner.search.fallback import explain_infeasible, greedy_result, min_memory
 from planner.search.state import Outcome, SearchCache, SearchState
 from planner.search.ties import solve_tied
 from planner.search.whole import solve_whole, whole_instead
@@ -50,8 +50,14 @@ GREEDY_FALLBACK_OPS = 10_000  # past the time limit the greedy plan is built onl
 REDUCE_SHARE = 0.5  # of the time limit: reducing the segments; past it, the whole program's
 
 
-def solve_exact(problem: Problem, memory_limit: float | None = None, time_limit_s: float = 60.0,
-                seed: int = 0, jobs: int = 1, progress: Progress | None = None) -> Outcome:
+def solve_exact(
+    problem: Problem,
+    memory_limit: float | None = None,
+    time_limit_s: float = 60.0,
+    seed: int = 0,
+    jobs: int = 1,
+    progress: Progress | None = None,
+) -> Outcome:
     """The exact planner: decomposed when the graph has cuts, else the whole-graph program; tied
     parameters conditioned on (``planner.search.ties``).
 
@@ -60,15 +66,21 @@ def solve_exact(problem: Problem, memory_limit: float | None = None, time_limit_
     started = time.perf_counter()
     limit = math.inf if memory_limit is None else float(memory_limit)
     result, notes = _solve_exact(SearchState(problem, limit, time_limit_s, seed, jobs, progress))
-    if result.choice is None and result.status == "UNKNOWN" and len(problem.ops) <= GREEDY_FALLBACK_OPS:
+    if (
+        result.choice is None
+        and result.status == "UNKNOWN"
+        and len(problem.ops) <= GREEDY_FALLBACK_OPS
+    ):
         # as the whole-graph program does when its time is too short: the greedy plan, if it fits
         fallback = greedy_result(problem, memory_limit, started)
         if fallback.choice is not None:
             # a proven bound stands; under per-layer choices the greedy (no-choice) one does not
             auto = AUTO in (problem.settings.recompute, problem.settings.zero)
             bound = result.bound if result.bound is not None else 0 if auto else fallback.bound
-            why = ("the exact search found no plan in its time limit "
-                   f"({result.explanation}): the greedy plan")
+            why = (
+                f"the exact search found no plan in its time limit ({result.explanation}): the "
+                "greedy plan"
+            )
             return replace(fallback, bound=bound, explanation=why), notes + (why,)
     return result, notes
 
@@ -81,14 +93,25 @@ def _solve_exact(state: SearchState) -> Outcome:
 
     def untied(condition: Problem, time_limit_s: float, incumbent: int | None) -> Outcome:
         # one process: a pool per condition would start processes where an interrupt can land
-        return _solve_untied(SearchState(condition, state.memory_limit, time_limit_s, state.seed,
-                                         1, state.progress, cache, incumbent))
+        return _solve_untied(
+            SearchState(
+                condition,
+                state.memory_limit,
+                time_limit_s,
+                state.seed,
+                1,
+                state.progress,
+                cache,
+                incumbent,
+            )
+        )
 
     def relaxed(condition: Problem, deadline: float) -> float:
         return _relaxed(condition, state.memory_limit, cache, deadline)
 
-    result, notes = solve_tied(problem, state.limit_or_none, state.time_limit_s, state.seed,
-                               untied, relaxed, solve_whole)
+    result, notes = solve_tied(
+        problem, state.limit_or_none, state.time_limit_s, state.seed, untied, relaxed, solve_whole
+    )
     said = (f"--jobs {state.jobs}: tied parameters are solved in this process",)
     return result, notes + (said if state.jobs > 1 else ())
 
@@ -112,9 +135,18 @@ def _relaxed(problem: Problem, memory_limit: float, cache: SearchCache, deadline
         if math.isinf(memory_limit):
             return bound
         options = layer_options(problem, segments, cache.variants)
-        return max(bound, lagrangian_bound(problem, segments, memory_limit, deadline,
-                                           variants=options.variants, units=options.units,
-                                           tables=cache.fronts))
+        return max(
+            bound,
+            lagrangian_bound(
+                problem,
+                segments,
+                memory_limit,
+                deadline,
+                variants=options.variants,
+                units=options.units,
+                tables=cache.fronts,
+            ),
+        )
     except (TimeoutError, FrontTooLarge):
         return bound
 
@@ -129,8 +161,10 @@ def _solve_untied(state: SearchState) -> Outcome:
     with Workers(state.problem, state.jobs, distinct) as workers:
         state.workers = workers
         if workers.size < state.jobs:
-            state.notes += (f"--jobs {state.jobs}: {workers.size} worker(s) used (at most one per "
-                            "CPU and per distinct segment)",)
+            state.notes += (
+                f"--jobs {state.jobs}: {workers.size} worker(s) used (at most one per CPU and per "
+                "distinct segment)",
+            )
         for phase in (_unconstrained, pareto_phase):
             outcome = phase(state)
             if outcome is not None:
@@ -144,9 +178,13 @@ def _segmented(state: SearchState) -> Outcome | None:
     problem = state.problem
     state.segments = split_segments(problem) if state.time_limit_s > 0 else ()
     if state.left() <= 0:
-        return state.outcome("UNKNOWN", explanation=(
-            f"the time limit ({state.time_limit_s:.1f} s left for the search) ended before any plan "
-            "was found: loading and costing the model took it all; raise --time-limit"))
+        return state.outcome(
+            "UNKNOWN",
+            explanation=(
+                f"the time limit ({state.time_limit_s:.1f} s left for the search) ended before any "
+                "plan was found: loading and costing the model took it all; raise --time-limit"
+            ),
+        )
     if len(state.segments) <= 1:
         result, said = solve_whole(problem, state.limit_or_none, state.time_limit_s, state.seed)
         return result, ("no single-tensor cut: solved as one whole-graph program",) + said
@@ -175,15 +213,31 @@ def _unconstrained(state: SearchState) -> Outcome | None:
     began = time.perf_counter()
     reduce_by = state.start + REDUCE_SHARE * state.time_limit_s
     try:
-        free = solve_unary(problem, state.segments, costs, state.workers, state.progress,
-                           reduce_by, state.shared().reduced)
+        free = solve_unary(
+            problem,
+            state.segments,
+            costs,
+            state.workers,
+            state.progress,
+            reduce_by,
+            state.shared().reduced,
+        )
     except TimeoutError as exc:
-        return whole_instead(problem, state.limit_or_none, state.deadline, state.seed,
-                             state.start, state.notes, str(exc))
+        return whole_instead(
+            problem,
+            state.limit_or_none,
+            state.deadline,
+            state.seed,
+            state.start,
+            state.notes,
+            str(exc),
+        )
     state.step_s = time.perf_counter() - began
     objective = problem.objective(free.choice)
     if objective != int(round(free.value)):
-        raise RuntimeError(f"decomposed value {free.value} disagrees with the objective {objective}")
+        raise RuntimeError(
+            f"decomposed value {free.value} disagrees with the objective {objective}"
+        )
     state.free, state.fits = free, problem.memory(free.choice) <= state.memory_limit
     if state.fits and problem.settings.zero != AUTO:
         return state.outcome("OPTIMAL", objective, objective, free.choice)

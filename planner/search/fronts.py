@@ -3,9 +3,12 @@
 Memory is additive over operators, so the plans of a segment for one (entry layout, exit layout)
 pair are summed up, without loss, by the points no other plan beats in both cost and memory:
 
-    series   (eliminate v between x and y):  F[x,y][i,j] = front( U_k  F[x,v][i,k] (+) u[v][k] (+) F[v,y][k,j] )
-    chain end (v has one neighbour x):       u[x][i]    = u[x][i] (+) front( U_k F[x,v][i,k] (+) u[v][k] )
-    parallel (two factors on one pair):      F[i,j]     = front( F1[i,j] (+) F2[i,j] )
+    series   (eliminate v between x and y):
+             F[x,y][i,j] = front( U_k  F[x,v][i,k] (+) u[v][k] (+) F[v,y][k,j] )
+    chain end (v has one neighbour x):
+             u[x][i]     = u[x][i] (+) front( U_k F[x,v][i,k] (+) u[v][k] )
+    parallel (two factors on one pair):
+             F[i,j]      = front( F1[i,j] (+) F2[i,j] )
 
 where (+) is the Minkowski sum of point sets and ``front`` keeps the non-dominated points (an exact
 rule: a point goes only if another has no more cost and no more memory; of equal points one
@@ -49,8 +52,11 @@ def prune(cost: np.ndarray, mem: np.ndarray, cap: int) -> tuple[np.ndarray, np.n
     slot = np.where(keep, np.cumsum(keep, axis=-1) - 1, width)
     out = []
     for values in (c, np.take_along_axis(mem, order, axis=-1), order):
-        target = np.full(values.shape[:-1] + (width + 1,), np.inf if values is not order else -1,
-                         dtype=np.float64 if values is not order else np.int64)
+        target = np.full(
+            values.shape[:-1] + (width + 1,),
+            np.inf if values is not order else -1,
+            dtype=np.float64 if values is not order else np.int64,
+        )
         np.put_along_axis(target, slot, values, axis=-1)
         out.append(target[..., :width])
     return out[0], out[1], out[2]
@@ -64,7 +70,7 @@ def _memory_order(cost: np.ndarray, mem: np.ndarray, finite: np.ndarray) -> tupl
     sort by cost would have kept."""
     count = cost.shape[-1]
     top = float(np.where(finite, mem, 0.0).max(initial=0.0)) + 2.0
-    if top * count >= 2.0 ** 62 or not cost.size:
+    if top * count >= 2.0**62 or not cost.size:
         return np.lexsort((cost, mem), axis=-1), False
     key = np.where(finite, mem, top - 1.0).astype(np.int64) * count + np.arange(count)
     return np.argsort(key, axis=-1), True
@@ -115,7 +121,8 @@ def transpose(a: Node) -> Node:
 
 
 def series(var: int, left: Node, unary: Node, right: Node, cap: int) -> Node:
-    """``front over k of left[i,k] (+) unary[k] (+) right[k,j]`` (eliminating a degree-2 variable)."""
+    """``front over k of left[i,k] (+) unary[k] (+) right[k,j]`` (eliminating a degree-2
+    variable)."""
     nx, nv, ny = left.shape[0], left.shape[1], right.shape[1]
     mid_cost = (unary.cost[:, None, :, None] + right.cost[:, :, None, :]).reshape(nv, ny, -1)
     mid_mem = (unary.mem[:, None, :, None] + right.mem[:, :, None, :]).reshape(nv, ny, -1)
@@ -124,7 +131,7 @@ def series(var: int, left: Node, unary: Node, right: Node, cap: int) -> Node:
     step = max(1, CHUNK_ELEMENTS // max(1, nv * ny * ka * km))
     costs, mems = [], []
     for start in range(0, nx, step):
-        lc, lm = left.cost[start:start + step], left.mem[start:start + step]
+        lc, lm = left.cost[start : start + step], left.mem[start : start + step]
         cost = lc[:, :, None, :, None] + mid_cost[None, :, :, None, :]  # [x, v, y, ka, km]
         mem = lm[:, :, None, :, None] + mid_mem[None, :, :, None, :]
         cost = cost.transpose(0, 2, 1, 3, 4).reshape(len(lc), ny, -1)
@@ -133,8 +140,13 @@ def series(var: int, left: Node, unary: Node, right: Node, cap: int) -> Node:
         costs.append(c)
         mems.append(m)
     width = max(c.shape[-1] for c in costs)
-    pad = lambda arrays: np.concatenate([np.pad(a, ((0, 0), (0, 0), (0, width - a.shape[-1])),
-                                                constant_values=np.inf) for a in arrays], axis=0)
+    pad = lambda arrays: np.concatenate(
+        [
+            np.pad(a, ((0, 0), (0, 0), (0, width - a.shape[-1])), constant_values=np.inf)
+            for a in arrays
+        ],
+        axis=0,
+    )
     return Node(pad(costs), pad(mems), ("series", var, left, unary, right))
 
 
@@ -164,17 +176,31 @@ def column(a: Node, state: int) -> Node:
 
 
 def outer(rows: Node | None, cols: Node | None, const: Node, cap: int) -> Node:
-    """``rows[i] (+) cols[j] (+) const`` as an [entry, exit] table (missing sides have one state)."""
+    """``rows[i] (+) cols[j] (+) const`` as an [entry, exit] table (missing sides have one
+    state)."""
+
     def as_matrix(node: Node | None, axis: int) -> Node:
         if node is None:
             return Node(np.zeros((1, 1, 1)), np.zeros((1, 1, 1)), ("none",))
         shape = (-1, 1) if axis == 0 else (1, -1)
-        return Node(node.cost.reshape(shape + node.cost.shape[-1:]), node.mem.reshape(shape + node.mem.shape[-1:]),
-                    ("expand", node, axis))
+        return Node(
+            node.cost.reshape(shape + node.cost.shape[-1:]),
+            node.mem.reshape(shape + node.mem.shape[-1:]),
+            ("expand", node, axis),
+        )
+
     r, c = as_matrix(rows, 0), as_matrix(cols, 1)
     n, m = r.shape[0], c.shape[1]
-    cost = r.cost[:, :, :, None, None] + c.cost[:, :, None, :, None] + const.cost[None, None, None, None, :]
-    mem = r.mem[:, :, :, None, None] + c.mem[:, :, None, :, None] + const.mem[None, None, None, None, :]
+    cost = (
+        r.cost[:, :, :, None, None]
+        + c.cost[:, :, None, :, None]
+        + const.cost[None, None, None, None, :]
+    )
+    mem = (
+        r.mem[:, :, :, None, None]
+        + c.mem[:, :, None, :, None]
+        + const.mem[None, None, None, None, :]
+    )
     cost = np.broadcast_to(cost, (n, m) + cost.shape[2:]).reshape(n, m, -1)
     mem = np.broadcast_to(mem, (n, m) + mem.shape[2:]).reshape(n, m, -1)
     cf, mf, _ = prune(cost, mem, cap)
@@ -184,7 +210,9 @@ def outer(rows: Node | None, cols: Node | None, const: Node, cap: int) -> Node:
 def union(var: int, branches: list[Node], cap: int) -> Node:
     """Points of any branch (one branch per state of a conditioned variable), pruned."""
     width = max(b.cost.shape[-1] for b in branches)
-    pad = lambda a: np.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, width - a.shape[-1])], constant_values=np.inf)
+    pad = lambda a: np.pad(
+        a, [(0, 0)] * (a.ndim - 1) + [(0, width - a.shape[-1])], constant_values=np.inf
+    )
     cost = np.concatenate([pad(b.cost) for b in branches], axis=-1)
     mem = np.concatenate([pad(b.mem) for b in branches], axis=-1)
     c, m, _ = prune(cost, mem, cap)
@@ -252,7 +280,11 @@ def explain(node: Node, index: tuple[int, ...], point: int, states: dict[int, in
             stack.append((parts[0], (index[parts[1]],), cost, mem))
         elif kind == "union":
             var, branches = parts
-            state = next(s for s, b in enumerate(branches) if _position(b.cost[index], b.mem[index], cost, mem) >= 0)
+            state = next(
+                s
+                for s, b in enumerate(branches)
+                if _position(b.cost[index], b.mem[index], cost, mem) >= 0
+            )
             states[var] = state
             stack.append((branches[state], index, cost, mem))
         else:
@@ -264,7 +296,9 @@ def _position(costs: np.ndarray, mems: np.ndarray, cost: float, mem: float) -> i
     return int(hits[0]) if len(hits) else -1
 
 
-def _split(kind: str, parts: list, index: tuple, cost: float, mem: float, states: dict[int, int]) -> list:
+def _split(
+    kind: str, parts: list, index: tuple, cost: float, mem: float, states: dict[int, int]
+) -> list:
     """The operand entries whose points sum to (cost, mem), for the summing node kinds."""
     if kind == "add":
         a, b = parts
@@ -289,7 +323,8 @@ def _split(kind: str, parts: list, index: tuple, cost: float, mem: float, states
 
 
 def _eliminated_operands(kind: str, nodes: list, index: tuple, k: int) -> list:
-    """The operand entries a series / chain-end / collapse node summed for state k of its variable."""
+    """The operand entries a series / chain-end / collapse node summed for state k of its
+    variable."""
     if kind == "series":
         return [(nodes[0], (index[0], k)), (nodes[1], (k,)), (nodes[2], (k, index[1]))]
     if kind == "chain_end":
@@ -311,7 +346,9 @@ def _match(operands: list, cost: float, mem: float, slices: list | None = None) 
     return [(n, i, float(c[p]), float(m[p])) for (n, i), (c, m), p in zip(operands, slices, picks)]
 
 
-def mode_chain(by_mode: Sequence[Sequence[Node]], units: Sequence[int], keys: Sequence[str]) -> list[Node]:
+def mode_chain(
+    by_mode: Sequence[Sequence[Node]], units: Sequence[int], keys: Sequence[str]
+) -> list[Node]:
     """One chain choosing a mode per unit: segment k's points are those of every mode's table side
     by side (mode v's block at ``block_offsets``), and a boundary inside a unit carries the mode
     (state ``layout * modes + mode``), so the unit's next segment takes the same one; a boundary
@@ -325,11 +362,14 @@ def mode_chain(by_mode: Sequence[Sequence[Node]], units: Sequence[int], keys: Se
             continue
         offsets = block_offsets(by_mode, k)
         na, nb = by_mode[0][k].shape
-        cost = np.full((na if fresh else na * count, nb * count if carries else nb, offsets[-1]), np.inf)
+        cost = np.full(
+            (na if fresh else na * count, nb * count if carries else nb, offsets[-1]), np.inf
+        )
         mem = np.full_like(cost, np.inf)
         for v, tables in enumerate(by_mode):
             t, block = tables[k], slice(offsets[v], offsets[v + 1])
-            rows = slice(None) if fresh else slice(v, None, count)  # inside a unit: the mode it came with
+            # inside a unit: the mode it came with
+            rows = slice(None) if fresh else slice(v, None, count)
             cols = slice(v, None, count) if carries else slice(None)
             cost[rows, cols, block], mem[rows, cols, block] = t.cost, t.mem
         made[keys[k], fresh, carries] = Node(cost, mem, ("modes", k))

@@ -20,7 +20,8 @@ import numpy as np
 
 from planner.search.prices import priced_bound
 from planner.search.reduce import solve_unary
-from planner.search.solver import build_seconds, program_size, separable_bound, solve
+from planner.search.fallback import build_seconds, program_size, separable_bound
+from planner.search.solver import solve
 from planner.search.state import Outcome, SearchState
 from planner.search.whole import MAX_WHOLE_PROGRAM
 
@@ -71,8 +72,9 @@ class _Prices:
         return self.certified() or self.state.left() <= self.step_s or self.beaten()
 
 
-def lagrangian(state: SearchState, incumbent: int | None = None,
-               proven: int | None = None) -> Outcome:
+def lagrangian(
+    state: SearchState, incumbent: int | None = None, proven: int | None = None
+) -> Outcome:
     """The Lagrangian path (see the module text); ``proven``: a cut Pareto master's bound."""
     prices = _Prices(state, incumbent, proven)
     bisect_price(prices.at, prices.costs, prices.mems, prices.done)
@@ -81,51 +83,98 @@ def lagrangian(state: SearchState, incumbent: int | None = None,
     if prices.beaten():
         return state.outcome("DOMINATED", None, incumbent, explanation="dominated")
     if prices.certified():
-        return _finish(state, prices, "OPTIMAL", lower,
-                       f"memory binds: Lagrangian certificate (bound {lower} = objective)")
+        return _finish(
+            state,
+            prices,
+            "OPTIMAL",
+            lower,
+            f"memory binds: Lagrangian certificate (bound {lower} = objective)",
+        )
     allowed = {i: sorted(s) for i, s in enumerate(prices.seen)}
     if state.left() > 0.5 + 2 * build_seconds(problem, allowed):
         # restricted master: CP-SAT mixes the priced solutions' strategies layer by layer
         best = prices.best
-        master = solve(problem, state.limit_or_none, state.left() / 2, state.seed, allowed=allowed,
-                       hint=best[1] if best else None, deadline=state.deadline)
+        master = solve(
+            problem,
+            state.limit_or_none,
+            state.left() / 2,
+            state.seed,
+            allowed=allowed,
+            hint=best[1] if best else None,
+            deadline=state.deadline,
+        )
         prices.offer(master.objective, master.choice)
         if prices.certified():
-            return _finish(state, prices, "OPTIMAL", lower, "memory binds: restricted master "
-                           f"certified by the Lagrangian bound {lower}")
+            return _finish(
+                state,
+                prices,
+                "OPTIMAL",
+                lower,
+                f"memory binds: restricted master certified by the Lagrangian bound {lower}",
+            )
     return _close(state, prices, lower)
 
 
 def _close(state: SearchState, prices: _Prices, lower: int) -> Outcome:
     """CP-SAT on the whole program, the plan in hand as hint and the bound as a cut."""
     problem, best = state.problem, prices.best
-    if program_size(problem) > MAX_WHOLE_PROGRAM or state.left() <= 0.5 + 1.5 * build_seconds(problem):
-        why = (f"the whole program ({program_size(problem)} Booleans) is too large to close it"
-               if program_size(problem) > MAX_WHOLE_PROGRAM else "the time limit ended the search")
-        return _finish(state, prices, "FEASIBLE" if best else "UNKNOWN", lower,
-                       f"memory binds: {gap(best, lower)} above the Lagrangian bound {lower}; {why}")
-    result = solve(problem, state.limit_or_none, state.left(), state.seed, lower_bound=lower,
-                   hint=best[1] if best else None, deadline=state.deadline)
+    if program_size(problem) > MAX_WHOLE_PROGRAM or state.left() <= 0.5 + 1.5 * build_seconds(
+        problem
+    ):
+        why = (
+            f"the whole program ({program_size(problem)} Booleans) is too large to close it"
+            if program_size(problem) > MAX_WHOLE_PROGRAM
+            else "the time limit ended the search"
+        )
+        return _finish(
+            state,
+            prices,
+            "FEASIBLE" if best else "UNKNOWN",
+            lower,
+            f"memory binds: {gap(best, lower)} above the Lagrangian bound {lower}; {why}",
+        )
+    result = solve(
+        problem,
+        state.limit_or_none,
+        state.left(),
+        state.seed,
+        lower_bound=lower,
+        hint=best[1] if best else None,
+        deadline=state.deadline,
+    )
     if result.choice is not None and (best is None or result.objective <= best[0]):
         prices.best = best = (result.objective, result.choice)
     if result.status == "OPTIMAL":
-        return _finish(state, prices, "OPTIMAL", best[0] if best else lower,
-                       "memory binds: CP-SAT on the whole program proved the optimum")
+        return _finish(
+            state,
+            prices,
+            "OPTIMAL",
+            best[0] if best else lower,
+            "memory binds: CP-SAT on the whole program proved the optimum",
+        )
     lower = max(lower, result.bound or lower)
-    return _finish(state, prices, "FEASIBLE" if best else result.status, lower,
-                   f"memory binds: {gap(best, lower)} above the proven bound {lower}; CP-SAT on the "
-                   f"whole program stopped at the time limit ({result.status})")
+    return _finish(
+        state,
+        prices,
+        "FEASIBLE" if best else result.status,
+        lower,
+        f"memory binds: {gap(best, lower)} above the proven bound {lower}; CP-SAT on the whole "
+        f"program stopped at the time limit ({result.status})",
+    )
 
 
 def _finish(state: SearchState, prices: _Prices, status: str, lower: int, why: str) -> Outcome:
     best = prices.best
-    return state.outcome(status, best[0] if best else None, lower, best[1] if best else None,
-                         note=why)
+    return state.outcome(
+        status, best[0] if best else None, lower, best[1] if best else None, note=why
+    )
 
 
 def bisect_price(at: Callable[[float], bool], costs, mems, done: Callable[[], bool]) -> None:
     """Find a feasible price by doubling, then bisect between infeasible and feasible prices."""
-    scale = max(1.0, sum(float(c.max()) for c in costs)) / max(1.0, sum(float(m.max()) for m in mems))
+    scale = max(1.0, sum(float(c.max()) for c in costs)) / max(
+        1.0, sum(float(m.max()) for m in mems)
+    )
     low, high = 0.0, scale
     for _ in range(80):
         if done() or at(high):

@@ -35,11 +35,16 @@ class MasterRun:
 def pareto_phase(state: SearchState) -> Outcome | None:
     """Memory binds, or ZeRO is chosen per layer: the Pareto master, with the layer choices."""
     problem, free = state.problem, state.free
-    options = state.options = state.options or layer_options(problem, state.segments,
-                                                             state.shared().variants)
+    options = state.options = state.options or layer_options(
+        problem, state.segments, state.shared().variants
+    )
     # no limit: one no plan can reach (finite, so that prices times memory stay numbers)
-    limit = state.memory_limit if math.isfinite(state.memory_limit) else 1.0 + max(
-        sum(int(t.memory.max()) for t in p.ops) for p in (problem, *options.variants))
+    limit = (
+        state.memory_limit
+        if math.isfinite(state.memory_limit)
+        else 1.0
+        + max(sum(int(t.memory.max()) for t in p.ops) for p in (problem, *options.variants))
+    )
     share = 1.0 if state.incumbent is not None and not options.variants else PARETO_SHARE
     run = _pareto(state, limit, state.start + share * (state.deadline - state.start))
     why, proven = run.why, run.proven
@@ -53,16 +58,19 @@ def pareto_phase(state: SearchState) -> Outcome | None:
     if run.plan is not None or (options.variants and proven is not None):
         return _from_pareto(state, run.plan, why, proven)
     if options.variants:
-        why += ("; choices per layer need the Pareto master: every layer runs without recompute "
-                "at ZeRO stage 0")
+        why += (
+            "; choices per layer need the Pareto master: every layer runs without recompute at "
+            "ZeRO stage 0"
+        )
     # with layer choices the bound is the restricted problem's: no proof against an incumbent
     state.notes += (why,)
     state.proven = None if options.variants else proven
     return None
 
 
-def _from_pareto(state: SearchState, found: ParetoResult | None, why: str,
-                 proven: int | None) -> Outcome:
+def _from_pareto(
+    state: SearchState, found: ParetoResult | None, why: str, proven: int | None
+) -> Outcome:
     """The master's plan: OPTIMAL when proven, FEASIBLE with the Lagrangian bound when the master
     was cut after a beam pass; with per-layer choices and no plan, UNKNOWN with that bound (the
     Lagrangian path would search without the choices: its bound would be no bound of this one)."""
@@ -70,8 +78,15 @@ def _from_pareto(state: SearchState, found: ParetoResult | None, why: str,
         return state.outcome("UNKNOWN", None, proven, explanation=why, note=why)
     recompute, zero = layer_modes(state.problem, state.segments, found.modes, state.options)
     status, bound = ("OPTIMAL", found.objective) if proven is None else ("FEASIBLE", proven)
-    return state.outcome(status, found.objective, bound, found.choice, note=why,
-                         layer_recompute=recompute, layer_zero=zero)
+    return state.outcome(
+        status,
+        found.objective,
+        bound,
+        found.choice,
+        note=why,
+        layer_recompute=recompute,
+        layer_zero=zero,
+    )
 
 
 def _pareto(state: SearchState, limit: float, deadline: float) -> MasterRun:
@@ -79,23 +94,42 @@ def _pareto(state: SearchState, limit: float, deadline: float) -> MasterRun:
     options = state.options
     chosen = options.describe() if options.variants else ""
     try:
-        found = pareto_search(state.problem, state.segments, limit, deadline,
-                              variants=options.variants, units=options.units,
-                              tables=state.shared().fronts, incumbent=state.incumbent)
+        found = pareto_search(
+            state.problem,
+            state.segments,
+            limit,
+            deadline,
+            variants=options.variants,
+            units=options.units,
+            tables=state.shared().fronts,
+            incumbent=state.incumbent,
+        )
     except Dominated as exc:
         return MasterRun(None, f"dominated: {exc}", dominated=True)
     except Unproven as exc:
         if exc.plan is None:
-            return MasterRun(None, f"memory binds: the exact Pareto master stopped ({exc}){chosen}",
-                             exc.bound)
-        return MasterRun(exc.plan, (
-            f"memory binds: the exact Pareto master stopped ({exc}); the best beam pass's plan, "
-            f"{gap((exc.plan.objective, ()), exc.bound)} above the Lagrangian bound "
-            f"{exc.bound}{chosen}"), exc.bound)
+            return MasterRun(
+                None, f"memory binds: the exact Pareto master stopped ({exc}){chosen}", exc.bound
+            )
+        return MasterRun(
+            exc.plan,
+            (
+                f"memory binds: the exact Pareto master stopped ({exc}); the best beam pass's "
+                f"plan, {gap((exc.plan.objective, ()), exc.bound)} above the Lagrangian bound "
+                f"{exc.bound}{chosen}"
+            ),
+            exc.bound,
+        )
     except (FrontTooLarge, NoLabelFits, TimeoutError) as exc:
-        return MasterRun(None, f"memory binds: Pareto tables stopped ({exc}); Lagrangian pricing "
-                         "and CP-SAT instead")
-    return MasterRun(found, (
-        f"memory binds: exact Pareto tables and label-setting master (fronts of up to "
-        f"{found.table_points} points, up to {found.max_labels} labels per layout; "
-        f"Lagrangian bound {found.lagrangian_bound}){chosen}"))
+        return MasterRun(
+            None,
+            f"memory binds: Pareto tables stopped ({exc}); Lagrangian pricing and CP-SAT instead",
+        )
+    return MasterRun(
+        found,
+        (
+            "memory binds: exact Pareto tables and label-setting master (fronts of up to "
+            f"{found.table_points} points, up to {found.max_labels} labels per layout; Lagrangian "
+            f"bound {found.lagrangian_bound}){chosen}"
+        ),
+    )

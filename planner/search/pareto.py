@@ -8,9 +8,11 @@ The segments form a chain, so the program is a resource-constrained shortest pat
 
 kept only while they can still lead to a fitting plan better than the incumbent:
 
-    memory:  m + minmem_k(b) <= M                                   (minmem_k: least memory to finish)
-    cost:    c + R0_k(b) <= UB  and  c + Rlam_k(b) - lam (M - m) <= UB (R: least cost, and least cost
-             + lam * memory, to finish; valid since the rest uses at most M - m bytes)
+    memory:  m + minmem_k(b) <= M
+    cost:    c + R0_k(b) <= UB  and  c + Rlam_k(b) - lam (M - m) <= UB
+
+(minmem_k: least memory to finish; R0_k, Rlam_k: least cost, and least cost + lam * memory, to
+finish; valid since the rest uses at most M - m bytes)
 
 with lam and UB from a Lagrangian bisection over the same tables. No label that can reach an
 optimum is dropped, so the cheapest label at the last boundary is the optimum of the whole program
@@ -37,9 +39,18 @@ import numpy as np
 from planner.cost.problem import Problem
 from planner.search.decompose import Segment, segment_keys, segment_network
 from planner.search.eliminate import Network
+from planner.search.labels import as_table, candidates, fronts_by_row
 from planner.search.prices import kept_lagrangian, suffix
-from planner.search.fronts import (FrontTooLarge, Node, ParetoFronts, block_offsets, explain, leaf, mode_chain,
-                                   unit_edges)
+from planner.search.fronts import (
+    FrontTooLarge,
+    Node,
+    ParetoFronts,
+    block_offsets,
+    explain,
+    leaf,
+    mode_chain,
+    unit_edges,
+)
 
 FRONT_CAP = 512  # points per front in a segment table
 LABEL_CAP = 16384  # labels per boundary layout in the master
@@ -57,7 +68,8 @@ class ParetoResult:
     max_labels: int  # the most labels kept at one boundary
     lagrangian_bound: int
     seconds: float
-    modes: tuple[int, ...] = ()  # per segment, the settings it runs under (0: the problem's; i: variant i)
+    # per segment, the settings it runs under (0: the problem's; i: variant i)
+    modes: tuple[int, ...] = ()
 
 
 class Dominated(Exception):
@@ -90,28 +102,36 @@ def segment_front_table(problem: Problem, seg: Segment, cap: int = FRONT_CAP) ->
     return fronts.reduce(entry, exit_).table
 
 
-def pareto_search(problem: Problem, segments: Sequence[Segment], memory_limit: float, deadline: float | None = None,
-                  cap: int = FRONT_CAP, label_cap: int = LABEL_CAP, variants: Sequence[Problem] = (),
-                  units: Sequence[int] = (), tables: dict | None = None,
-                  incumbent: float | None = None) -> ParetoResult:
+def pareto_search(
+    problem: Problem,
+    segments: Sequence[Segment],
+    memory_limit: float,
+    deadline: float | None = None,
+    cap: int = FRONT_CAP,
+    label_cap: int = LABEL_CAP,
+    variants: Sequence[Problem] = (),
+    units: Sequence[int] = (),
+    tables: dict | None = None,
+    incumbent: float | None = None,
+) -> ParetoResult:
     """The exact optimum under ``memory_limit`` over a chain of segments (see the module text).
 
-    ``variants``: the same graph costed under other settings (recompute modes, ZeRO stages); each
-    unit of consecutive segments (``units``: a unit id per segment) then runs under one of
-    ``problem`` and the variants, chosen per unit inside the same label-setting
-    (``ParetoResult.modes``).
+    ``variants``: the graph costed under other settings (recompute modes, ZeRO stages), one chosen
+    per unit of consecutive segments (``units``: a unit id per segment; ``ParetoResult.modes``).
     ``tables``: front tables kept by (option, cap, segment key) across calls whose problems differ
-    only in some segments (the tied-layout conditions); ``incumbent``: the cost of a plan found
-    elsewhere (another condition), which prunes the labels. Raises ``FrontTooLarge`` past the caps,
-    ``Dominated`` when no plan here beats the incumbent, ``NoLabelFits`` when no plan fits and
-    ``TimeoutError`` past ``deadline``."""
+    in some segments only (tied-layout conditions); ``incumbent``: the cost of a plan found
+    elsewhere, which prunes the labels. Raises ``FrontTooLarge`` past the caps, ``Dominated`` when
+    no plan here beats the incumbent, ``NoLabelFits`` when none fits, ``TimeoutError`` past
+    ``deadline``."""
     start = time.perf_counter()
     options = [problem, *variants]
     by_mode, chain = _chain(options, segments, cap, units, tables, deadline)
     limit = float(memory_limit)
     lam, upper, bound = kept_lagrangian(chain, limit, lambda: _check(deadline), tables)
     if incumbent is not None and bound > incumbent:
-        raise Dominated(f"its Lagrangian bound {bound:.0f} exceeds the plan in hand ({incumbent:.0f})")
+        raise Dominated(
+            f"its Lagrangian bound {bound:.0f} exceeds the plan in hand ({incumbent:.0f})"
+        )
     upper = min(upper, incumbent if incumbent is not None else math.inf)
     heuristic = None  # the best beam pass: a plan that fits, kept in case the exact pass is cut
     try:
@@ -122,20 +142,39 @@ def pareto_search(problem: Problem, segments: Sequence[Segment], memory_limit: f
                 upper, heuristic = passed[2], passed
         back, final, best = _master(chain, limit, lam, upper, label_cap, deadline)
     except (FrontTooLarge, TimeoutError) as exc:
-        plan = None if heuristic is None else _result(options, segments, by_mode, units, heuristic, memory_limit,
-                                                      bound, start)
+        plan = (
+            None
+            if heuristic is None
+            else _result(options, segments, by_mode, units, heuristic, memory_limit, bound, start)
+        )
         raise Unproven(plan, int(math.ceil(bound - 1e-6)), str(exc)) from None
+    found = _settled((back, final, best), heuristic, incumbent, upper)
+    return _result(options, segments, by_mode, units, found, memory_limit, bound, start)
+
+
+def _settled(exact: tuple, heuristic: tuple | None, incumbent: float | None, upper: float):
+    """The exact pass's plan, or the beam's when the exact pass proved nothing beats it; raises
+    when no plan here fits or beats the incumbent."""
+    back, final, best = exact
     if final is None and heuristic is not None and best >= heuristic[2]:
-        back, final, best = heuristic  # the exact pass proved no plan beats the beam's
+        return heuristic  # the exact pass proved no plan beats the beam's
     if final is None and incumbent is not None and upper >= incumbent:
         raise Dominated(f"no label beats the plan in hand ({incumbent:.0f})")
     if final is None:
         raise NoLabelFits("no label fits the memory limit")
-    return _result(options, segments, by_mode, units, (back, final, best), memory_limit, bound, start)
+    return exact
 
 
-def _result(options: Sequence[Problem], segments: Sequence[Segment], by_mode, units: Sequence[int],
-            passed: tuple, memory_limit: float, bound: float, start: float) -> ParetoResult:
+def _result(
+    options: Sequence[Problem],
+    segments: Sequence[Segment],
+    by_mode,
+    units: Sequence[int],
+    passed: tuple,
+    memory_limit: float,
+    bound: float,
+    start: float,
+) -> ParetoResult:
     """A master pass's plan (``options[0]`` the problem, the rest its variants), re-costed
     operator by operator against its label."""
     back, final, best = passed
@@ -147,15 +186,32 @@ def _result(options: Sequence[Problem], segments: Sequence[Segment], by_mode, un
     objective = edges + sum(int(t.cost[c]) for t, c in zip(tables_of, chosen))
     memory = sum(int(t.memory[c]) for t, c in zip(tables_of, chosen))
     if memory > memory_limit or objective != int(round(best)):
-        raise RuntimeError(f"Pareto master: the plan costs {objective} with {memory} bytes, its label {best}")
+        raise RuntimeError(
+            f"Pareto master: the plan costs {objective} with {memory} bytes, its label {best}"
+        )
     widest = max(t.cost.shape[-1] for tables_of_mode in by_mode for t in tables_of_mode)
-    return ParetoResult(objective, memory, tuple(choice), widest, max(b[0].shape[1] for b in back),
-                        int(math.ceil(bound - 1e-6)), time.perf_counter() - start, tuple(modes))
+    return ParetoResult(
+        objective,
+        memory,
+        tuple(choice),
+        widest,
+        max(b[0].shape[1] for b in back),
+        int(math.ceil(bound - 1e-6)),
+        time.perf_counter() - start,
+        tuple(modes),
+    )
 
 
-def lagrangian_bound(problem: Problem, segments: Sequence[Segment], memory_limit: float,
-                     deadline: float | None = None, cap: int = FRONT_CAP, variants: Sequence[Problem] = (),
-                     units: Sequence[int] = (), tables: dict | None = None) -> float:
+def lagrangian_bound(
+    problem: Problem,
+    segments: Sequence[Segment],
+    memory_limit: float,
+    deadline: float | None = None,
+    cap: int = FRONT_CAP,
+    variants: Sequence[Problem] = (),
+    units: Sequence[int] = (),
+    tables: dict | None = None,
+) -> float:
     """A lower bound on ``pareto_search``'s optimum: the best Lagrangian bound of its chain,
     max over prices lam of (least cost + lam * memory) - lam * limit (the same tables, so the
     tables it builds serve the search after it). Raises as ``pareto_search`` does."""
@@ -163,8 +219,14 @@ def lagrangian_bound(problem: Problem, segments: Sequence[Segment], memory_limit
     return kept_lagrangian(chain, float(memory_limit), lambda: _check(deadline), tables)[2]
 
 
-def _chain(options: Sequence[Problem], segments: Sequence[Segment], cap: int, units: Sequence[int],
-           known: dict | None, deadline: float | None) -> tuple[list[list[Node]], list[Node]]:
+def _chain(
+    options: Sequence[Problem],
+    segments: Sequence[Segment],
+    cap: int,
+    units: Sequence[int],
+    known: dict | None,
+    deadline: float | None,
+) -> tuple[list[list[Node]], list[Node]]:
     """Each option's front table per segment (kept in ``known`` by (option, cap, the segment's
     content key under that option)), and the chain the master walks (the modes side by side when
     there are several options)."""
@@ -186,22 +248,34 @@ def _check(deadline: float | None) -> None:
         raise TimeoutError("the time limit ended the Pareto search")
 
 
-def _master(chain: Sequence[Node], limit: float, lam: float, upper: float, label_cap: int,
-            deadline: float | None, beam: int | None = None) -> tuple[list, tuple[int, int] | None, float]:
+def _master(
+    chain: Sequence[Node],
+    limit: float,
+    lam: float,
+    upper: float,
+    label_cap: int,
+    deadline: float | None,
+    beam: int | None = None,
+) -> tuple[list, tuple[int, int] | None, float]:
     """Label-setting over the chain: back-pointers per boundary, the optimal final label and its
     cost. With ``beam`` each boundary state keeps only that many labels, those of least bound:
     a fast heuristic whose plan still fits (it gives the exact pass its upper bound)."""
-    prices = list(dict.fromkeys((lam, 0.0, lam / 2, 2 * lam, lam / 4, 4 * lam)))  # the strongest first
+    # the strongest first
+    prices = list(dict.fromkeys((lam, 0.0, lam / 2, 2 * lam, lam / 4, 4 * lam)))
     least_memory = suffix(chain, None)
     priced = {price: suffix(chain, price) for price in prices}
-    slack = 1.0 + 1e-9 * abs(upper) if upper < math.inf else math.inf  # float rounding, in objective units
+    # float rounding, in objective units
+    slack = 1.0 + 1e-9 * abs(upper) if upper < math.inf else math.inf
     cost, mem = np.zeros((1, 1)), np.zeros((1, 1))
     back = []
     for k, table in enumerate(chain):
         _check(deadline)
-        live = np.flatnonzero(np.isfinite(cost).any(axis=1))  # boundary states that still hold labels
+        # boundary states that still hold labels
+        live = np.flatnonzero(np.isfinite(cost).any(axis=1))
         kl, kt = cost.shape[1], table.cost.shape[2]
-        rows, cols, c, m = _candidates(cost, mem, live, table, priced[prices[0]][k + 1], limit, prices[0], upper)
+        rows, cols, c, m = candidates(
+            cost, mem, live, table, priced[prices[0]][k + 1], limit, prices[0], upper
+        )
         fits = m + least_memory[k + 1][rows] <= limit
         rows, cols, c, m = rows[fits], cols[fits], c[fits], m[fits]
         bound = np.full(len(rows), -np.inf)
@@ -210,8 +284,8 @@ def _master(chain: Sequence[Node], limit: float, lam: float, upper: float, label
             keep = bound <= upper + slack
             rows, cols, c, m, bound = rows[keep], cols[keep], c[keep], m[keep], bound[keep]
         nb = table.shape[1]
-        rows, cols, c, m, bound = _fronts_by_row(rows, cols, c, m, bound, nb, label_cap, beam)
-        cost, mem, src = _as_table(rows, nb, c, m, cols)
+        rows, cols, c, m, bound = fronts_by_row(rows, cols, c, m, bound, nb, label_cap, beam)
+        cost, mem, src = as_table(rows, nb, c, m, cols)
         a, p, q = np.unravel_index(np.maximum(src, 0), (max(1, len(live)), kl, kt))
         back.append((live[a] if len(live) else a, p, q, src >= 0))
     if not np.isfinite(cost[0]).any():
@@ -220,87 +294,14 @@ def _master(chain: Sequence[Node], limit: float, lam: float, upper: float, label
     return back, (0, last), float(cost[0, last])
 
 
-def _candidates(cost, mem, live, table: Node, reach: np.ndarray, limit: float, price: float,
-                upper: float) -> tuple[np.ndarray, ...]:
-    """The (label, point) pairs that can pass ``price``'s bound, as (exit state, source, cost,
-    memory); the source indexes the dense [live entry state, label, point] array. The bound is
-    linear in (cost + price * memory) of label and point, so per entry state the labels sorted by it
-    give each point's partners as a prefix; only those pairs are built (a superset: the caller
-    applies every bound exactly)."""
-    kl, kt = cost.shape[1], table.cost.shape[2]
-    margin = 1.0 + 1e-6 * (abs(upper) + abs(price * limit)) if upper < math.inf else math.inf
-    parts = []
-    for ai, a in enumerate(live):
-        finite = np.flatnonzero(np.isfinite(cost[a]))
-        weight = cost[a, finite] + price * mem[a, finite]
-        order = np.argsort(weight, kind="stable")
-        point = table.cost[a] + (price * table.mem[a] if price else 0.0) + reach[:, None]  # [exit state, point]
-        room, ok = np.full(point.shape, -np.inf), np.isfinite(point)
-        room[ok] = upper + margin + price * limit - point[ok]
-        counts = np.searchsorted(weight[order], room.ravel(), side="right")
-        flat = np.repeat(np.arange(counts.size), counts)
-        label = finite[order[np.arange(len(flat)) - np.repeat(np.cumsum(counts) - counts, counts)]]
-        b, q = np.divmod(flat, kt)
-        parts.append((b, (ai * kl + label) * kt + q, cost[a, label] + table.cost[a, b, q],
-                      mem[a, label] + table.mem[a, b, q]))
-    if not parts:
-        return tuple(np.zeros(0, dtype=d) for d in (np.int64, np.int64, np.float64, np.float64))
-    return tuple(np.concatenate(arrays) for arrays in zip(*parts))
-
-
-def _fronts_by_row(rows, cols, c, m, bound, nb: int, label_cap: int, beam: int | None) -> tuple:
-    """Per row (boundary state), the non-dominated candidates sorted by memory; with ``beam``, only
-    the ``beam`` of least bound. Rows are told apart by an offset larger than any cost range, so
-    one running minimum serves every row (integers below 2^53: exact)."""
-    if not len(c):
-        return rows, cols, c, m, bound
-    order, key = _by_state_and_memory(rows, m, c, nb)
-    rows, cols, c, m, bound = rows[order], cols[order], c[order], m[order], bound[order]
-    span = float(c.max() - c.min()) + 1.0
-    shifted = (c - c.min()) + (nb - rows) * span
-    keep = np.ones(len(c), dtype=bool)
-    keep[1:] = shifted[1:] < np.minimum.accumulate(shifted)[:-1]
-    if key is not None:
-        # sorted by (state, memory, position) only: of the points kept for one (state, memory),
-        # each is cheaper than the one before, so the last is the one a sort by cost would keep
-        kept = np.flatnonzero(keep)
-        keep[kept[:-1][key[order][kept[:-1]] == key[order][kept[1:]]]] = False
-    rows, cols, c, m, bound = rows[keep], cols[keep], c[keep], m[keep], bound[keep]
-    counts = np.bincount(rows, minlength=nb)
-    if beam is not None and counts.max() > beam:
-        by_bound = np.lexsort((bound, rows))
-        rank = np.arange(len(rows)) - np.searchsorted(rows[by_bound], rows[by_bound])
-        chosen = np.sort(by_bound[rank < beam])
-        rows, cols, c, m, bound = rows[chosen], cols[chosen], c[chosen], m[chosen], bound[chosen]
-    elif counts.max() > label_cap:
-        raise FrontTooLarge(f"{int(counts.max())} labels at one boundary layout (cap {label_cap})")
-    return rows, cols, c, m, bound
-
-
-def _by_state_and_memory(rows, m, c, nb: int) -> tuple[np.ndarray, np.ndarray | None]:
-    """An order by (state, memory, cost, position); or by (state, memory, position) and that key,
-    one quicksort of unique int64s (a tenth of the time), when it fits: the same result once the
-    caller keeps the cheapest point per key."""
-    top = float(m.max()) + 1.0
-    if nb * top * len(m) < 2.0 ** 62 and nb * top < 2.0 ** 53:
-        key = rows.astype(np.int64) * int(top) + m.astype(np.int64)  # integers held exactly in float64
-        return np.argsort(key * len(m) + np.arange(len(m)), kind="quicksort"), key
-    return np.lexsort((c, m, rows)), None
-
-
-def _as_table(rows, nb: int, c, m, cols) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Row-sorted candidates as [state, label] arrays padded with inf (and -1 sources)."""
-    counts = np.bincount(rows, minlength=nb)
-    width = max(1, int(counts.max(initial=0)))
-    slot = np.arange(len(rows)) - np.searchsorted(rows, rows)
-    cost, mem = np.full((nb, width), np.inf), np.full((nb, width), np.inf)
-    src = np.full((nb, width), -1, dtype=np.int64)
-    cost[rows, slot], mem[rows, slot], src[rows, slot] = c, m, cols
-    return cost, mem, src
-
-
-def _recover(segments: Sequence[Segment], by_mode: Sequence[Sequence[Node]], num_ops: int, back: list,
-             final: tuple[int, int], units: Sequence[int]) -> tuple[list[int], list[int]]:
+def _recover(
+    segments: Sequence[Segment],
+    by_mode: Sequence[Sequence[Node]],
+    num_ops: int,
+    back: list,
+    final: tuple[int, int],
+    units: Sequence[int],
+) -> tuple[list[int], list[int]]:
     """Each segment's (entry, exit, point) and mode from the back-pointers, then each operator's
     strategy (several modes: see ``mode_chain`` for the states and the point blocks)."""
     count = len(by_mode)
@@ -316,8 +317,11 @@ def _recover(segments: Sequence[Segment], by_mode: Sequence[Sequence[Node]], num
             fresh, carries = unit_edges(units, k)
             offsets = block_offsets(by_mode, k)
             mode = int(np.searchsorted(offsets, point, side="right")) - 1
-            entry, exit_, point = entry if fresh else entry // count, exit_ // count if carries else exit_, \
-                point - int(offsets[mode])
+            entry, exit_, point = (
+                entry if fresh else entry // count,
+                exit_ // count if carries else exit_,
+                point - int(offsets[mode]),
+            )
         seg, modes[k] = segments[k], mode
         key = (mode, id(by_mode[mode][k]), entry, exit_, point)
         if key not in explained:

@@ -24,7 +24,7 @@ def priced_bound(priced_total: float, price_times_limit: float, terms: int) -> f
     """The Lagrangian bound ``priced_total - price * limit`` less its float rounding error: the
     total sums ``terms`` float terms, and at a large price both sides dwarf the objective (a price
     of 4^80 gave a 'bound' of 9.5e44 above a plan that fits)."""
-    error = 4.0 * max(1, terms) * 2.0 ** -52 * (abs(priced_total) + abs(price_times_limit))
+    error = 4.0 * max(1, terms) * 2.0**-52 * (abs(priced_total) + abs(price_times_limit))
     return priced_total - price_times_limit - error
 
 
@@ -47,12 +47,15 @@ def suffix(chain: Sequence[Node], lam: float | None) -> list[np.ndarray]:
     return out[::-1]
 
 
-PRICED_ELEMENTS = 1 << 22  # table entries priced at once: prices per pass = this / the largest table
+# table entries priced at once: prices per pass = this / the largest table
+PRICED_ELEMENTS = 1 << 22
 MAX_PRICES_PER_PASS = 16
 PRECISION = 1e-9  # the bracket around the feasibility switch is split down to this relative width
 
 
-def priced_paths(chain: Sequence[Node], lams: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def priced_paths(
+    chain: Sequence[Node], lams: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For each price in ``lams``: the least priced total (cost + lam * memory) through the chain,
     and the cost and memory of the path reaching it (first minimum, as a scalar pass would)."""
     lams = np.asarray(lams, dtype=np.float64)
@@ -81,7 +84,9 @@ def priced_paths(chain: Sequence[Node], lams: np.ndarray) -> tuple[np.ndarray, n
     return vector[:, 0], cost, mem
 
 
-def lagrangian(chain: Sequence[Node], limit: float, check: Callable[[], None]) -> tuple[float, float, float]:
+def lagrangian(
+    chain: Sequence[Node], limit: float, check: Callable[[], None]
+) -> tuple[float, float, float]:
     """(lam of the best bound, cost of the best fitting plan found (UB), the best Lagrangian bound).
 
     Prices are evaluated several at a time (as many as ``PRICED_ELEMENTS`` allows for the largest
@@ -101,8 +106,9 @@ def lagrangian(chain: Sequence[Node], limit: float, check: Callable[[], None]) -
         return mem <= limit
 
     if not at(np.zeros(1))[0]:
-        scale = max(1.0, sum(float(np.nanmax(np.where(np.isfinite(t.cost), t.cost, 0))) for t in chain)) / \
-            max(1.0, sum(float(np.nanmax(np.where(np.isfinite(t.mem), t.mem, 0))) for t in chain))
+        scale = max(
+            1.0, sum(float(np.nanmax(np.where(np.isfinite(t.cost), t.cost, 0))) for t in chain)
+        ) / max(1.0, sum(float(np.nanmax(np.where(np.isfinite(t.mem), t.mem, 0))) for t in chain))
         largest = max(t.cost.size for t in chain)
         per_pass = int(min(MAX_PRICES_PER_PASS, max(2, PRICED_ELEMENTS // max(1, largest))))
         low, high = 0.0, None
@@ -126,8 +132,9 @@ def lagrangian(chain: Sequence[Node], limit: float, check: Callable[[], None]) -
     return best["lam"], best["cost"], best["bound"]
 
 
-def kept_lagrangian(chain: Sequence[Node], limit: float, check: Callable[[], None],
-                    known: dict | None) -> tuple[float, float, float]:
+def kept_lagrangian(
+    chain: Sequence[Node], limit: float, check: Callable[[], None], known: dict | None
+) -> tuple[float, float, float]:
     """``lagrangian`` of the chain, kept in ``known`` (the tied conditions' order and the search
     after it price the same chain once)."""
     key = ("lagrangian", limit, tuple(id(t) for t in chain))

@@ -33,7 +33,9 @@ class DecomposedSolution:
     choice: tuple[int, ...]
 
 
-def _reduce(problem: Problem, seg: Segment, unary: Sequence[np.ndarray], deadline: float | None = None):
+def _reduce(
+    problem: Problem, seg: Segment, unary: Sequence[np.ndarray], deadline: float | None = None
+):
     net, entry, exit_ = segment_network(problem, seg, unary)
     return net.reduce(entry, exit_, deadline=deadline)
 
@@ -76,9 +78,15 @@ class Workers:
             self.pool.join()
 
 
-def solve_unary(problem: Problem, segments: Sequence[Segment], unary: Sequence[np.ndarray],
-                workers: Workers | None = None, progress: Progress | None = None,
-                deadline: float | None = None, reduced: dict | None = None) -> DecomposedSolution:
+def solve_unary(
+    problem: Problem,
+    segments: Sequence[Segment],
+    unary: Sequence[np.ndarray],
+    workers: Workers | None = None,
+    progress: Progress | None = None,
+    deadline: float | None = None,
+    reduced: dict | None = None,
+) -> DecomposedSolution:
     """Exact minimum of sum(unary) + edge costs: distinct segments reduced once, tables multiplied
     (``TimeoutError`` when a segment's reduction runs past ``deadline``). ``reduced`` keeps the
     reductions by segment key across calls whose unary costs are the problems' own op costs (the

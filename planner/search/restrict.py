@@ -15,7 +15,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from planner.cost.problem import EdgeTable, OpTable, Problem
+from planner.cost.problem import Problem
+from planner.cost.tables import EdgeTable, OpTable
 from planner.errors import SettingsError
 
 
@@ -25,9 +26,16 @@ def restrict_op(table: OpTable, strategies: Sequence[int]) -> OpTable:
 
     def pick(values):
         return tuple(values[s] for s in keep)
-    return replace(table, strategies=pick(table.strategies), cost=table.cost[keep], memory=table.memory[keep],
-                   out_layouts=pick(table.out_layouts), in_layouts=pick(table.in_layouts),
-                   records=pick(table.records) if table.records else ())
+
+    return replace(
+        table,
+        strategies=pick(table.strategies),
+        cost=table.cost[keep],
+        memory=table.memory[keep],
+        out_layouts=pick(table.out_layouts),
+        in_layouts=pick(table.in_layouts),
+        records=pick(table.records) if table.records else (),
+    )
 
 
 def reindex_edge(edge: EdgeTable, kept: Mapping[int, Sequence[int]]) -> EdgeTable:
@@ -36,15 +44,22 @@ def reindex_edge(edge: EdgeTable, kept: Mapping[int, Sequence[int]]) -> EdgeTabl
         return edge
     src_index = edge.src_index[list(kept[edge.src])] if edge.src in kept else edge.src_index
     dst_index = edge.dst_index[list(kept[edge.dst])] if edge.dst in kept else edge.dst_index
-    return replace(edge, src_index=np.ascontiguousarray(src_index), dst_index=np.ascontiguousarray(dst_index))
+    return replace(
+        edge, src_index=np.ascontiguousarray(src_index), dst_index=np.ascontiguousarray(dst_index)
+    )
 
 
 def restricted(problem: Problem, kept: Mapping[int, Sequence[int]]) -> Problem:
     """``problem`` with op ``i`` keeping only the strategies ``kept[i]`` (edges and tie edges
     re-indexed)."""
     ops = tuple(restrict_op(t, kept[i]) if i in kept else t for i, t in enumerate(problem.ops))
-    return replace(problem, ops=ops, edges=tuple(reindex_edge(e, kept) for e in problem.edges),
-                   ties=tuple(reindex_edge(e, kept) for e in problem.ties), _producer_index={})
+    return replace(
+        problem,
+        ops=ops,
+        edges=tuple(reindex_edge(e, kept) for e in problem.edges),
+        ties=tuple(reindex_edge(e, kept) for e in problem.ties),
+        _producer_index={},
+    )
 
 
 def pinned(problem: Problem, fixed: Mapping[str, Mapping[str, str | None]]) -> Problem:
@@ -58,13 +73,17 @@ def pinned(problem: Problem, fixed: Mapping[str, Mapping[str, str | None]]) -> P
         if name not in names:
             raise SettingsError(f"fixed: the model has no operator {name!r}")
         if not isinstance(strategy, Mapping) or set(strategy) - set(axes):
-            raise SettingsError(f"fixed: operator {name!r}: the strategy must map mesh axes of "
-                                f"{problem.mesh.spec} ({', '.join(axes)}) to dims, got {strategy!r}")
+            raise SettingsError(
+                f"fixed: operator {name!r}: the strategy must map mesh axes of {problem.mesh.spec} "
+                f"({', '.join(axes)}) to dims, got {strategy!r}"
+            )
         wanted = tuple(strategy.get(axis) for axis in axes)
         table = problem.ops[names[name]]
         if wanted not in table.strategies:
-            raise SettingsError(f"fixed: operator {name!r}: {dict(zip(axes, wanted))} is not one of its "
-                                f"{len(table.strategies)} candidate strategies (invalid, or dominated by another "
-                                "with the same layouts)")
+            raise SettingsError(
+                f"fixed: operator {name!r}: {dict(zip(axes, wanted))} is not one of its "
+                f"{len(table.strategies)} candidate strategies (invalid, or dominated by another "
+                "with the same layouts)"
+            )
         kept[names[name]] = [table.strategies.index(wanted)]
     return restricted(problem, kept)

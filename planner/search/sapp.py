@@ -1,4 +1,5 @@
-"""SMSG's D-Rec as MindSpore ships it (SAPP, ``search_mode="recursive_programming"``), on the planner's IR.
+"""SMSG's D-Rec as MindSpore ships it (SAPP, ``search_mode="recursive_programming"``), on the
+planner's IR.
 
 The facts are those of MindSpore 2.10's ``rec_core`` (cost rules, elimination, level loop,
 propagation); the code is ours. One *level* halves the devices once; a node's decision at a level
@@ -44,8 +45,18 @@ from planner.cost.strategy import Strategy
 from planner.errors import SettingsError
 from planner.ir.graph import Graph, Operator
 from planner.search.baselines import drop_until_valid
-from planner.search.sapp_graph import CORES, EXPERT_COEF, MEM_COEF, REDIS_COEF, REPLICATE_BELOW, WEIGHT_ORDER_ABOVE, \
-    Levels, RecGraph, first_even, position4d
+from planner.search.sapp_graph import (
+    CORES,
+    EXPERT_COEF,
+    MEM_COEF,
+    REDIS_COEF,
+    REPLICATE_BELOW,
+    WEIGHT_ORDER_ABOVE,
+    Levels,
+    RecGraph,
+    first_even,
+    position4d,
+)
 from planner.search.sapp_propagate import Propagation
 
 
@@ -70,7 +81,8 @@ class _Search:
 
     def run(self) -> list[list[str | None]]:
         for _ in range(self.levels):
-            self.decided = 0  # nodes decided at this level, and by the position their decision halves
+            # nodes decided at this level, and by the position their decision halves
+            self.decided = 0
             self.out_at: dict[int, int] = {}
             self.in0_at: dict[int, int] = {}
             self.out_pos: dict[int, int] = {}
@@ -94,17 +106,27 @@ class _Search:
         return sorted(nodes, key=lambda n: (-self._weight(n), self.rank[n], n))
 
     def _matmul_costs(self, n: int) -> tuple[float, ...]:
-        """MatMul: cut i, j, k, no cut. BatchMatMul: cut b, x (SAPP's "expert" dim), i, j, k, no cut."""
+        """MatMul: cut i, j, k, no cut. BatchMatMul: cut b, x (SAPP's "expert" dim), i, j, k, no
+        cut."""
         node, local = self.rec.nodes[n], self.local[n]
         i, j, k = (math.prod(local[d] for d in family) for family in node.families[:3])
         if node.role == "matmul":
             costs = (j * k / 2 * MEM_COEF, i * k / 2, i * j / 2)
             return costs + (min(costs) ** 2 / REPLICATE_BELOW,)
-        halves = [_numel(groups, local) / 2 for groups in (node.inputs[0], node.inputs[1], node.output)]
+        halves = [
+            _numel(groups, local) / 2 for groups in (node.inputs[0], node.inputs[1], node.output)
+        ]
         batch = math.prod(local[d] for d in node.families[3] + node.families[4])
         ratio = CORES if batch == 1 else max(CORES / batch - 1, 0.0)
         least = EXPERT_COEF * min(halves)
-        return (ratio * least, ratio * least - 1, halves[1], halves[0], halves[2], least * least / REPLICATE_BELOW)
+        return (
+            ratio * least,
+            ratio * least - 1,
+            halves[1],
+            halves[0],
+            halves[2],
+            least * least / REPLICATE_BELOW,
+        )
 
     def _weight(self, n: int) -> float:
         node = self.rec.nodes[n]
@@ -118,7 +140,13 @@ class _Search:
         node, local = self.rec.nodes[n], self.local[n]
         size_in, size_filter = (_numel(g, local) for g in node.inputs[:2])
         size_out = _numel(node.output, local)
-        return (size_filter / 2, (size_in + size_filter) / 2, size_in / 2, (size_in + size_out) / 2, size_out / 2)
+        return (
+            size_filter / 2,
+            (size_in + size_filter) / 2,
+            size_in / 2,
+            (size_in + size_out) / 2,
+            size_out / 2,
+        )
 
     def _options(self, n: int) -> list[tuple[str | None, float]]:
         """(dim to halve or None, op cost) of each allowed candidate, in SAPP's order."""
@@ -127,9 +155,18 @@ class _Search:
             costs = self._matmul_costs(n)
             cut = {d for d in self.cuts[n] if d is not None}
             i_dims, j_dims, k_dims = node.families[:3]
-            families = ((node.families[3], True), (node.families[4], True)) if node.role == "bmm" else ()
-            families += ((i_dims, True), (j_dims, not cut & set(k_dims)), (k_dims, not cut & set(j_dims)))
-            dims = [first_even(family, local, node.whole) if allowed else None for family, allowed in families]
+            families = (
+                ((node.families[3], True), (node.families[4], True)) if node.role == "bmm" else ()
+            )
+            families += (
+                (i_dims, True),
+                (j_dims, not cut & set(k_dims)),
+                (k_dims, not cut & set(j_dims)),
+            )
+            dims = [
+                first_even(family, local, node.whole) if allowed else None
+                for family, allowed in families
+            ]
             return [(d, c) for d, c in zip(dims, costs) if d is not None] + [(None, costs[-1])]
         if node.role == "conv":
             batch = first_even(node.inputs[0][0][:1], local, node.whole)
@@ -147,9 +184,9 @@ class _Search:
         return min(options, key=lambda option: option[0])[1] if options else None
 
     def _redis(self, n: int, dim: str | None) -> float:
-        """SAPP's ``CostRedis``: 16 x the tensor per adjacent neighbour decided at this level whose one-level
-        halving differs (producers: their output against this input; consumers: their input 0 against
-        this output)."""
+        """SAPP's ``CostRedis``: 16 x the tensor per adjacent neighbour decided at this level whose
+        one-level halving differs (producers: their output against this input; consumers: their
+        input 0 against this output)."""
         node, local, decided = self.rec.nodes[n], self.local[n], self.decided
         mismatched_in = 0
         for slot, (main, adjacent, aux) in enumerate(self.rec.sources[n]):
@@ -157,32 +194,42 @@ class _Search:
             if main is not None and adjacent and decided >> main & 1 and self.out_pos[main] != mine:
                 mismatched_in += 1
             if aux & decided:
-                mismatched_in += (aux & decided).bit_count() - (aux & decided & self.out_at.get(mine, 0)).bit_count()
+                mismatched_in += (aux & decided).bit_count() - (
+                    aux & decided & self.out_at.get(mine, 0)
+                ).bit_count()
         cost = mismatched_in * _numel(node.inputs[0], local) * REDIS_COEF
         mine = position4d(node.output, dim)
         for same, mask in self.rec.consumers[n].items():
             if mask & decided:
-                mismatched = (mask & decided).bit_count() - (mask & decided & self.in0_at.get(mine, 0)).bit_count()
+                mismatched = (mask & decided).bit_count() - (
+                    mask & decided & self.in0_at.get(mine, 0)
+                ).bit_count()
                 cost += same * mismatched * _numel(node.output, local) * REDIS_COEF
         return cost
 
 
-# ---------------------------------------------------------------- levels -> mesh axes, public entry points
+# ---------------------------------------------------------------- levels -> mesh axes, public entry
+# points
 
 
 def level_axes(mesh: Mesh) -> tuple[int, ...]:
-    """The mesh axis of each level: an axis of size 2^k takes k consecutive levels, innermost axis first."""
+    """The mesh axis of each level: an axis of size 2^k takes k consecutive levels, innermost axis
+    first."""
     owners: list[int] = []
     for ax in reversed(range(len(mesh.axes))):
         size = mesh.axes[ax].size
         if size & (size - 1):
-            raise SettingsError(f"--mesh: sapp halves the devices, so every axis size must be a power of two; "
-                                f"{mesh.axes[ax].name} has {size}")
+            raise SettingsError(
+                f"--mesh: sapp halves the devices, so every axis size must be a power of two; "
+                f"{mesh.axes[ax].name} has {size}"
+            )
         owners.extend([ax] * (size.bit_length() - 1))
     return tuple(owners)
 
 
-def sapp_levels(graph: Graph, num_devices: int, order: str = "auto", search_batch_matmul: bool = False) -> list[Levels]:
+def sapp_levels(
+    graph: Graph, num_devices: int, order: str = "auto", search_batch_matmul: bool = False
+) -> list[Levels]:
     """Per graph operator, the dim each level halves (None: not split at that level).
 
     ``order``: ``topological``, ``weight`` or ``auto`` (weight order above 32 devices, as SAPP).
@@ -195,7 +242,8 @@ def sapp_levels(graph: Graph, num_devices: int, order: str = "auto", search_batc
         raise SettingsError(f"order: expected auto, topological or weight, got {order!r}")
     levels = num_devices.bit_length() - 1
     weight_order = order == "weight" or (order == "auto" and num_devices > WEIGHT_ORDER_ABOVE)
-    # in topological order no consumer is decided before its producer: no need for the consumer masks
+    # in topological order no consumer is decided before its producer: no need for the consumer
+    # masks
     rec = RecGraph(graph, with_consumers=weight_order, search_batch_matmul=search_batch_matmul)
     cuts = _Search(rec, levels, weight_order).run()
     return Propagation(rec, cuts, levels).run()
@@ -225,5 +273,9 @@ def sapp(problem: Problem, order: str = "auto") -> tuple[Strategy, ...]:
     by_name = {op.name: lv for op, lv in zip(problem.graph.operators, levels)}
     out = []
     for i, table in enumerate(problem.ops):
-        out.append(drop_until_valid(problem, i, to_mesh(table.op, by_name[table.op.name], problem.mesh, owners)))
+        out.append(
+            drop_until_valid(
+                problem, i, to_mesh(table.op, by_name[table.op.name], problem.mesh, owners)
+            )
+        )
     return tuple(out)

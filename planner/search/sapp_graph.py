@@ -1,4 +1,5 @@
-"""SAPP's reduced graph: the searched operators of a graph and the edges left once the others are eliminated.
+"""SAPP's reduced graph: the searched operators of a graph and the edges left once the others are
+eliminated.
 
 MindSpore's ``rec_parse_graph`` keeps MatMul, Conv, pooling and the batch-parallel types (plus a
 virtual dataset node per data input) and eliminates every other operator: a producer is rewired to
@@ -23,7 +24,8 @@ CORES = 32  # NUMBER_ASCEND_CORES, in the BatchMatMul batch-cut ratio
 WEIGHT_ORDER_ABOVE = 32  # devices; SAPP orders by weight above this (micro-batch < 8)
 BATCH_PARALLEL_KINDS = ("batchnorm", "cross_entropy")
 POOL_KINDS = ("maxpool", "avgpool")
-NO_SPLIT_NORM_KINDS = ("softmax", "layernorm", "rmsnorm", "cross_entropy")  # their normalised dims stay whole
+# their normalised dims stay whole
+NO_SPLIT_NORM_KINDS = ("softmax", "layernorm", "rmsnorm", "cross_entropy")
 Levels = tuple[str | None, ...]
 
 
@@ -36,9 +38,11 @@ class _Node:
     sizes: dict[str, int]
     inputs: tuple[tuple[tuple[str, ...], ...], ...]  # per input: groups of dims per tensor dim
     output: tuple[tuple[str, ...], ...]
-    families: tuple[tuple[str, ...], ...] = ()  # MatMul: (i, j, k) dims; BatchMatMul: (i, j, k, b, x)
+    # MatMul: (i, j, k) dims; BatchMatMul: (i, j, k, b, x)
+    families: tuple[tuple[str, ...], ...] = ()
     op: Operator | None = None
-    whole: frozenset[str] = frozenset()  # dims the planner never splits (unsplittable, inner of a merged group)
+    # dims the planner never splits (unsplittable, inner of a merged group)
+    whole: frozenset[str] = frozenset()
 
 
 def _role(op: Operator) -> str | None:
@@ -62,25 +66,43 @@ def _families(op: Operator) -> tuple[tuple[str, ...], ...]:
     """(i, j, k) of C[i,j] = A[i,k] B[k,j]; a BatchMatMul adds its batch dims at A's 4-D n and c."""
     a, b = list(op.inputs[0].op_dims()), list(op.inputs[1].op_dims())
     c = set(op.outputs[0].op_dims())
-    families = (tuple(d for d in a if d not in b and d in c), tuple(d for d in b if d not in a and d in c),
-                tuple(d for d in a if d in b and d not in c))
+    families = (
+        tuple(d for d in a if d not in b and d in c),
+        tuple(d for d in b if d not in a and d in c),
+        tuple(d for d in a if d in b and d not in c),
+    )
     batch = [d for d in a if d in b and d in c]
     if not batch:
         return families
     groups = op.inputs[0].dims
-    return families + tuple(tuple(d for d in batch if position4d(groups, d) == pos) for pos in (0, 1))
+    return families + tuple(
+        tuple(d for d in batch if position4d(groups, d) == pos) for pos in (0, 1)
+    )
 
 
 def _op_node(op: Operator, role: str) -> _Node:
     inner = {d for o in op.inputs + op.outputs for g in o.dims for d in g[1:]}
-    return _Node(op.name, role, dict(op.sizes), tuple(o.dims for o in op.inputs), op.outputs[0].dims,
-                 _families(op) if role in ("matmul", "bmm") else (), op,
-                 frozenset(op.unsplittable) | frozenset(inner))
+    return _Node(
+        op.name,
+        role,
+        dict(op.sizes),
+        tuple(o.dims for o in op.inputs),
+        op.outputs[0].dims,
+        _families(op) if role in ("matmul", "bmm") else (),
+        op,
+        frozenset(op.unsplittable) | frozenset(inner),
+    )
 
 
 def _virtual_node(name: str, shape: tuple[int, ...]) -> _Node:
     dims = tuple((f"#{i}",) for i in range(len(shape)))
-    return _Node(f"_VirtualDataset[{name}]", "virtual", {f"#{i}": s for i, s in enumerate(shape)}, (dims,), dims)
+    return _Node(
+        f"_VirtualDataset[{name}]",
+        "virtual",
+        {f"#{i}": s for i, s in enumerate(shape)},
+        (dims,),
+        dims,
+    )
 
 
 def first_even(dims, local: dict[str, int], whole=frozenset()) -> str | None:
@@ -108,7 +130,8 @@ def bits(mask: int):
         mask ^= low
 
 
-Source = tuple[int, tuple[int, ...] | None]  # (node, producer shape mapped along the eliminated path)
+# (node, producer shape mapped along the eliminated path)
+Source = tuple[int, tuple[int, ...] | None]
 
 
 class RecGraph:
@@ -121,7 +144,9 @@ class RecGraph:
     ``consumers[n]`` = {number of the consumer's arguments with the mapped shape: consumer mask}.
     """
 
-    def __init__(self, graph: Graph, with_consumers: bool = True, search_batch_matmul: bool = False) -> None:
+    def __init__(
+        self, graph: Graph, with_consumers: bool = True, search_batch_matmul: bool = False
+    ) -> None:
         self.nodes: list[_Node] = []
         self.index: dict[str, int] = {}  # graph op name -> node
         self.virtual: dict[str, int] = {}  # data tensor -> node
@@ -129,7 +154,8 @@ class RecGraph:
         for op in graph.operators:
             role = _role(op)
             if role == "bmm" and not search_batch_matmul:
-                role = None  # MindSpore 2.10 eliminates BatchMatMul (it is searched only with dynamic shapes)
+                # MindSpore 2.10 eliminates BatchMatMul (it is searched only with dynamic shapes)
+                role = None
             if role is not None:
                 self.index[op.name] = len(self.nodes)
                 self.nodes.append(_op_node(op, role))
@@ -139,7 +165,10 @@ class RecGraph:
             if op.name in self.index:
                 n = self.index[op.name]
                 raw[n] = [self._trace(operand.tensor) for operand in op.inputs]
-                self._traced[op.outputs[0].tensor] = ((n, self.graph.tensor(op.outputs[0].tensor).shape), {})
+                self._traced[op.outputs[0].tensor] = (
+                    (n, self.graph.tensor(op.outputs[0].tensor).shape),
+                    {},
+                )
             else:
                 traced = self._eliminate(op)
                 for out in op.outputs:
@@ -150,8 +179,8 @@ class RecGraph:
             self._connect(n, raw[n], with_consumers)
 
     def _connect(self, n: int, traced: list, with_consumers: bool) -> None:
-        """One node's sources per input slot (an auxiliary source that is also a main one, or that an
-        earlier slot has, is dropped) and, if asked, its entry in each source's consumers."""
+        """One node's sources per input slot (an auxiliary source that is also a main one, or that
+        an earlier slot has, is dropped) and, if asked, its entry in each source's consumers."""
         node = self.nodes[n]
         shapes = [groups_shape(g, node.sizes) for g in node.inputs]
         mains = 0
@@ -210,7 +239,8 @@ class RecGraph:
 
 
 def _mapped(op: Operator, source):
-    """A source's shape seen after ``op``: transposes permute it, reshapes replace it, others keep it."""
+    """A source's shape seen after ``op``: transposes permute it, reshapes replace it, others keep
+    it."""
     if source is None:
         return None
     node, shape = source
@@ -222,5 +252,7 @@ def _mapped(op: Operator, source):
         return node, tuple(shape[t] for t in order)
     if op.kind == "reshape":
         sizes = op.sizes
-        return node, (groups_shape(out_groups, sizes) if shape == groups_shape(in_groups, sizes) else None)
+        return node, (
+            groups_shape(out_groups, sizes) if shape == groups_shape(in_groups, sizes) else None
+        )
     return source

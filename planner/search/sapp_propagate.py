@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from planner.ir.graph import Operator
 from planner.ir.ops import REGISTRY
-from planner.search.sapp_graph import NO_SPLIT_NORM_KINDS, WEIGHT_ORDER_ABOVE, Levels, RecGraph, first_even
+from planner.search.sapp_graph import (
+    NO_SPLIT_NORM_KINDS,
+    WEIGHT_ORDER_ABOVE,
+    Levels,
+    RecGraph,
+    first_even,
+)
 
 
 class Propagation:
@@ -24,19 +30,22 @@ class Propagation:
         self.position = {op.name: i for i, op in enumerate(graph.operators)}
         for name, n in rec.index.items():
             self.levels_of[self.position[name]] = tuple(cuts[n])
-        # ExtraShardMatmulOnBatchDim: above 32 devices a MatMul's K-split partial sums are reduce-scattered
-        # over its rows, so consumers see the rows split on those levels too
-        self.rows_for_k = {self.position[name]: (rec.nodes[n].families[2], rec.nodes[n].families[0][0])
-                           for name, n in rec.index.items()
-                           if rec.nodes[n].role == "matmul" and rec.nodes[n].families[0]
-                           and 2 ** levels > WEIGHT_ORDER_ABOVE}
+        # ExtraShardMatmulOnBatchDim: above 32 devices a MatMul's K-split partial sums are
+        # reduce-scattered over its rows, so consumers see the rows split on those levels too
+        self.rows_for_k = {
+            self.position[name]: (rec.nodes[n].families[2], rec.nodes[n].families[0][0])
+            for name, n in rec.index.items()
+            if rec.nodes[n].role == "matmul"
+            and rec.nodes[n].families[0]
+            and 2**levels > WEIGHT_ORDER_ABOVE
+        }
         self.consumers: dict[str, list[int]] = {}
         for o, op in enumerate(graph.operators):
             for operand in op.inputs:
                 self.consumers.setdefault(operand.tensor, []).append(o)
 
     def run(self) -> list[Levels]:
-        devices = 2 ** self.levels
+        devices = 2**self.levels
         while devices > 1:
             while self._pass(devices, forward=True) or self._pass(devices, forward=False):
                 pass
@@ -47,7 +56,11 @@ class Propagation:
 
     def _pass(self, min_devices: int, forward: bool) -> int:
         changes = 0
-        order = range(len(self.graph.operators)) if forward else reversed(range(len(self.graph.operators)))
+        order = (
+            range(len(self.graph.operators))
+            if forward
+            else reversed(range(len(self.graph.operators)))
+        )
         for o in order:
             if self.levels_of[o] is None:
                 found = self._from_producer(o) if forward else self._from_consumer(o)
@@ -67,8 +80,9 @@ class Propagation:
         return None
 
     def _split_of(self, tensor: str):
-        """The per-level halved tensor dim of a tensor's producer: None while unknown or for inputs (the
-        virtual dataset keeps the full batch whole), () when a gather produced it (SAPP stops there)."""
+        """The per-level halved tensor dim of a tensor's producer: None while unknown or for inputs
+        (the virtual dataset keeps the full batch whole), () when a gather produced it (SAPP stops
+        there)."""
         name = self.graph.producer(tensor)
         if name is None:
             return None
@@ -90,12 +104,15 @@ class Propagation:
             for c in self.consumers.get(out.tensor, ()):
                 levels = self.levels_of[c]
                 if levels is not None:
-                    groups = next(i.dims for i in self.graph.operators[c].inputs if i.tensor == out.tensor)
+                    groups = next(
+                        i.dims for i in self.graph.operators[c].inputs if i.tensor == out.tensor
+                    )
                     return _follow(op, out.dims, tuple(_tensor_dim(groups, d) for d in levels))
         return None
 
     def _align_shared_params(self, out: list[Levels]) -> list[Levels]:
-        """``ModifyParamSharingOpsStrategy``: every reader of a parameter splits it as its first reader."""
+        """``ModifyParamSharingOpsStrategy``: every reader of a parameter splits it as its first
+        reader."""
         readers: dict[str, list[int]] = {}
         for o, op in enumerate(self.graph.operators):
             for operand in op.inputs:
@@ -111,8 +128,10 @@ class Propagation:
                 if mine != wanted:
                     aligned = _follow(op, groups, wanted)
                     own = {d for g in groups for d in g}
-                    out[o] = tuple(a if w is not None or d in own else d
-                                   for a, w, d in zip(aligned, wanted, out[o]))
+                    out[o] = tuple(
+                        a if w is not None or d in own else d
+                        for a, w, d in zip(aligned, wanted, out[o])
+                    )
         return out
 
 

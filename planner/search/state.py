@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from planner.cost.problem import Problem
 from planner.search.decompose import Segment
 from planner.search.reduce import DecomposedSolution, Progress, Workers
-from planner.search.solver import SolveResult
+from planner.search.result import SolveResult
 
 if TYPE_CHECKING:
     from planner.search.layer_modes import LayerOptions
@@ -70,10 +70,25 @@ class SearchState:
     def left(self) -> float:
         return self.deadline - time.perf_counter()
 
-    def outcome(self, status: str, objective: int | None = None, bound: int | None = None,
-                choice: tuple[int, ...] | None = None, explanation: str = "", note: str = "",
-                **layers) -> Outcome:
+    def outcome(
+        self,
+        status: str,
+        objective: int | None = None,
+        bound: int | None = None,
+        choice: tuple[int, ...] | None = None,
+        explanation: str = "",
+        note: str = "",
+        **layers,
+    ) -> Outcome:
         """The result, timed from the start, and the notes with ``note`` last (when given)."""
-        result = SolveResult(status, objective, bound, choice, time.perf_counter() - self.start, 0,
-                             explanation, **layers)
+        result = SolveResult(
+            status,
+            objective,
+            bound,
+            choice,
+            time.perf_counter() - self.start,
+            0,
+            explanation,
+            **layers,
+        )
         return result, self.notes + ((note,) if note else ())

@@ -25,7 +25,9 @@ from typing import Callable
 
 from planner.cost.problem import Problem
 from planner.search.restrict import reindex_edge, restrict_op
-from planner.search.solver import SolveResult, separable_bound, solve
+from planner.search.fallback import separable_bound
+from planner.search.result import SolveResult
+from planner.search.solver import solve
 
 MAX_CONDITIONS = 64
 RELAX_SHARE = 0.2  # of the time limit: the conditions' relaxations, which order and prune them
@@ -44,8 +46,9 @@ def owner_groups(problem: Problem) -> dict[int, dict[tuple, list[int]]]:
 
 def conditioned(problem: Problem, chosen: dict[int, tuple]) -> Problem:
     """The problem with each owner restricted to the strategies that give its tied parameters the
-    ``chosen`` layouts, and each tie edge folded into its reader's unary cost. Layouts are matched by
-    value, so the same condition applies to a variant of the problem (recompute / ZeRO per layer)."""
+    ``chosen`` layouts, and each tie edge folded into its reader's unary cost. Layouts are matched
+    by value, so the same condition applies to a variant of the problem (recompute / ZeRO per
+    layer)."""
     groups = owner_groups(problem)
     kept = {owner: groups[owner].get(layouts, []) for owner, layouts in chosen.items()}
     ops = list(problem.ops)
@@ -57,21 +60,32 @@ def conditioned(problem: Problem, chosen: dict[int, tuple]) -> Problem:
         reader = ops[tie.dst]
         ops[tie.dst] = replace(reader, cost=reader.cost + tie.cost[row][tie.dst_index])
     edges = tuple(reindex_edge(e, kept) for e in problem.edges)
-    return replace(problem, ops=tuple(ops), edges=edges, ties=(), _producer_index={},
-                   conditions=tuple(sorted(chosen.items())))
+    return replace(
+        problem,
+        ops=tuple(ops),
+        edges=edges,
+        ties=(),
+        _producer_index={},
+        conditions=tuple(sorted(chosen.items())),
+    )
 
 
-def solve_tied(problem: Problem, memory_limit: float | None, time_limit_s: float, seed: int,
-               solve_untied: Callable[[Problem, float, int | None], tuple[SolveResult, tuple[str, ...]]],
-               relax: Callable[[Problem, float], float] | None = None,
-               whole: Callable | None = None) -> tuple[SolveResult, tuple[str, ...]]:
+def solve_tied(
+    problem: Problem,
+    memory_limit: float | None,
+    time_limit_s: float,
+    seed: int,
+    solve_untied: Callable[[Problem, float, int | None], tuple[SolveResult, tuple[str, ...]]],
+    relax: Callable[[Problem, float], float] | None = None,
+    whole: Callable | None = None,
+) -> tuple[SolveResult, tuple[str, ...]]:
     """The exact optimum over every owner layout (see the module docstring). ``solve_untied(p,
     time_limit_s, incumbent)`` solves one conditioned problem (status DOMINATED when it proves that
     nothing there beats the incumbent cost); ``relax(p, deadline)``, a lower bound on it (the
     unconstrained optimum, when memory can only add time; -inf past the deadline: a tenth of the
-    time limit for all of them), orders the conditions and prunes those that cannot
-    beat the best plan found. Two passes: each condition first gets a short share of the time, then
-    the ones left unproven get the rest, with the best plan of all as incumbent. OPTIMAL when every
+    time limit for all of them), orders the conditions and prunes those that cannot beat the best
+    plan found. Two passes: each condition first gets a short share of the time, then the ones
+    left unproven get the rest, with the best plan of all as incumbent. OPTIMAL when every
     condition was solved to optimality, proven infeasible or proven no better than the best.
     ``whole(p, memory_limit, time_limit_s, seed) -> (result, notes)`` solves the tied problem as one
     program when the conditions are too many (default: ``solve``)."""
@@ -81,44 +95,71 @@ def solve_tied(problem: Problem, memory_limit: float | None, time_limit_s: float
     combos = list(itertools.product(*(sorted(groups[o].items()) for o in owners)))
     if len(combos) > MAX_CONDITIONS:
         result, said = (whole or _plain)(problem, memory_limit, time_limit_s, seed)
-        return result, (f"{len(combos)} layouts of tied parameters: solved as one whole-graph program",) + said
+        return result, (
+            f"{len(combos)} layouts of tied parameters: solved as one whole-graph program",
+        ) + said
     search = _Conditions(problem, combos, owners, relax, start + RELAX_SHARE * time_limit_s)
     pending = sorted(range(len(combos)), key=lambda k: (search.lower[k], k))
     for sweep in (0, 1):
-        left_over = []
-        for n, k in enumerate(pending):
-            left = time_limit_s - (time.perf_counter() - start)
-            if left <= 0:  # out of time: the rest stay unsettled
-                left_over.append(k)
-                continue
-            # the first condition (least bound) most likely holds the optimum, whose cost prunes the
-            # rest: it gets half the time; a condition that is settled early returns its share
-            share = left / 2 if sweep == 0 and n == 0 else left / (len(pending) - n)
-            if not search.attempt(k, max(share, 1e-3), solve_untied):
-                left_over.append(k)
-            if sweep == 0 and n == 0 and any(WHOLE_FALLBACK in note for note in search.notes.get(k, ())):
-                # the segments of a condition cannot be reduced in time: no other condition's can be
-                # either, so the whole tied program (the ties as pairwise terms) gets the rest
-                return _whole_rest(problem, memory_limit, time_limit_s, seed, start, search, whole)
-        pending = left_over
+        pending, stuck = _sweep(search, pending, sweep, start, time_limit_s, solve_untied)
+        if stuck:
+            # the segments of a condition cannot be reduced in time: no other condition's can be
+            # either, so the whole tied program (the ties as pairwise terms) gets the rest
+            return _whole_rest(problem, memory_limit, time_limit_s, seed, start, search, whole)
     return search.result(time.perf_counter() - start, tuple(pending))
 
 
 WHOLE_FALLBACK = "solved as one whole-graph program"
 
 
-def _whole_rest(problem: Problem, memory_limit: float | None, time_limit_s: float, seed: int, start: float,
-                search: "_Conditions", whole) -> tuple[SolveResult, tuple[str, ...]]:
+def _sweep(search, pending: list, sweep: int, start: float, time_limit_s: float, solve_untied):
+    """One pass over the pending conditions, each with its share of the time left: (the ones left
+    unsettled, whether the first one fell back to the whole program)."""
+    left_over = []
+    for n, k in enumerate(pending):
+        left = time_limit_s - (time.perf_counter() - start)
+        if left <= 0:  # out of time: the rest stay unsettled
+            left_over.append(k)
+            continue
+        # the first condition (least bound) most likely holds the optimum, whose cost prunes the
+        # rest: it gets half the time; a condition that is settled early returns its share
+        share = left / 2 if sweep == 0 and n == 0 else left / (len(pending) - n)
+        if not search.attempt(k, max(share, 1e-3), solve_untied):
+            left_over.append(k)
+        if (
+            sweep == 0
+            and n == 0
+            and any(WHOLE_FALLBACK in note for note in search.notes.get(k, ()))
+        ):
+            return left_over, True
+    return left_over, False
+
+
+def _whole_rest(
+    problem: Problem,
+    memory_limit: float | None,
+    time_limit_s: float,
+    seed: int,
+    start: float,
+    search: "_Conditions",
+    whole,
+) -> tuple[SolveResult, tuple[str, ...]]:
     """The tied problem as one program in the time left, its hint the first condition's plan."""
     left = max(1e-3, time_limit_s - (time.perf_counter() - start))
     result, said = (whole or _plain)(problem, memory_limit, left, seed)
     first = search.best
     if result.choice is None or (first is not None and first.objective < result.objective):
         if first is not None:
-            result = replace(first, status="FEASIBLE", bound=min(first.objective, result.bound or 0),
-                             search_time_s=time.perf_counter() - start)
-    note = (f"the first tied-layout condition's segments ran out of time: the tied problem was solved as one "
-            f"whole-graph program in the {left:.1f} s left",)
+            result = replace(
+                first,
+                status="FEASIBLE",
+                bound=min(first.objective, result.bound or 0),
+                search_time_s=time.perf_counter() - start,
+            )
+    note = (
+        "the first tied-layout condition's segments ran out of time: the tied problem was solved "
+        f"as one whole-graph program in the {left:.1f} s left",
+    )
     return replace(result, search_time_s=time.perf_counter() - start), note + tuple(said)
 
 
@@ -129,16 +170,23 @@ def _plain(problem: Problem, memory_limit: float | None, time_limit_s: float, se
 class _Conditions:
     """The conditions' bookkeeping: best plan, bound, which are settled."""
 
-    def __init__(self, problem: Problem, combos: list, owners: list[int], relax, deadline: float) -> None:
+    def __init__(
+        self, problem: Problem, combos: list, owners: list[int], relax, deadline: float
+    ) -> None:
         self.problem, self.combos, self.owners = problem, combos, owners
-        self.chosen = [{owner: layouts for owner, (layouts, _) in zip(owners, combo)} for combo in combos]
-        self.lower = [relax(conditioned(problem, c), deadline) if relax else -math.inf for c in self.chosen]
+        self.chosen = [
+            {owner: layouts for owner, (layouts, _) in zip(owners, combo)} for combo in combos
+        ]
+        self.lower = [
+            relax(conditioned(problem, c), deadline) if relax else -math.inf for c in self.chosen
+        ]
         self.best, self.bounds, self.refused, self.pruned = None, {}, None, 0
         self.notes: dict[int, tuple[str, ...]] = {}  # per condition, what its latest attempt said
         self.best_k: int | None = None
 
     def attempt(self, k: int, limit: float, solve_untied) -> bool:
-        """Solve condition k within ``limit`` seconds; whether it is settled (optimal, infeasible, dominated)."""
+        """Solve condition k within ``limit`` seconds; whether it is settled (optimal, infeasible,
+        dominated)."""
         best = self.best
         if best is not None and self.lower[k] >= best.objective:
             self.pruned += 1  # its relaxation cannot beat the plan in hand: nor can it
@@ -153,34 +201,60 @@ class _Conditions:
             self.refused = result
             return True
         if result.choice is not None:
-            kept = {owner: strategies for owner, (_, strategies) in zip(self.owners, self.combos[k])}
+            kept = {
+                owner: strategies for owner, (_, strategies) in zip(self.owners, self.combos[k])
+            }
             candidate = _lift(self.problem, result, kept)
             if best is None or candidate.objective < best.objective:
                 self.best, self.best_k = candidate, k
         if result.bound is not None:
             self.bounds[k] = result.bound
         else:  # a plan under per-layer choices without a bound: only 0 is proven (costs are >= 0)
-            self.bounds[k] = 0 if result.layer_recompute or result.layer_zero else \
-                max(self.lower[k], separable_bound(untied))
+            self.bounds[k] = (
+                0
+                if result.layer_recompute or result.layer_zero
+                else max(self.lower[k], separable_bound(untied))
+            )
         return result.status == "OPTIMAL"
 
-    def result(self, elapsed: float, unsettled: tuple[int, ...]) -> tuple[SolveResult, tuple[str, ...]]:
+    def result(
+        self, elapsed: float, unsettled: tuple[int, ...]
+    ) -> tuple[SolveResult, tuple[str, ...]]:
         """The best plan over the conditions. Its notes say how the best condition was solved (and,
         unless every condition is settled, what stopped the unsettled ones): a condition settled
         later says nothing of the time limit an earlier attempt ran into."""
-        told = ((self.best_k,) + tuple(unsettled)) if self.best_k is not None else tuple(sorted(self.notes))
+        told = (
+            ((self.best_k,) + tuple(unsettled))
+            if self.best_k is not None
+            else tuple(sorted(self.notes))
+        )
         notes: tuple[str, ...] = ()
         for k in told:
-            notes += tuple(note for note in self.notes.get(k, ()) if all(note[:40] != seen[:40] for seen in notes))
-        notes += (f"tied parameters: conditioned on {len(self.combos)} layout(s) of their owners"
-                  + (f", {self.pruned} proven no better than the best" if self.pruned else ""),)
+            notes += tuple(
+                note
+                for note in self.notes.get(k, ())
+                if all(note[:40] != seen[:40] for seen in notes)
+            )
+        notes += (
+            f"tied parameters: conditioned on {len(self.combos)} layout(s) of their owners"
+            + (f", {self.pruned} proven no better than the best" if self.pruned else ""),
+        )
         if self.best is None:
             if not unsettled and self.refused is not None:
                 return replace(self.refused, search_time_s=elapsed), notes
-            return SolveResult("UNKNOWN", None, None, None, elapsed, 0,
-                               "no layout of the tied parameters gave a plan within the time limit"), notes
+            return SolveResult(
+                "UNKNOWN",
+                None,
+                None,
+                None,
+                elapsed,
+                0,
+                "no layout of the tied parameters gave a plan within the time limit",
+            ), notes
         if not unsettled:
-            return replace(self.best, status="OPTIMAL", bound=self.best.objective, search_time_s=elapsed), notes
+            return replace(
+                self.best, status="OPTIMAL", bound=self.best.objective, search_time_s=elapsed
+            ), notes
         bound = min([self.best.objective] + list(self.bounds.values()))
         return replace(self.best, status="FEASIBLE", bound=int(bound), search_time_s=elapsed), notes
 
@@ -191,7 +265,13 @@ def _lift(problem: Problem, result: SolveResult, kept: dict[int, list[int]]) -> 
     for owner, strategies in kept.items():
         choice[owner] = strategies[choice[owner]]
     # under per-layer recompute / ZeRO the objective is the chosen variants': not re-checkable here
-    objective = result.objective if result.layer_recompute or result.layer_zero else problem.objective(choice)
+    objective = (
+        result.objective
+        if result.layer_recompute or result.layer_zero
+        else problem.objective(choice)
+    )
     if objective != result.objective:
-        raise RuntimeError(f"conditioned objective {result.objective} disagrees with the tied one {objective}")
+        raise RuntimeError(
+            f"conditioned objective {result.objective} disagrees with the tied one {objective}"
+        )
     return replace(result, choice=tuple(choice), objective=objective)

@@ -17,14 +17,18 @@ import time
 
 from planner.cost.problem import Problem
 from planner.search.layer_modes import layer_options, pinned_settings
-from planner.search.solver import SolveResult, program_size, solve
+from planner.search.fallback import program_size
+from planner.search.result import SolveResult
+from planner.search.solver import solve
 
 MAX_WHOLE_PROGRAM = 2_000_000  # Booleans: past this the whole-graph program is not built
 
 
-def solve_whole(problem: Problem, memory_limit: float | None, time_limit_s: float,
-                seed: int) -> tuple[SolveResult, tuple[str, ...]]:
-    """The whole-graph program; under recompute / zero ``auto`` the best uniform mode (see above)."""
+def solve_whole(
+    problem: Problem, memory_limit: float | None, time_limit_s: float, seed: int
+) -> tuple[SolveResult, tuple[str, ...]]:
+    """The whole-graph program; under recompute / zero ``auto`` the best uniform mode (see
+    above)."""
     options = layer_options(problem, ())
     if not options.variants:
         return solve(problem, memory_limit, time_limit_s, seed), ()
@@ -39,21 +43,54 @@ def solve_whole(problem: Problem, memory_limit: float | None, time_limit_s: floa
     elapsed = time.perf_counter() - start
     tried = f"{len(options.modes)} uniform (recompute, ZeRO stage) modes tried"
     if best is None:
-        return SolveResult("UNKNOWN", None, None, None, elapsed, 0,
-                           f"the whole-graph program found no plan in any of the {tried}"), (tried,)
+        return SolveResult(
+            "UNKNOWN",
+            None,
+            None,
+            None,
+            elapsed,
+            0,
+            f"the whole-graph program found no plan in any of the {tried}",
+        ), (tried,)
     chosen = pinned_settings(problem.settings, layers, best_mode)
-    note = (f"the whole-graph program cannot mix modes per layer: {tried}, the best is recompute "
-            f"{best_mode[0]} and ZeRO stage {best_mode[1]} on every layer (a mix may be cheaper)")
-    return SolveResult("FEASIBLE", best.objective, None, best.choice, elapsed, best.num_booleans,
-                       layer_recompute=chosen.layer_recompute, layer_zero=chosen.layer_zero), (note,)
+    note = (
+        f"the whole-graph program cannot mix modes per layer: {tried}, the best is recompute "
+        f"{best_mode[0]} and ZeRO stage {best_mode[1]} on every layer (a mix may be cheaper)"
+    )
+    return SolveResult(
+        "FEASIBLE",
+        best.objective,
+        None,
+        best.choice,
+        elapsed,
+        best.num_booleans,
+        layer_recompute=chosen.layer_recompute,
+        layer_zero=chosen.layer_zero,
+    ), (note,)
 
 
-def whole_instead(problem: Problem, memory_limit: float | None, deadline: float, seed: int, start: float,
-                   notes: tuple[str, ...], why: str) -> tuple[SolveResult, tuple[str, ...]]:
+def whole_instead(
+    problem: Problem,
+    memory_limit: float | None,
+    deadline: float,
+    seed: int,
+    start: float,
+    notes: tuple[str, ...],
+    why: str,
+) -> tuple[SolveResult, tuple[str, ...]]:
     """The segments took their share of the time limit: the whole-graph program gets the rest."""
     left = max(0.0, deadline - time.perf_counter())
     if program_size(problem) > MAX_WHOLE_PROGRAM:
-        return SolveResult("UNKNOWN", None, None, None, time.perf_counter() - start, 0,
-                           f"{why}; the whole-graph program is too large to build instead"), notes
+        return SolveResult(
+            "UNKNOWN",
+            None,
+            None,
+            None,
+            time.perf_counter() - start,
+            0,
+            f"{why}; the whole-graph program is too large to build instead",
+        ), notes
     result, said = solve_whole(problem, memory_limit, left, seed)
-    return result, notes + (f"{why}: solved as one whole-graph program in the {left:.1f} s left",) + said
+    return result, notes + (
+        f"{why}: solved as one whole-graph program in the {left:.1f} s left",
+    ) + said

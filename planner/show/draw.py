@@ -11,36 +11,45 @@ import io
 
 from planner.errors import SettingsError
 from planner.pipeline.timeline import PASSES, bubbles, makespan
+from planner.show.marks import (
+    COLOURS,
+    FAMILY_COLOURS,
+    LEGEND,
+    hbars,
+    legend,
+    limit_line,
+    limit_note,
+    palette,
+    vbars,
+)
 from planner.show.view import DIM_FAMILIES, MEMORY_PARTS, PlanView, dim_family, view_of
 
 WHAT = ("schedule", "memory", "sharding")
 WIDTH_IN, DPI = 12.0, 100
-LEGEND = {"fontsize": 7, "loc": "upper left", "bbox_to_anchor": (1.0, 1.0)}  # outside, right of the panel
 MAX_ROWS = 120  # sharding rows drawn; --text lists all
-COLOURS = {"forward": "#4C72B0", "backward": "#55A868", "recompute": "#8172B2", "comm": "#C44E52",
-           "sync": "#DD8452", "bubble": "#DDDDDD", "compute": "#4C72B0", "params": "#4C72B0", "grads": "#55A868",
-           "optimizer": "#8172B2", "activations": "#DD8452", "working": "#937860", "tied": "#DA8BC3"}
-FAMILY_COLOURS = {"batch": "#4C72B0", "sequence": "#64B5CD", "heads": "#55A868", "ffn": "#8172B2",
-                  "vocab": "#C44E52", "hidden": "#DD8452", "experts": "#DA8BC3", "other": "#937860",
-                  "replicate": "#EEEEEE"}
 
 
 def _figure_class():
     try:
         from matplotlib.figure import Figure
     except ImportError:
-        raise SettingsError("--png/--svg: pictures need matplotlib; install the plot extra: "
-                            "pip install 'planner[plot]' (or use --text)") from None
+        raise SettingsError(
+            "--png/--svg: pictures need matplotlib; install the plot extra: pip install "
+            "'planner[plot]' (or use --text)"
+        ) from None
     return Figure
 
 
 def panel_heights(view: PlanView, what: tuple[str, ...]) -> list[float]:
-    """Inches per panel: the Gantt grows with the stage rows, the sharding map with its operators."""
+    """Inches per panel: the Gantt grows with the stage rows, the sharding map with its
+    operators."""
     heights = []
     for name in what:
         if name == "schedule" and view.is_3d:
             schedule, stages, _ = view.pipeline()
-            chunks = int(schedule.partition(":")[2] or 2) if schedule.startswith("interleaved") else 1
+            chunks = (
+                int(schedule.partition(":")[2] or 2) if schedule.startswith("interleaved") else 1
+            )
             heights.append(2.0 + 0.3 * stages * chunks)
         elif name == "sharding":
             heights.append(1.5 + 0.2 * min(MAX_ROWS, sum(len(g.rows) for g in view.layer_groups())))
@@ -61,7 +70,9 @@ def plan_figure(view: PlanView, what: tuple[str, ...] = WHAT):
     fig = _figure_class()(figsize=(WIDTH_IN, sum(heights)), dpi=DPI, layout="constrained")
     axes = fig.subplots(len(what), 1, height_ratios=heights, squeeze=False)[:, 0]
     for ax, name in zip(axes, what):
-        {"schedule": draw_schedule, "memory": draw_memory, "sharding": draw_sharding}[name](ax, view)
+        {"schedule": draw_schedule, "memory": draw_memory, "sharding": draw_sharding}[name](
+            ax, view
+        )
     fig.suptitle(f"{view.model} on {view.mesh} ({view.device})")
     return fig
 
@@ -70,31 +81,65 @@ def draw_schedule(ax, view: PlanView) -> None:
     """A Gantt chart of one iteration (3D plan), or the step split into compute and collectives."""
     if not view.is_3d:
         return _draw_step(ax, view)
-    schedule, stages, count = view.pipeline()
+    stages = view.pipeline()[1]
     blocks = view.timeline()
     chunks = 1 + max(b.chunk for b in blocks)
     row = lambda b: b.stage * chunks + b.chunk
     for kind in PASSES + ("sync",):
         chosen = [b for b in blocks if b.kind == kind]
         if kind != "sync":  # a pass: its compute, then its exposed communication
-            _bars(ax, [row(b) for b in chosen], [b.compute_s * 1e3 for b in chosen], [b.start_s * 1e3 for b in chosen],
-                  COLOURS[kind], kind)
+            hbars(
+                ax,
+                [row(b) for b in chosen],
+                [b.compute_s * 1e3 for b in chosen],
+                [b.start_s * 1e3 for b in chosen],
+                COLOURS[kind],
+                kind,
+            )
         exposed = [b for b in chosen if b.comm_s > 0]
-        _bars(ax, [row(b) for b in exposed], [b.comm_s * 1e3 for b in exposed],
-              [(b.start_s + b.compute_s) * 1e3 for b in exposed], COLOURS["sync" if kind == "sync" else "comm"],
-              "sync" if kind == "sync" else "comm")
+        hbars(
+            ax,
+            [row(b) for b in exposed],
+            [b.comm_s * 1e3 for b in exposed],
+            [(b.start_s + b.compute_s) * 1e3 for b in exposed],
+            COLOURS["sync" if kind == "sync" else "comm"],
+            "sync" if kind == "sync" else "comm",
+        )
     idle = bubbles(blocks, stages)
-    _bars(ax, [k * chunks + (chunks - 1) / 2 for k, _, _ in idle], [(e - s) * 1e3 for _, s, e in idle],
-          [s * 1e3 for _, s, _ in idle], COLOURS["bubble"], "bubble", height=0.8 * chunks)
+    hbars(
+        ax,
+        [k * chunks + (chunks - 1) / 2 for k, _, _ in idle],
+        [(e - s) * 1e3 for _, s, e in idle],
+        [s * 1e3 for _, s, _ in idle],
+        COLOURS["bubble"],
+        "bubble",
+        height=0.8 * chunks,
+    )
     ax.axvline(view.step_time_s * 1e3, color="black", linestyle="--", linewidth=1, gid="model")
-    ax.set_yticks(range(stages * chunks), [f"stage {k}" + (f".{c}" if chunks > 1 else "")
-                                           for k in range(stages) for c in range(chunks)])
+    _schedule_axes(ax, view, blocks, chunks)
+    legend(
+        ax,
+        ("forward", "backward")
+        + (("recompute",) if any(b.kind == "recompute" for b in blocks) else ())
+        + ("comm", "sync", "bubble"),
+        labels={"comm": "exposed communication", "sync": "gradient sync"},
+    )
+
+
+def _schedule_axes(ax, view: PlanView, blocks, chunks: int) -> None:
+    """A row per stage (and model chunk), time in ms, the title with both step times."""
+    schedule, stages, count = view.pipeline()
+    labels = [
+        f"stage {k}" + (f".{c}" if chunks > 1 else "") for k in range(stages) for c in range(chunks)
+    ]
+    ax.set_yticks(range(stages * chunks), labels)
     ax.invert_yaxis()
     ax.set_xlabel("time (ms)")
-    ax.set_title(f"{schedule}: {stages} stages x {count} micro-batches; simulated {makespan(blocks) * 1e3:.1f} ms, "
-                 f"cost model {view.step_time_s * 1e3:.1f} ms (dashed)", fontsize=9)
-    _legend(ax, ("forward", "backward") + (("recompute",) if any(b.kind == "recompute" for b in blocks) else ())
-            + ("comm", "sync", "bubble"), labels={"comm": "exposed communication", "sync": "gradient sync"})
+    ax.set_title(
+        f"{schedule}: {stages} stages x {count} micro-batches; simulated "
+        f"{makespan(blocks) * 1e3:.1f} ms, cost model {view.step_time_s * 1e3:.1f} ms (dashed)",
+        fontsize=9,
+    )
 
 
 def _draw_step(ax, view: PlanView) -> None:
@@ -102,19 +147,38 @@ def _draw_step(ax, view: PlanView) -> None:
     hidden = float(view.data.get("hidden_s", 0.0))
     comm = view.comm_parts()
     exposed = view.step_time_s - compute
-    _bars(ax, [0, 0], [compute * 1e3, exposed * 1e3], [0, compute * 1e3], [COLOURS["compute"], COLOURS["comm"]],
-          ["step:compute", "step:comm"])
-    left, palette = 0.0, _palette(len(comm))
-    for (name, seconds), colour in zip(comm, palette):
-        _bars(ax, [1], [seconds * 1e3], [left], colour, f"comm:{name}", label=name)
+    hbars(
+        ax,
+        [0, 0],
+        [compute * 1e3, exposed * 1e3],
+        [0, compute * 1e3],
+        [COLOURS["compute"], COLOURS["comm"]],
+        ["step:compute", "step:comm"],
+    )
+    left, colours = 0.0, palette(len(comm))
+    for (name, seconds), colour in zip(comm, colours):
+        hbars(ax, [1], [seconds * 1e3], [left], colour, f"comm:{name}", label=name)
         left += seconds * 1e3
     if hidden > 0:
-        _bars(ax, [1], [hidden * 1e3], [0.0], "none", "hidden", hatch="xx", label="hidden behind compute", edge="black")
+        hbars(
+            ax,
+            [1],
+            [hidden * 1e3],
+            [0.0],
+            "none",
+            "hidden",
+            hatch="xx",
+            label="hidden behind compute",
+            edge="black",
+        )
     ax.set_yticks([0, 1], ["step (compute + exposed comm)", "collectives (kind, mesh axis)"])
     ax.invert_yaxis()
     ax.set_xlabel("time (ms)")
-    ax.set_title(f"step {view.step_time_s * 1e3:.3f} ms = compute {compute * 1e3:.3f} + communication "
-                 f"{left:.3f} - hidden {hidden * 1e3:.3f}", fontsize=9)
+    ax.set_title(
+        f"step {view.step_time_s * 1e3:.3f} ms = compute {compute * 1e3:.3f} + communication "
+        f"{left:.3f} - hidden {hidden * 1e3:.3f}",
+        fontsize=9,
+    )
     ax.legend(**LEGEND)
 
 
@@ -125,14 +189,28 @@ def draw_memory(ax, view: PlanView) -> None:
     for part in MEMORY_PARTS:
         heights = [dict(parts).get(part, 0.0) / 2**30 for parts in per_stage]
         if any(heights):
-            _vbars(ax, range(len(per_stage)), heights, bottom, COLOURS[part], f"memory:{part}", label=part)
+            vbars(
+                ax,
+                range(len(per_stage)),
+                heights,
+                bottom,
+                COLOURS[part],
+                f"memory:{part}",
+                label=part,
+            )
             bottom = [b + h for b, h in zip(bottom, heights)]
-    _limit(ax, view.memory_limit_bytes, max(bottom))
-    ax.set_xticks(range(len(per_stage)), [f"{k}" for k in range(len(per_stage))] if view.is_3d else ["every device"])
+    limit_line(ax, view.memory_limit_bytes, max(bottom))
+    ax.set_xticks(
+        range(len(per_stage)),
+        [f"{k}" for k in range(len(per_stage))] if view.is_3d else ["every device"],
+    )
     ax.set_xlabel("pipeline stage" if view.is_3d else "")
     ax.set_ylabel("GiB per device")
-    ax.set_title(f"memory per device: peak {max(bottom):.2f} GiB" + _limit_note(view.memory_limit_bytes, max(bottom)),
-                 fontsize=9)
+    ax.set_title(
+        f"memory per device: peak {max(bottom):.2f} GiB"
+        + limit_note(view.memory_limit_bytes, max(bottom)),
+        fontsize=9,
+    )
     if len(per_stage) == 1:
         ax.set_xlim(-2, 2)
     ax.legend(**LEGEND)
@@ -141,15 +219,26 @@ def draw_memory(ax, view: PlanView) -> None:
 def draw_sharding(ax, view: PlanView) -> None:
     """A grid of operators (identical layers folded) by mesh axis; each cell names the split dim."""
     from matplotlib.colors import ListedColormap
+
     families = [family for family, _ in DIM_FAMILIES] + ["other", "replicate"]
     groups = view.layer_groups()
-    rows = [(f"{g.label}: {name}" if i == 0 else name, strategy) for g in groups
-            for i, (name, strategy) in enumerate(g.rows)]
+    rows = [
+        (f"{g.label}: {name}" if i == 0 else name, strategy)
+        for g in groups
+        for i, (name, strategy) in enumerate(g.rows)
+    ]
     starts = [sum(len(g.rows) for g in groups[:k]) for k in range(1, len(groups))]
     shown = rows[:MAX_ROWS]
     grid = [[families.index(dim_family(d)) for d in strategy] for _, strategy in shown]
-    ax.imshow(grid, cmap=ListedColormap([FAMILY_COLOURS[f] for f in families]), vmin=0, vmax=len(families) - 1,
-              aspect="auto", interpolation="nearest", gid="sharding")
+    ax.imshow(
+        grid,
+        cmap=ListedColormap([FAMILY_COLOURS[f] for f in families]),
+        vmin=0,
+        vmax=len(families) - 1,
+        aspect="auto",
+        interpolation="nearest",
+        gid="sharding",
+    )
     for i, (_, strategy) in enumerate(shown):
         for j, dim in enumerate(strategy):
             ax.text(j, i, dim or "-", ha="center", va="center", fontsize=7, gid="cell")
@@ -158,10 +247,12 @@ def draw_sharding(ax, view: PlanView) -> None:
     for i in (i for i in starts if i < len(shown)):  # a line between layer groups
         ax.axhline(i - 0.5, color="black", linewidth=1)
     ax.xaxis.tick_top()
-    more = f" (first {MAX_ROWS} of {len(rows)} rows; --text lists all)" if len(rows) > MAX_ROWS else ""
+    more = (
+        f" (first {MAX_ROWS} of {len(rows)} rows; --text lists all)" if len(rows) > MAX_ROWS else ""
+    )
     ax.set_title(f"sharding: the dim each mesh axis splits{more}", fontsize=9)
     used = sorted({dim_family(d) for _, s in shown for d in s}, key=families.index)
-    _legend(ax, used, colours=FAMILY_COLOURS)
+    legend(ax, used, colours=FAMILY_COLOURS)
 
 
 def compare_figure(rows: list[dict]):
@@ -172,69 +263,54 @@ def compare_figure(rows: list[dict]):
     names = [r["method"] for r in planned]
     compute = [r["compute_s"] * 1e3 for r in planned]
     exposed = [(r["estimated_step_time_s"] - r["compute_s"]) * 1e3 for r in planned]
-    _vbars(time_ax, range(len(names)), compute, [0.0] * len(names), COLOURS["compute"], "step:compute", label="compute")
-    _vbars(time_ax, range(len(names)), exposed, compute, COLOURS["comm"], "step:comm", label="exposed communication")
+    vbars(
+        time_ax,
+        range(len(names)),
+        compute,
+        [0.0] * len(names),
+        COLOURS["compute"],
+        "step:compute",
+        label="compute",
+    )
+    vbars(
+        time_ax,
+        range(len(names)),
+        exposed,
+        compute,
+        COLOURS["comm"],
+        "step:comm",
+        label="exposed communication",
+    )
     time_ax.set_xticks(range(len(names)), names, rotation=30)
     time_ax.set_ylabel("step time (ms)")
     time_ax.legend(fontsize=7)
+    _compare_memory(memory_ax, planned, names)
+    missing = sorted(r["method"] for r in rows if r not in planned)
+    fig.suptitle(
+        f"{rows[0]['model'] if rows else ''}: methods compared"
+        + (f" (no plan: {', '.join(missing)})" if missing else "")
+    )
+    return fig
+
+
+def _compare_memory(ax, planned: list[dict], names: list[str]) -> None:
+    """Each method's memory per device, stacked by part, and the device limit when all share one."""
     bottom = [0.0] * len(names)
     for part in MEMORY_PARTS[:4]:
         heights = [r.get(f"memory_{part}_bytes", 0.0) / 2**30 for r in planned]
-        _vbars(memory_ax, range(len(names)), heights, bottom, COLOURS[part], f"memory:{part}", label=part)
+        where = range(len(names))
+        vbars(ax, where, heights, bottom, COLOURS[part], f"memory:{part}", label=part)
         bottom = [b + h for b, h in zip(bottom, heights)]
     limits = {r.get("memory_limit_bytes") for r in planned} - {None}
     limit = limits.pop() if len(limits) == 1 else None
-    _limit(memory_ax, limit, max(bottom, default=0.0))
-    memory_ax.set_title("memory per device" + _limit_note(limit, max(bottom, default=0.0)), fontsize=9)
-    memory_ax.set_xticks(range(len(names)), names, rotation=30)
-    memory_ax.set_ylabel("GiB per device")
-    memory_ax.legend(fontsize=7)
-    missing = sorted(r["method"] for r in rows if r not in planned)
-    fig.suptitle(f"{rows[0]['model'] if rows else ''}: methods compared" + (f" (no plan: {', '.join(missing)})" if missing else ""))
-    return fig
+    limit_line(ax, limit, max(bottom, default=0.0))
+    ax.set_title("memory per device" + limit_note(limit, max(bottom, default=0.0)), fontsize=9)
+    ax.set_xticks(range(len(names)), names, rotation=30)
+    ax.set_ylabel("GiB per device")
+    ax.legend(fontsize=7)
 
 
 def figure_bytes(fig, fmt: str) -> bytes:
     buffer = io.BytesIO()
     fig.savefig(buffer, format=fmt, dpi=DPI)
     return buffer.getvalue()
-
-
-def _limit(ax, limit: float | None, peak_gib: float) -> None:
-    """The device limit as a line, unless it is so far above the bars that they would flatten."""
-    if limit is not None and limit / 2**30 <= 4 * peak_gib:
-        ax.axhline(limit / 2**30, color="black", linestyle="--", linewidth=1, gid="limit",
-                   label=f"device limit {limit / 2**30:.1f} GiB")
-
-
-def _limit_note(limit: float | None, peak_gib: float) -> str:
-    if limit is None:
-        return ", no device limit"
-    return "" if limit / 2**30 <= 4 * peak_gib else f" (device limit {limit / 2**30:.1f} GiB, off the scale)"
-
-
-def _bars(ax, y, widths, lefts, colour, gid, height: float = 0.8, hatch=None, label=None, edge=None) -> None:
-    if not len(y):
-        return
-    bars = ax.barh(y, widths, left=lefts, height=height, color=colour, hatch=hatch, label=label,
-                   edgecolor=edge, linewidth=0.5 if edge else 0)
-    gids = gid if isinstance(gid, list) else [gid] * len(bars)
-    for patch, name in zip(bars, gids):
-        patch.set_gid(name)
-
-
-def _vbars(ax, x, heights, bottom, colour, gid, label=None) -> None:
-    for patch in ax.bar(list(x), heights, bottom=bottom, color=colour, label=label, width=0.6):
-        patch.set_gid(gid)
-
-
-def _legend(ax, names, labels: dict | None = None, colours: dict | None = None) -> None:
-    from matplotlib.patches import Patch
-    colours, labels = colours or COLOURS, labels or {}
-    ax.legend(handles=[Patch(color=colours[n], label=labels.get(n, n)) for n in names], **LEGEND)
-
-
-def _palette(n: int) -> list:
-    from matplotlib import colormaps
-    cmap = colormaps["tab10"]
-    return [cmap(i % 10) for i in range(n)]

@@ -29,7 +29,8 @@ GPT_PRESETS: dict[str, GPTConfig] = {
     "gpt3-175b": GPTConfig(96, 12288, 96, 2048, 51200),
     "moe-gpt": GPTConfig(12, 768, 12, 1024, experts=8),
 }
-LLAMA_PRESETS: dict[str, LlamaConfig] = {  # published configurations (Meta's LLaMA 3, Mistral's Mixtral)
+# published configurations (Meta's LLaMA 3, Mistral's Mixtral)
+LLAMA_PRESETS: dict[str, LlamaConfig] = {
     "llama3-8b": LlamaConfig(32, 4096, 32, 8, 14336),
     "llama3-70b": LlamaConfig(80, 8192, 64, 8, 28672),
     "llama3-405b": LlamaConfig(126, 16384, 128, 8, 53248),
@@ -45,13 +46,22 @@ VISION = {
     "vgg16": lambda b: vgg16(b),
 }
 OTHER = ("mlp", "transformer-block")
-ENCODERS = {"vit-h14": lambda batch, seq: vit(batch=batch or VISION_BATCH),
-            "t5-3b": lambda batch, seq: t5(batch=batch or LM_BATCH, seq=seq or 512)}
+ENCODERS = {
+    "vit-h14": lambda batch, seq: vit(batch=batch or VISION_BATCH),
+    "t5-3b": lambda batch, seq: t5(batch=batch or LM_BATCH, seq=seq or 512),
+}
 PARAMETRIC = {"gpt": GPTConfig(12, 768, 12, 1024), "moe-gpt": GPT_PRESETS["moe-gpt"]}
 
 
 def model_names() -> list[str]:
-    return list(OTHER) + list(GPT_PRESETS) + list(LLAMA_PRESETS) + list(BERT_PRESETS) + list(VISION) + list(ENCODERS)
+    return (
+        list(OTHER)
+        + list(GPT_PRESETS)
+        + list(LLAMA_PRESETS)
+        + list(BERT_PRESETS)
+        + list(VISION)
+        + list(ENCODERS)
+    )
 
 
 def _parse_params(spec: str, base: GPTConfig) -> GPTConfig:
@@ -59,7 +69,10 @@ def _parse_params(spec: str, base: GPTConfig) -> GPTConfig:
     for item in filter(None, spec.split(",")):
         key, sep, value = item.partition("=")
         if not sep or key not in GPTConfig.__slots__:
-            raise ModelError(f"--model: cannot parse parameter {item!r} (known: {', '.join(GPTConfig.__slots__)})")
+            raise ModelError(
+                f"--model: cannot parse parameter {item!r} (known: "
+                f"{', '.join(GPTConfig.__slots__)})"
+            )
         try:
             if key != "capacity_factor" and not re.fullmatch(r"[0-9]+", value):
                 raise ValueError(value)
@@ -74,14 +87,19 @@ def _parse_llama(spec: str, base: LlamaConfig) -> LlamaConfig:
     for item in filter(None, spec.split(",")):
         key, sep, value = item.partition("=")
         if not sep or key not in LlamaConfig.__slots__:
-            raise ModelError(f"--model: cannot parse parameter {item!r} (known: {', '.join(LlamaConfig.__slots__)})")
+            raise ModelError(
+                f"--model: cannot parse parameter {item!r} (known: "
+                f"{', '.join(LlamaConfig.__slots__)})"
+            )
         if key == "attention":
             fields[key] = value
         elif key == "capacity_factor":
             try:
                 fields[key] = float(value)
             except ValueError:
-                raise ModelError(f"--model: parameter {key!r} needs a number, got {value!r}") from None
+                raise ModelError(
+                    f"--model: parameter {key!r} needs a number, got {value!r}"
+                ) from None
         elif re.fullmatch(r"[0-9]+", value):
             fields[key] = int(value)
         else:
@@ -107,7 +125,8 @@ def _int_options(text: str, known: tuple[str, ...]) -> dict[str, int]:
 
 
 def load_model(name: str, batch: int | None = None, seq: int | None = None) -> Graph:
-    """Build a zoo model by name (or parametric spec) with optional global batch and sequence length."""
+    """Build a zoo model by name (or parametric spec) with optional global batch and sequence
+    length."""
     _check_positive("batch", batch)
     _check_positive("seq", seq)
     if not isinstance(name, str):
@@ -133,15 +152,24 @@ def load_model(name: str, batch: int | None = None, seq: int | None = None) -> G
     if name in ENCODERS:
         return ENCODERS[name](batch, seq)
     if sep and family in ("mlp", "transformer-block"):
-        options = _int_options(params, {"mlp": ("hidden", "ffn"), "transformer-block": ("hidden", "heads")}[family])
+        options = _int_options(
+            params, {"mlp": ("hidden", "ffn"), "transformer-block": ("hidden", "heads")}[family]
+        )
         if family == "mlp":
             return mlp(batch or 4096, options.get("hidden", 256), options.get("ffn", 0), name=name)
-        return transformer_block(batch or LM_BATCH, seq or 1024, options.get("hidden", 1024), options.get("heads", 16),
-                                 name=name)
+        return transformer_block(
+            batch or LM_BATCH,
+            seq or 1024,
+            options.get("hidden", 1024),
+            options.get("heads", 16),
+            name=name,
+        )
     if name == "mlp":
         return mlp(batch or 4096)
     if name == "transformer-block":
         return transformer_block(batch or LM_BATCH, seq or 1024)
-    close = difflib.get_close_matches(name, model_names() + ["gpt:", "moe-gpt:", "llama:", "moe:"], n=1)
+    close = difflib.get_close_matches(
+        name, model_names() + ["gpt:", "moe-gpt:", "llama:", "moe:"], n=1
+    )
     hint = f"; did you mean {close[0]!r}?" if close else ""
     raise ModelError(f"--model: unknown model {name!r}{hint} (see `planner models`)")

@@ -54,18 +54,31 @@ class LlamaConfig:
         for name in ("layers", "hidden", "heads", "kv_heads", "ffn", "seq", "vocab", "top_k"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ModelError(f"--model: field {name!r} must be a positive integer, got {value!r}")
+                raise ModelError(
+                    f"--model: field {name!r} must be a positive integer, got {value!r}"
+                )
         if isinstance(self.experts, bool) or not isinstance(self.experts, int) or self.experts < 0:
-            raise ModelError(f"--model: field 'experts' must be a non-negative integer, got {self.experts!r}")
+            raise ModelError(
+                f"--model: field 'experts' must be a non-negative integer, got {self.experts!r}"
+            )
         if self.hidden % self.heads or self.heads % self.kv_heads:
-            raise ModelError(f"--model: field 'heads' ({self.heads}) must divide hidden ({self.hidden}) and be a "
-                             f"multiple of 'kv_heads' ({self.kv_heads})")
+            raise ModelError(
+                f"--model: field 'heads' ({self.heads}) must divide hidden ({self.hidden}) and be "
+                f"a multiple of 'kv_heads' ({self.kv_heads})"
+            )
         if self.experts and self.top_k > self.experts:
-            raise ModelError(f"--model: field 'top_k' ({self.top_k}) exceeds 'experts' ({self.experts})")
+            raise ModelError(
+                f"--model: field 'top_k' ({self.top_k}) exceeds 'experts' ({self.experts})"
+            )
         if not 0 < self.capacity_factor <= 64:
-            raise ModelError(f"--model: field 'capacity_factor' must be in (0, 64], got {self.capacity_factor!r}")
+            raise ModelError(
+                f"--model: field 'capacity_factor' must be in (0, 64], got {self.capacity_factor!r}"
+            )
         if self.attention not in ATTENTION_FORMS:
-            raise ModelError(f"--model: field 'attention' must be one of {ATTENTION_FORMS}, got {self.attention!r}")
+            raise ModelError(
+                f"--model: field 'attention' must be one of {ATTENTION_FORMS}, got "
+                f"{self.attention!r}"
+            )
 
     @property
     def head_dim(self) -> int:
@@ -73,45 +86,87 @@ class LlamaConfig:
 
 
 def _rmsnorm(gb: GraphBuilder, name: str, x: str, hidden: int) -> str:
-    return gb.op("rmsnorm", name, "bsh,h->bsh", [x, gb.param(f"{name}.weight", (hidden,))], norm="h")
+    return gb.op(
+        "rmsnorm", name, "bsh,h->bsh", [x, gb.param(f"{name}.weight", (hidden,))], norm="h"
+    )
 
 
 def _attention(gb: GraphBuilder, p: str, x: str, rope: str, cfg: LlamaConfig) -> str:
     h, a, d = cfg.hidden, cfg.kv_heads, cfg.head_dim
     g = cfg.heads // a
-    q = gb.op("linear", f"{p}.q_proj", "bsh,hagd->bsagd", [x, gb.param(f"{p}.q_proj.weight", (h, a, g, d))])
-    k = gb.op("linear", f"{p}.k_proj", "bsh,had->bsad", [x, gb.param(f"{p}.k_proj.weight", (h, a, d))])
-    v = gb.op("linear", f"{p}.v_proj", "bsh,had->bsad", [x, gb.param(f"{p}.v_proj.weight", (h, a, d))])
+    q = gb.op(
+        "linear",
+        f"{p}.q_proj",
+        "bsh,hagd->bsagd",
+        [x, gb.param(f"{p}.q_proj.weight", (h, a, g, d))],
+    )
+    k = gb.op(
+        "linear", f"{p}.k_proj", "bsh,had->bsad", [x, gb.param(f"{p}.k_proj.weight", (h, a, d))]
+    )
+    v = gb.op(
+        "linear", f"{p}.v_proj", "bsh,had->bsad", [x, gb.param(f"{p}.v_proj.weight", (h, a, d))]
+    )
     q = gb.op("mul", f"{p}.rope_q", "bsagd,sd->bsagd", [q, rope])
     k = gb.op("mul", f"{p}.rope_k", "bsad,sd->bsad", [k, rope])
     if cfg.attention == "fused":
-        ctx = gb.op("attention", f"{p}.sdpa", "bsagd,btad,btad->bsagd", [q, k, v], unsplittable="td",
-                    attrs={"causal": 1})
+        ctx = gb.op(
+            "attention",
+            f"{p}.sdpa",
+            "bsagd,btad,btad->bsagd",
+            [q, k, v],
+            unsplittable="td",
+            attrs={"causal": 1},
+        )
     else:
         scores = gb.op("batch_matmul", f"{p}.scores", "bsagd,btad->bagst", [q, k])
         probs = gb.op("softmax", f"{p}.softmax", "bagst->bagst", [scores], norm="t")
         ctx = gb.op("batch_matmul", f"{p}.context", "bagst,btad->bsagd", [probs, v])
-    return gb.op("linear", f"{p}.o_proj", "bsagd,agdh->bsh", [ctx, gb.param(f"{p}.o_proj.weight", (a, g, d, h))])
+    return gb.op(
+        "linear",
+        f"{p}.o_proj",
+        "bsagd,agdh->bsh",
+        [ctx, gb.param(f"{p}.o_proj.weight", (a, g, d, h))],
+    )
 
 
 def _swiglu(gb: GraphBuilder, p: str, x: str, lead: str, shapes: tuple[tuple, tuple, str]) -> str:
     """down(silu(gate(x)) * up(x)); ``lead`` the token dims, ``shapes`` the weight shapes and the
     weight's own leading dims (the expert dim for experts)."""
     up_shape, down_shape, own = shapes
-    gate = gb.op("einsum" if own else "linear", f"{p}.gate_proj", f"{lead}h,{own}hf->{lead}f",
-                 [x, gb.param(f"{p}.gate_proj.weight", up_shape)])
-    up = gb.op("einsum" if own else "linear", f"{p}.up_proj", f"{lead}h,{own}hf->{lead}f",
-               [x, gb.param(f"{p}.up_proj.weight", up_shape)])
-    act = gb.op("mul", f"{p}.swiglu", f"{lead}f,{lead}f->{lead}f", [gb.op("silu", f"{p}.silu", f"{lead}f->{lead}f", [gate]), up])
-    return gb.op("einsum" if own else "linear", f"{p}.down_proj", f"{lead}f,{own}fh->{lead}h",
-                 [act, gb.param(f"{p}.down_proj.weight", down_shape)])
+    gate = gb.op(
+        "einsum" if own else "linear",
+        f"{p}.gate_proj",
+        f"{lead}h,{own}hf->{lead}f",
+        [x, gb.param(f"{p}.gate_proj.weight", up_shape)],
+    )
+    up = gb.op(
+        "einsum" if own else "linear",
+        f"{p}.up_proj",
+        f"{lead}h,{own}hf->{lead}f",
+        [x, gb.param(f"{p}.up_proj.weight", up_shape)],
+    )
+    act = gb.op(
+        "mul",
+        f"{p}.swiglu",
+        f"{lead}f,{lead}f->{lead}f",
+        [gb.op("silu", f"{p}.silu", f"{lead}f->{lead}f", [gate]), up],
+    )
+    return gb.op(
+        "einsum" if own else "linear",
+        f"{p}.down_proj",
+        f"{lead}f,{own}fh->{lead}h",
+        [act, gb.param(f"{p}.down_proj.weight", down_shape)],
+    )
 
 
 def _moe(gb: GraphBuilder, p: str, x: str, cfg: LlamaConfig) -> str:
-    """Top-k routed SwiGLU experts and the layer's load-balancing loss (a scalar output of its own)."""
+    """Top-k routed SwiGLU experts and the layer's load-balancing loss (a scalar output of its
+    own)."""
     h, f, e = cfg.hidden, cfg.ffn, cfg.experts
     capacity = max(1, math.ceil(cfg.top_k * cfg.seq * cfg.capacity_factor / e))
-    logits = gb.op("matmul", f"{p}.router", "bsh,he->bse", [x, gb.param(f"{p}.router.weight", (h, e))])
+    logits = gb.op(
+        "matmul", f"{p}.router", "bsh,he->bse", [x, gb.param(f"{p}.router.weight", (h, e))]
+    )
     gate = gb.op("moe_gate", f"{p}.gate", "bse->bsec", [logits], sizes={"c": capacity})
     routed = gb.op("moe_dispatch", f"{p}.dispatch", "bsh,bsec->ebch", [x, gate])
     out = _swiglu(gb, f"{p}.experts", routed, "ebc", ((e, h, f), (e, f, h), "e"))
@@ -130,21 +185,32 @@ def llama(cfg: LlamaConfig, batch: int = 8, name: str = "llama") -> Graph:
     tokens = gb.data("tokens", (batch, cfg.seq), integer=True)
     labels = gb.data("labels", (batch, cfg.seq), integer=True)
     rope = gb.data("rope", (cfg.seq, cfg.head_dim))  # cos/sin table: a function of position only
-    x = gb.op("embedding", "embed", "bs,vh->bsh", [tokens, gb.param("embed.weight", (cfg.vocab, cfg.hidden))])
+    x = gb.op(
+        "embedding",
+        "embed",
+        "bs,vh->bsh",
+        [tokens, gb.param("embed.weight", (cfg.vocab, cfg.hidden))],
+    )
     for i in range(cfg.layers):
         gb.layer = i
         gb.checkpoint(x)
-        attn = _attention(gb, f"l{i}.attn", _rmsnorm(gb, f"l{i}.attn_norm", x, cfg.hidden), rope, cfg)
+        attn = _attention(
+            gb, f"l{i}.attn", _rmsnorm(gb, f"l{i}.attn_norm", x, cfg.hidden), rope, cfg
+        )
         x = gb.op("add", f"l{i}.attn_residual", "bsh,bsh->bsh", [x, attn])
         normed = _rmsnorm(gb, f"l{i}.mlp_norm", x, cfg.hidden)
         if cfg.experts:
             mlp = _moe(gb, f"l{i}.moe", normed, cfg)
         else:
-            mlp = _swiglu(gb, f"l{i}.mlp", normed, "bs", ((cfg.hidden, cfg.ffn), (cfg.ffn, cfg.hidden), ""))
+            mlp = _swiglu(
+                gb, f"l{i}.mlp", normed, "bs", ((cfg.hidden, cfg.ffn), (cfg.ffn, cfg.hidden), "")
+            )
         x = gb.op("add", f"l{i}.mlp_residual", "bsh,bsh->bsh", [x, mlp])
     gb.layer = None
     gb.checkpoint(x)
     x = _rmsnorm(gb, "final_norm", x, cfg.hidden)
-    logits = gb.op("linear", "lm_head", "bsh,hv->bsv", [x, gb.param("lm_head.weight", (cfg.hidden, cfg.vocab))])
+    logits = gb.op(
+        "linear", "lm_head", "bsh,hv->bsv", [x, gb.param("lm_head.weight", (cfg.hidden, cfg.vocab))]
+    )
     gb.op("cross_entropy", "loss", "bsv,bs->", [logits, labels], norm="v")
     return gb.build()

@@ -38,19 +38,30 @@ class GPTConfig:
         for name in ("layers", "hidden", "heads", "seq", "vocab"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
-                raise ModelError(f"--model: field {name!r} must be a positive integer, got {value!r}")
+                raise ModelError(
+                    f"--model: field {name!r} must be a positive integer, got {value!r}"
+                )
         if self.dropout not in (0, 1):
             raise ModelError(f"--model: field 'dropout' must be 0 or 1, got {self.dropout!r}")
         for name in ("ffn", "experts"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
-                raise ModelError(f"--model: field {name!r} must be a non-negative integer, got {value!r}")
-        if not isinstance(self.capacity_factor, (int, float)) or not 0 < self.capacity_factor <= 64 \
-                or self.capacity_factor != self.capacity_factor:
-            raise ModelError(f"--model: field 'capacity_factor' must be a finite number in (0, 64], "
-                             f"got {self.capacity_factor!r}")
+                raise ModelError(
+                    f"--model: field {name!r} must be a non-negative integer, got {value!r}"
+                )
+        if (
+            not isinstance(self.capacity_factor, (int, float))
+            or not 0 < self.capacity_factor <= 64
+            or self.capacity_factor != self.capacity_factor
+        ):
+            raise ModelError(
+                "--model: field 'capacity_factor' must be a finite number in (0, 64], got "
+                f"{self.capacity_factor!r}"
+            )
         if self.hidden % self.heads:
-            raise ModelError(f"--model: field 'heads' ({self.heads}) must divide hidden ({self.hidden})")
+            raise ModelError(
+                f"--model: field 'heads' ({self.heads}) must divide hidden ({self.hidden})"
+            )
 
 
 def _layernorm(gb: GraphBuilder, name: str, x: str, hidden: int) -> str:
@@ -59,8 +70,14 @@ def _layernorm(gb: GraphBuilder, name: str, x: str, hidden: int) -> str:
     return gb.op("layernorm", name, "bsh,h,h->bsh", [x, gamma, beta], norm="h")
 
 
-def _linear(gb: GraphBuilder, name: str, x: str, equation: str, weight_shape: tuple[int, ...],
-            bias_shape: tuple[int, ...] | None) -> str:
+def _linear(
+    gb: GraphBuilder,
+    name: str,
+    x: str,
+    equation: str,
+    weight_shape: tuple[int, ...],
+    bias_shape: tuple[int, ...] | None,
+) -> str:
     inputs = [x, gb.param(f"{name}.weight", weight_shape)]
     if bias_shape is not None:
         inputs.append(gb.param(f"{name}.bias", bias_shape))
@@ -76,7 +93,12 @@ def _attention(gb: GraphBuilder, p: str, x: str, cfg: GPTConfig) -> str:
     if cfg.dropout:
         probs = gb.op("dropout", f"{p}.dropout", "bast->bast", [probs])
     ctx = gb.op("batch_matmul", f"{p}.context", "bast,btad->bsad", [probs, v])
-    return _dropout(gb, f"{p}.out_dropout", _linear(gb, f"{p}.proj", ctx, "bsad,adh,h->bsh", (a, d, h), (h,)), cfg)
+    return _dropout(
+        gb,
+        f"{p}.out_dropout",
+        _linear(gb, f"{p}.proj", ctx, "bsad,adh,h->bsh", (a, d, h), (h,)),
+        cfg,
+    )
 
 
 def _dropout(gb: GraphBuilder, name: str, x: str, cfg: GPTConfig) -> str:
@@ -87,21 +109,41 @@ def _mlp(gb: GraphBuilder, p: str, x: str, cfg: GPTConfig) -> str:
     h, f = cfg.hidden, cfg.ffn or 4 * cfg.hidden
     up = _linear(gb, f"{p}.fc1", x, "bsh,hf,f->bsf", (h, f), (f,))
     act = gb.op("gelu", f"{p}.gelu", "bsf->bsf", [up])
-    return _dropout(gb, f"{p}.out_dropout", _linear(gb, f"{p}.fc2", act, "bsf,fh,h->bsh", (f, h), (h,)), cfg)
+    return _dropout(
+        gb, f"{p}.out_dropout", _linear(gb, f"{p}.fc2", act, "bsf,fh,h->bsh", (f, h), (h,)), cfg
+    )
 
 
 def _moe(gb: GraphBuilder, p: str, x: str, cfg: GPTConfig) -> str:
     """GShard MoE: router, top-2 gating with capacity, dispatch (all-to-all), experts, combine."""
     h, f, e = cfg.hidden, cfg.ffn or 4 * cfg.hidden, cfg.experts
     capacity = max(1, int(round(2 * cfg.seq * cfg.capacity_factor / e)))
-    logits = gb.op("matmul", f"{p}.router", "bsh,he->bse", [x, gb.param(f"{p}.router.weight", (h, e))])
+    logits = gb.op(
+        "matmul", f"{p}.router", "bsh,he->bse", [x, gb.param(f"{p}.router.weight", (h, e))]
+    )
     gate = gb.op("moe_gate", f"{p}.gate", "bse->bsec", [logits], sizes={"c": capacity})
     routed = gb.op("moe_dispatch", f"{p}.dispatch", "bsh,bsec->ebch", [x, gate])
-    up = gb.op("einsum", f"{p}.expert_fc1", "ebch,ehf,ef->ebcf",
-               [routed, gb.param(f"{p}.expert_fc1.weight", (e, h, f)), gb.param(f"{p}.expert_fc1.bias", (e, f))])
+    up = gb.op(
+        "einsum",
+        f"{p}.expert_fc1",
+        "ebch,ehf,ef->ebcf",
+        [
+            routed,
+            gb.param(f"{p}.expert_fc1.weight", (e, h, f)),
+            gb.param(f"{p}.expert_fc1.bias", (e, f)),
+        ],
+    )
     act = gb.op("gelu", f"{p}.gelu", "ebcf->ebcf", [up])
-    down = gb.op("einsum", f"{p}.expert_fc2", "ebcf,efh,eh->ebch",
-                 [act, gb.param(f"{p}.expert_fc2.weight", (e, f, h)), gb.param(f"{p}.expert_fc2.bias", (e, h))])
+    down = gb.op(
+        "einsum",
+        f"{p}.expert_fc2",
+        "ebcf,efh,eh->ebch",
+        [
+            act,
+            gb.param(f"{p}.expert_fc2.weight", (e, f, h)),
+            gb.param(f"{p}.expert_fc2.bias", (e, h)),
+        ],
+    )
     return gb.op("moe_combine", f"{p}.combine", "ebch,bsec->bsh", [down, gate])
 
 
@@ -116,9 +158,19 @@ def gpt(cfg: GPTConfig, batch: int = LM_BATCH, name: str = "gpt") -> Graph:
     for i in range(cfg.layers):
         gb.layer = i
         gb.checkpoint(x)
-        x = gb.op("add", f"h{i}.attn_residual", "bsh,bsh->bsh", [x, _attention(gb, f"h{i}.attn", _layernorm(gb, f"h{i}.ln1", x, cfg.hidden), cfg)])
+        x = gb.op(
+            "add",
+            f"h{i}.attn_residual",
+            "bsh,bsh->bsh",
+            [x, _attention(gb, f"h{i}.attn", _layernorm(gb, f"h{i}.ln1", x, cfg.hidden), cfg)],
+        )
         block = _moe if cfg.experts and i % 2 == 1 else _mlp
-        x = gb.op("add", f"h{i}.mlp_residual", "bsh,bsh->bsh", [x, block(gb, f"h{i}.mlp", _layernorm(gb, f"h{i}.ln2", x, cfg.hidden), cfg)])
+        x = gb.op(
+            "add",
+            f"h{i}.mlp_residual",
+            "bsh,bsh->bsh",
+            [x, block(gb, f"h{i}.mlp", _layernorm(gb, f"h{i}.ln2", x, cfg.hidden), cfg)],
+        )
     gb.layer = None
     gb.checkpoint(x)
     x = _layernorm(gb, "ln_f", x, cfg.hidden)
@@ -127,8 +179,15 @@ def gpt(cfg: GPTConfig, batch: int = LM_BATCH, name: str = "gpt") -> Graph:
     return gb.build()
 
 
-def bert(layers: int, hidden: int, heads: int, batch: int = LM_BATCH, seq: int = 512, vocab: int = 30522,
-         name: str = "bert") -> Graph:
+def bert(
+    layers: int,
+    hidden: int,
+    heads: int,
+    batch: int = LM_BATCH,
+    seq: int = 512,
+    vocab: int = 30522,
+    name: str = "bert",
+) -> Graph:
     """BERT (post-LN encoder) with token-type embeddings and the tied masked-LM head."""
     cfg = GPTConfig(layers, hidden, heads, seq, vocab)
     gb = GraphBuilder(name)
@@ -138,25 +197,46 @@ def bert(layers: int, hidden: int, heads: int, batch: int = LM_BATCH, seq: int =
     wte = gb.param("word_embeddings", (vocab, hidden))
     x = gb.op("embedding", "embed", "bs,vh->bsh", [tokens, wte])
     # The position table has one row per position used (512 rows at the published seq 512).
-    x = gb.op("add", "pos_embed", "bsh,sh->bsh", [x, gb.param("position_embeddings", (seq, hidden))])
-    t = gb.op("embedding", "type_embed", "bs,vh->bsh", [types, gb.param("token_type_embeddings", (2, hidden))])
+    x = gb.op(
+        "add", "pos_embed", "bsh,sh->bsh", [x, gb.param("position_embeddings", (seq, hidden))]
+    )
+    t = gb.op(
+        "embedding",
+        "type_embed",
+        "bs,vh->bsh",
+        [types, gb.param("token_type_embeddings", (2, hidden))],
+    )
     x = _layernorm(gb, "embed_ln", gb.op("add", "type_add", "bsh,bsh->bsh", [x, t]), hidden)
     for i in range(layers):
         gb.layer = i
         gb.checkpoint(x)
-        x = _layernorm(gb, f"l{i}.ln1", gb.op("add", f"l{i}.attn_residual", "bsh,bsh->bsh", [x, _attention(gb, f"l{i}.attn", x, cfg)]), hidden)
-        x = _layernorm(gb, f"l{i}.ln2", gb.op("add", f"l{i}.mlp_residual", "bsh,bsh->bsh", [x, _mlp(gb, f"l{i}.mlp", x, cfg)]), hidden)
+        x = _post_ln_block(gb, f"l{i}", x, cfg)
     gb.layer = None
     gb.checkpoint(x)
     y = _linear(gb, "mlm.dense", x, "bsh,hk,k->bsk", (hidden, hidden), (hidden,))
     y = _layernorm(gb, "mlm.ln", gb.op("gelu", "mlm.gelu", "bsh->bsh", [y]), hidden)
-    logits = gb.op("linear", "mlm.decoder", "bsh,vh,v->bsv", [y, wte, gb.param("mlm.decoder.bias", (vocab,))])
+    logits = gb.op(
+        "linear", "mlm.decoder", "bsh,vh,v->bsv", [y, wte, gb.param("mlm.decoder.bias", (vocab,))]
+    )
     gb.op("cross_entropy", "loss", "bsv,bs->", [logits, labels], norm="v")
     return gb.build()
 
 
+def _post_ln_block(gb: GraphBuilder, p: str, x, cfg: GPTConfig):
+    """A post-LN encoder layer: attention, residual, LayerNorm; MLP, residual, LayerNorm."""
+    attn = _attention(gb, f"{p}.attn", x, cfg)
+    x = _layernorm(
+        gb, f"{p}.ln1", gb.op("add", f"{p}.attn_residual", "bsh,bsh->bsh", [x, attn]), cfg.hidden
+    )
+    mlp = _mlp(gb, f"{p}.mlp", x, cfg)
+    return _layernorm(
+        gb, f"{p}.ln2", gb.op("add", f"{p}.mlp_residual", "bsh,bsh->bsh", [x, mlp]), cfg.hidden
+    )
+
+
 def mlp(batch: int = 4096, hidden: int = 256, ffn: int = 0, name: str = "mlp") -> Graph:
-    """A residual 2-layer MLP block: layer norm, hidden -> ffn -> hidden with GELU, residual add, sum loss.
+    """A residual 2-layer MLP block: layer norm, hidden -> ffn -> hidden with GELU, residual add,
+    sum loss.
 
     The input goes through a layer norm with its own scale and shift so that, as inside a network,
     the linear layers read an activation whose gradient is needed.
@@ -164,8 +244,13 @@ def mlp(batch: int = 4096, hidden: int = 256, ffn: int = 0, name: str = "mlp") -
     ffn = ffn or 4 * hidden
     gb = GraphBuilder(name)
     x = gb.data("x", (batch, hidden))
-    normed = gb.op("layernorm", "ln", "bh,h,h->bh", [x, gb.param("ln.weight", (hidden,)), gb.param("ln.bias", (hidden,))],
-                   norm="h")
+    normed = gb.op(
+        "layernorm",
+        "ln",
+        "bh,h,h->bh",
+        [x, gb.param("ln.weight", (hidden,)), gb.param("ln.bias", (hidden,))],
+        norm="h",
+    )
     y = gb.op("linear", "fc1", "bh,hf->bf", [normed, gb.param("fc1.weight", (hidden, ffn))])
     y = gb.op("gelu", "gelu", "bf->bf", [y])
     y = gb.op("linear", "fc2", "bf,fh->bh", [y, gb.param("fc2.weight", (ffn, hidden))])
@@ -174,13 +259,28 @@ def mlp(batch: int = 4096, hidden: int = 256, ffn: int = 0, name: str = "mlp") -
     return gb.build()
 
 
-def transformer_block(batch: int = LM_BATCH, seq: int = 1024, hidden: int = 1024, heads: int = 16,
-                      name: str = "transformer-block") -> Graph:
+def transformer_block(
+    batch: int = LM_BATCH,
+    seq: int = 1024,
+    hidden: int = 1024,
+    heads: int = 16,
+    name: str = "transformer-block",
+) -> Graph:
     """One pre-LN GPT block on a data input, with a sum loss."""
     cfg = GPTConfig(1, hidden, heads, seq)
     gb = GraphBuilder(name)
     x = gb.data("x", (batch, seq, hidden))
-    x = gb.op("add", "attn_residual", "bsh,bsh->bsh", [x, _attention(gb, "attn", _layernorm(gb, "ln1", x, hidden), cfg)])
-    x = gb.op("add", "mlp_residual", "bsh,bsh->bsh", [x, _mlp(gb, "mlp", _layernorm(gb, "ln2", x, hidden), cfg)])
+    x = gb.op(
+        "add",
+        "attn_residual",
+        "bsh,bsh->bsh",
+        [x, _attention(gb, "attn", _layernorm(gb, "ln1", x, hidden), cfg)],
+    )
+    x = gb.op(
+        "add",
+        "mlp_residual",
+        "bsh,bsh->bsh",
+        [x, _mlp(gb, "mlp", _layernorm(gb, "ln2", x, hidden), cfg)],
+    )
     gb.op("reduce", "loss", "bsh->", [x])
     return gb.build()

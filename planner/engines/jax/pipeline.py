@@ -22,7 +22,8 @@ from pathlib import Path
 
 
 def _stage_fn(micro, ops, exported, mesh, crossing_out, last: bool):
-    """Stage forward: (params, data copies, received) -> crossing tensors, or the loss on the last stage."""
+    """Stage forward: (params, data copies, received) -> crossing tensors, or the loss on the last
+    stage."""
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
 
@@ -30,7 +31,9 @@ def _stage_fn(micro, ops, exported, mesh, crossing_out, last: bool):
     from planner.engines.interpret import run_operator
     from planner.engines.jax.xla import edge_hooks
 
-    sharding = lambda layout, ndim: NamedSharding(mesh, PartitionSpec(*spec_of(layout, ndim, exported.axis_names)))
+    sharding = lambda layout, ndim: NamedSharding(
+        mesh, PartitionSpec(*spec_of(layout, ndim, exported.axis_names))
+    )
     make_on_input, on_output = edge_hooks(micro, exported, sharding)
     loss_tensor = micro.operators[-1].outputs[0].tensor
 
@@ -43,6 +46,7 @@ def _stage_fn(micro, ops, exported, mesh, crossing_out, last: bool):
             for k, (operand, value) in enumerate(zip(op.outputs, run_operator(op, args, jnp))):
                 env[operand.tensor] = on_output(op, k, value)
         return env[loss_tensor].sum() if last else {name: env[name] for name in crossing_out}
+
     return forward
 
 
@@ -53,8 +57,41 @@ def _placed(value, mesh, layout, exported):
 
     from planner.cost.strategy import PARTIAL, REPLICATE
     from planner.engines.export import spec_of
+
     plain = tuple(REPLICATE if p == PARTIAL else p for p in layout)
-    return jax.device_put(value, NamedSharding(mesh, PartitionSpec(*spec_of(plain, value.ndim, exported.axis_names))))
+    return jax.device_put(
+        value, NamedSharding(mesh, PartitionSpec(*spec_of(plain, value.ndim, exported.axis_names)))
+    )
+
+
+def _stage(micro, stage_of: dict, k: int, p: int, exported, mesh, crossing) -> tuple:
+    """Stage ``k``'s jitted forward, its backward (the forward's VJP) and its parameters."""
+    import jax
+
+    ops = [op for op in micro.operators if stage_of[op.name] == k]
+    forward = _stage_fn(micro, ops, exported, mesh, crossing[k] if k < p - 1 else [], k == p - 1)
+    backward = jax.jit(
+        lambda params, data, received, cotangent, f=forward: jax.vjp(
+            lambda p_, r_: f(p_, data, r_), params, received
+        )[1](cotangent)
+    )
+    mine = sorted(
+        {o.tensor for op in ops for o in op.inputs if micro.tensor(o.tensor).role == "param"}
+    )
+    return jax.jit(forward), backward, mine
+
+
+def _reference_losses(full, feeds: dict, job: dict) -> list[float]:
+    """The same steps on one device (the whole graph, plain SGD)."""
+    from planner.engines.jax.xla import plain_step
+
+    plain = plain_step(full, job["lr"])
+    params = {t.name: feeds[t.name] for t in full.tensors if t.role == "param"}
+    reference = []
+    for _ in range(job["steps"]):
+        loss, params = plain(params, feeds)
+        reference.append(float(loss))
+    return reference
 
 
 def run_3d(job: dict) -> dict:
@@ -68,42 +105,44 @@ def run_3d(job: dict) -> dict:
     from planner.engines.interpret import random_feeds
     from planner.engines.jobs import stage_plan
     from planner.ir.crossing import crossing_tensors
-    from planner.engines.jax.xla import plain_step
+
     full, micro, stage_of = stage_plan(job)
     names, shape, p = tuple(job["axis_names"]), tuple(job["mesh_shape"]), int(job["stages"])
     size = math.prod(shape)
     devices = jax.devices()
     if len(devices) < p * size:
         raise SystemExit(f"{len(devices)} devices, the 3D plan needs {p * size}")
-    meshes = [Mesh(np.array(devices[k * size:(k + 1) * size]).reshape(shape), names) for k in range(p)]
+    meshes = [
+        Mesh(np.array(devices[k * size : (k + 1) * size]).reshape(shape), names) for k in range(p)
+    ]
     strategies = {k: tuple(v) for k, v in job["strategies"].items()}
-    exported = export_plan(micro, strategies, PlannerMesh(tuple(MeshAxis(n, s, 1.0, 0.0) for n, s in zip(names, shape))))
+    exported = export_plan(
+        micro,
+        strategies,
+        PlannerMesh(tuple(MeshAxis(n, s, 1.0, 0.0) for n, s in zip(names, shape))),
+    )
     feeds = random_feeds(full, job["seed"], "float32")
     crossing = crossing_tensors(micro, stage_of, p)
-    stages = []
-    for k in range(p):
-        ops = [op for op in micro.operators if stage_of[op.name] == k]
-        forward = _stage_fn(micro, ops, exported, meshes[k], crossing[k] if k < p - 1 else [], k == p - 1)
-        backward = jax.jit(lambda params, data, received, cotangent, f=forward:
-                           jax.vjp(lambda p_, r_: f(p_, data, r_), params, received)[1](cotangent))
-        mine = sorted({o.tensor for op in ops for o in op.inputs if micro.tensor(o.tensor).role == "param"})
-        stages.append((jax.jit(forward), backward, mine))
+    stages = [_stage(micro, stage_of, k, p, exported, meshes[k], crossing) for k in range(p)]
     losses = _train(job, micro, feeds, stages, meshes, exported, crossing, p)
-    plain = plain_step(full, job["lr"])
-    params = {t.name: feeds[t.name] for t in full.tensors if t.role == "param"}
-    reference = []
-    for _ in range(job["steps"]):
-        loss, params = plain(params, feeds)
-        reference.append(float(loss))
-    return {"losses": losses, "reference": reference, "devices": p * size, "platform": devices[0].platform}
+    reference = _reference_losses(full, feeds, job)
+    return {
+        "losses": losses,
+        "reference": reference,
+        "devices": p * size,
+        "platform": devices[0].platform,
+    }
 
 
 def _train(job, micro, feeds, stages, meshes, exported, crossing, p):
     from planner.engines.jobs import micro_batch
     from planner.engines.jax.xla import data_copies
+
     leaf = dict(exported.leaves)
     layouts = {micro.operator(op).outputs[k].tensor: lay for op, k, lay in exported.outputs}
-    params = [{n: _placed(feeds[n], meshes[k], leaf[n], exported) for n in stages[k][2]} for k in range(p)]
+    params = [
+        {n: _placed(feeds[n], meshes[k], leaf[n], exported) for n in stages[k][2]} for k in range(p)
+    ]
     count = int(job["num_microbatches"])
     losses = []
     for _ in range(job["steps"]):
@@ -117,7 +156,9 @@ def _train(job, micro, feeds, stages, meshes, exported, crossing, p):
                 if k == p - 1:
                     total += float(out)
                 else:
-                    received = {n: _placed(v, meshes[k + 1], layouts[n], exported) for n, v in out.items()}
+                    received = {
+                        n: _placed(v, meshes[k + 1], layouts[n], exported) for n, v in out.items()
+                    }
             kept.append((batch, inputs))
         grads = [{n: 0.0 for n in stages[k][2]} for k in range(p)]
         for batch, inputs in reversed(kept):
@@ -126,7 +167,10 @@ def _train(job, micro, feeds, stages, meshes, exported, crossing, p):
                 g_params, g_received = stages[k][1](params[k], batch, inputs[k], cotangent)
                 grads[k] = {n: grads[k][n] + g_params[n] for n in grads[k]}
                 if k > 0:
-                    cotangent = {n: _placed(v, meshes[k - 1], layouts[n], exported) for n, v in g_received.items()}
+                    cotangent = {
+                        n: _placed(v, meshes[k - 1], layouts[n], exported)
+                        for n, v in g_received.items()
+                    }
         params = _update(params, grads, meshes, leaf, exported, job["lr"])
         losses.append(total)
     return losses
@@ -139,13 +183,17 @@ def _update(params, grads, meshes, leaf, exported, lr: float):
         for name, g in stage_grads.items():
             moved = _placed(g, meshes[0], leaf[name], exported)
             total[name] = moved if name not in total else total[name] + moved
-    return [{n: v - lr * _placed(total[n], meshes[k], leaf[n], exported) for n, v in stage.items()}
-            for k, stage in enumerate(params)]
+    return [
+        {n: v - lr * _placed(total[n], meshes[k], leaf[n], exported) for n, v in stage.items()}
+        for k, stage in enumerate(params)
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Worker: ``python -m planner.engines.jax.pipeline JOB.json OUT.json`` (run by ``train_3d_on_jax``)."""
+    """Worker: ``python -m planner.engines.jax.pipeline JOB.json OUT.json`` (run by
+    ``train_3d_on_jax``)."""
     from planner.outputs import write_json
+
     job_path, out_path = (argv if argv is not None else sys.argv[1:])[:2]
     write_json(out_path, run_3d(json.loads(Path(job_path).read_text())))
     return 0

@@ -5,22 +5,59 @@ second referee beside XLA for ``verify --torch`` and ``run-torch``."""
 from __future__ import annotations
 
 # CommDebugMode's funcol ops -> (cost-model kind, the bytes n as the cost model counts them)
-KINDS = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
-         "all_to_all_single": "all_to_all"}
+KINDS = {
+    "all_reduce": "all_reduce",
+    "all_gather_into_tensor": "all_gather",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "all_to_all_single": "all_to_all",
+}
 
 
 # c10d ops FSDP2 calls -> (cost-model kind, the argument whose bytes are n: the gathered output of
 # an all-gather, the unreduced input of a reduce-scatter, the buffer of an all-reduce)
-C10D = {"_allgather_base_": ("all_gather", 0), "_reduce_scatter_base_": ("reduce_scatter", 1),
-        "allreduce_": ("all_reduce", 0)}
+C10D = {
+    "_allgather_base_": ("all_gather", 0),
+    "_reduce_scatter_base_": ("reduce_scatter", 1),
+    "allreduce_": ("all_reduce", 0),
+}
 
 
 def _group_name(value) -> str | None:
     """The name of a process group passed to a c10d op (it reaches dispatch as a ScriptObject)."""
     import torch
+
     if not isinstance(value, torch.ScriptObject) or "ProcessGroup" not in str(value._type()):
         return None
     return torch.distributed.ProcessGroup.unbox(value).group_name
+
+
+def _c10d_transfer(name: str, args, axis_of_group: dict) -> list:
+    """A c10d collective on a process group of the plan's mesh: (kind, axes, bytes), or nothing."""
+    group = next((_group_name(a) for a in args if _group_name(a)), None)
+    if group not in axis_of_group:
+        return []
+    axis, _ = axis_of_group[group]
+    kind, index = C10D[name]
+    tensor = args[index]
+    return [(kind, axis, float(tensor.numel() * tensor.element_size()))]
+
+
+def _functional_transfer(kind: str, args, kwargs, axis_of_group: dict) -> list:
+    """A functional collective (DTensor's) named by its group: (kind, axes, bytes), or nothing;
+    an all-gather counts its output."""
+    group = next(
+        (
+            a
+            for a in list(args[1:]) + list((kwargs or {}).values())
+            if isinstance(a, str) and a in axis_of_group
+        ),
+        None,
+    )
+    if group is None:
+        return []
+    size = args[0].numel() * args[0].element_size()
+    n = size * len(axis_of_group[group][1]) if kind == "all_gather" else size
+    return [(kind, axis_of_group[group][0], float(n))]
 
 
 def counting_mode(axis_of_group: dict):
@@ -51,29 +88,19 @@ def counting_mode(axis_of_group: dict):
             out = super().__torch_dispatch__(func, types, args, kwargs)
             name = getattr(getattr(func, "_overloadpacket", None), "__name__", "")
             if name in C10D:  # FSDP2's collectives (process-group objects)
-                group = next((_group_name(a) for a in args if _group_name(a)), None)
-                if group not in axis_of_group:
-                    return out
-                axis, _ = axis_of_group[group]
-                kind, index = C10D[name]
-                tensor = args[index]
-                size = tensor.numel() * tensor.element_size()
-                self.transfers.append((kind, axis, float(size)))
+                self.transfers.extend(_c10d_transfer(name, args, axis_of_group))
                 return out
             kind = KINDS.get(name.rstrip("_"))
             if kind and out is not NotImplemented and isinstance(args[0], torch.Tensor):
-                group = next((a for a in list(args[1:]) + list((kwargs or {}).values()) if isinstance(a, str)
-                              and a in axis_of_group), None)
-                if group is not None:
-                    size = args[0].numel() * args[0].element_size()
-                    n = size * len(axis_of_group[group][1]) if kind == "all_gather" else size
-                    self.transfers.append((kind, axis_of_group[group][0], float(n)))
+                self.transfers.extend(_functional_transfer(kind, args, kwargs, axis_of_group))
             return out
+
     return Counting()
 
 
 class _GlobalOnly:
-    """CommDebugMode's module tracker reduced to what its dispatch reads: every count is "Global"."""
+    """CommDebugMode's module tracker reduced to what its dispatch reads: every count is
+    "Global"."""
 
     name, is_bw, activation_checkpointing = "Global", False, False
     module_parents_dict = {"Global": set()}

@@ -33,14 +33,22 @@ import torch
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from planner.cost.redistribution import hierarchical_layouts, redistribution_steps
-from planner.cost.strategy import (GRAD_PARTIAL, PARTIAL, REPLICATE, forward_layout, gradient_layout,
-                                   gradient_target)
+from planner.cost.strategy import (
+    GRAD_PARTIAL,
+    PARTIAL,
+    REPLICATE,
+    forward_layout,
+    gradient_layout,
+    gradient_target,
+)
 
 
 def placements(layout):
     """DTensor placements of a layout (GRAD_PARTIAL and PARTIAL are Partial)."""
-    return tuple(Partial() if p in (PARTIAL, GRAD_PARTIAL) else Replicate() if p == REPLICATE else Shard(p)
-                 for p in layout)
+    return tuple(
+        Partial() if p in (PARTIAL, GRAD_PARTIAL) else Replicate() if p == REPLICATE else Shard(p)
+        for p in layout
+    )
 
 
 @dataclass(frozen=True)
@@ -54,8 +62,10 @@ class PlannedEdge:
     src: tuple
     layout: tuple
     counter: object = None
-    param: bool = False  # a parameter: its gradient is first reduced where it is read (see backward)
-    defer: bool = False  # a parameter whose reduction waits for the step's last micro-batch (3D plans)
+    # a parameter: its gradient is first reduced where it is read (see backward)
+    param: bool = False
+    # a parameter whose reduction waits for the step's last micro-batch (3D plans)
+    defer: bool = False
 
     def apply(self, local):
         """The consumer's block; its gradient comes back to the producer by the transposed steps."""
@@ -63,18 +73,22 @@ class PlannedEdge:
 
     def move(self, local, src, dst):
         """``local`` (a block in ``src``) moved to ``dst`` step by step."""
-        strides = tuple(int(math.prod(self.shape[k + 1:])) for k in range(len(self.shape)))
-        value = DTensor.from_local(local, self.mesh, placements(src), run_check=False, shape=self.shape,
-                                   stride=strides)
+        strides = tuple(int(math.prod(self.shape[k + 1 :])) for k in range(len(self.shape)))
+        value = DTensor.from_local(
+            local, self.mesh, placements(src), run_check=False, shape=self.shape, stride=strides
+        )
         steps = redistribution_steps(self.shape, tuple(src), tuple(dst), self.mesh_shape)
         i = 0
         while i < len(steps):
             step, group = steps[i], self._outer_gathers(steps, i)
             if group:
-                value = self._gather_major_first(value, steps[i:i + group])
+                value = self._gather_major_first(value, steps[i : i + group])
                 i += group
                 continue
-            if step.kind == "all_reduce" and len([a for a in step.axes if self.mesh_shape[a] > 1]) > 1:
+            if (
+                step.kind == "all_reduce"
+                and len([a for a in step.axes if self.mesh_shape[a] > 1]) > 1
+            ):
                 value = self._hierarchical(value, step)
             elif step.kind == "all_to_all":
                 value = self._all_to_all(value, step)
@@ -84,17 +98,21 @@ class PlannedEdge:
         return value.to_local()
 
     def _outer_gathers(self, steps, i: int) -> int:
-        """How many steps from ``i`` gather every axis of one dim outer axis first (0: not such a run).
-        DTensor cannot gather an outer axis while an inner one still splits the dim (its blocks would
-        not be contiguous), so such a run goes through ``_gather_major_first``."""
+        """How many steps from ``i`` gather every axis of one dim outer axis first (0: not such a
+        run). DTensor cannot gather an outer axis while an inner one still splits the dim (its
+        blocks would not be contiguous), so such a run goes through ``_gather_major_first``."""
         step = steps[i]
         if step.kind != "all_gather":
             return 0
         dim = step.before[step.axes[0]]
         axes = [a for a, p in enumerate(step.before) if p == dim]
-        if len(axes) < 2 or axes[0] != step.axes[0] or self.shape[dim] % math.prod(self.mesh_shape[a] for a in axes):
+        if (
+            len(axes) < 2
+            or axes[0] != step.axes[0]
+            or self.shape[dim] % math.prod(self.mesh_shape[a] for a in axes)
+        ):
             return 0
-        run = steps[i:i + len(axes)]
+        run = steps[i : i + len(axes)]
         if [(s.kind, s.axes) for s in run] != [("all_gather", (a,)) for a in axes]:
             return 0
         return len(axes)
@@ -107,25 +125,43 @@ class PlannedEdge:
         axes = [a for a, p in enumerate(run[0].before) if p == dim]
         sizes, k = tuple(self.mesh_shape[a] for a in axes), len(axes)
         rest = self.shape[dim] // math.prod(sizes)
-        view_shape = self.shape[:dim] + sizes + (rest,) + self.shape[dim + 1:]
+        view_shape = self.shape[:dim] + sizes + (rest,) + self.shape[dim + 1 :]
         local = value.to_local()
-        view_local = local.reshape(local.shape[:dim] + (1,) * k + (rest,) + local.shape[dim + 1:])
-        layout = [dim + axes.index(a) if a in axes else (p + k if p > dim else p) for a, p in enumerate(run[0].before)]
-        strides = tuple(int(math.prod(view_shape[j + 1:])) for j in range(len(view_shape)))
-        view = DTensor.from_local(view_local.contiguous(), self.mesh, placements(layout), run_check=False,
-                                  shape=view_shape, stride=strides)
+        view_local = local.reshape(local.shape[:dim] + (1,) * k + (rest,) + local.shape[dim + 1 :])
+        layout = [
+            dim + axes.index(a) if a in axes else (p + k if p > dim else p)
+            for a, p in enumerate(run[0].before)
+        ]
+        strides = tuple(int(math.prod(view_shape[j + 1 :])) for j in range(len(view_shape)))
+        view = DTensor.from_local(
+            view_local.contiguous(),
+            self.mesh,
+            placements(layout),
+            run_check=False,
+            shape=view_shape,
+            stride=strides,
+        )
         for step in run:
             layout[step.axes[0]] = REPLICATE
             view = view.redistribute(self.mesh, placements(tuple(layout)))
-        folded = view.to_local().reshape(local.shape[:dim] + (self.shape[dim],) + local.shape[dim + 1:])
-        strides = tuple(int(math.prod(self.shape[j + 1:])) for j in range(len(self.shape)))
-        return DTensor.from_local(folded.contiguous(), self.mesh, placements(run[-1].after), run_check=False,
-                                  shape=self.shape, stride=strides)
+        folded = view.to_local().reshape(
+            local.shape[:dim] + (self.shape[dim],) + local.shape[dim + 1 :]
+        )
+        strides = tuple(int(math.prod(self.shape[j + 1 :])) for j in range(len(self.shape)))
+        return DTensor.from_local(
+            folded.contiguous(),
+            self.mesh,
+            placements(run[-1].after),
+            run_check=False,
+            shape=self.shape,
+            stride=strides,
+        )
 
     def _hierarchical(self, value, step):
         axes = [a for a in step.axes if self.mesh_shape[a] > 1]
         walk = hierarchical_layouts(self.shape, step.before, axes, self.mesh_shape)
-        if walk is None:  # nothing divides: DTensor's own order (bytes then differ from the model's)
+        # nothing divides: DTensor's own order (bytes then differ from the model's)
+        if walk is None:
             return value.redistribute(self.mesh, placements(step.after))
         for layout in walk:
             value = value.redistribute(self.mesh, placements(layout))
@@ -157,13 +193,20 @@ class _EdgeFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         edge = ctx.edge
-        if edge.param and edge.defer:  # still Partial: summed over micro-batches, reduced once (reduce_deferred)
+        # still Partial: summed over micro-batches, reduced once (reduce_deferred)
+        if edge.param and edge.defer:
             return grad.contiguous(), None
         if edge.param:
             # The cost model reduces a parameter's gradient where it is read (the reader's gradient
             # all-reduce over the axes it is Partial on), then a tied read's gradient goes to the
             # owner's layout from the reader's (its tie edge); from Partial straight to the owner's
             # layout would reduce-scatter instead, in another order of steps.
-            grad = edge.move(grad.contiguous(), gradient_layout(edge.layout), forward_layout(edge.layout))
-            return edge.move(grad.contiguous(), forward_layout(edge.layout), gradient_target(edge.src)), None
-        return edge.move(grad.contiguous(), gradient_layout(edge.layout), gradient_target(edge.src)), None
+            grad = edge.move(
+                grad.contiguous(), gradient_layout(edge.layout), forward_layout(edge.layout)
+            )
+            return edge.move(
+                grad.contiguous(), forward_layout(edge.layout), gradient_target(edge.src)
+            ), None
+        return edge.move(
+            grad.contiguous(), gradient_layout(edge.layout), gradient_target(edge.src)
+        ), None

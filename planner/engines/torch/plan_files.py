@@ -16,14 +16,17 @@ def load_plan_file(path: str):
 
 
 def model_and_batch(plan, seed: int):
-    """The plan file's module (seeded, in eval mode: no dropout) and a batch for it, with the generator."""
+    """The plan file's module (seeded, in eval mode: no dropout) and a batch for it, with the
+    generator."""
     import torch
 
     from planner.engines.torch.presets import build_spec
+
     torch.manual_seed(seed)
     model, inputs, _ = build_spec(plan.MODULE)
     model.eval()  # no dropout: the runs must compute the same function
-    if hasattr(model, "set_attn_implementation"):  # DTensor has no sharding rule for CPU flash attention
+    # DTensor has no sharding rule for CPU flash attention
+    if hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation("eager")
     tables = [m.num_embeddings for m in model.modules() if isinstance(m, torch.nn.Embedding)]
     generator = torch.Generator().manual_seed(seed + 1)

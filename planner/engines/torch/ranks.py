@@ -11,7 +11,8 @@ from pathlib import Path
 
 
 def read_job(argv: list[str] | None) -> tuple[dict, str]:
-    """``JOB.json OUT.json`` from the command line: the job's fields and where to write the result."""
+    """``JOB.json OUT.json`` from the command line: the job's fields and where to write the
+    result."""
     job_path, out_path = (argv if argv is not None else sys.argv[1:])[:2]
     return json.loads(Path(job_path).read_text()), out_path
 
@@ -21,6 +22,7 @@ def start(shape: tuple[int, ...], names: tuple[str, ...]):
     mesh of ``shape``: (torch.distributed, the mesh)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
+
     dist.init_process_group("gloo")
     return dist, init_device_mesh("cpu", shape, mesh_dim_names=names)
 
@@ -28,15 +30,24 @@ def start(shape: tuple[int, ...], names: tuple[str, ...]):
 def axis_groups(mesh, names) -> dict:
     """Process-group name -> ((mesh axis,), its ranks), what the collective counters read."""
     import torch.distributed as dist
-    return {mesh.get_group(name).group_name: ((name,), dist.get_process_group_ranks(mesh.get_group(name)))
-            for name in names}
+
+    return {
+        mesh.get_group(name).group_name: (
+            (name,),
+            dist.get_process_group_ranks(mesh.get_group(name)),
+        )
+        for name in names
+    }
 
 
 def finish(out_path: str, result: dict | None) -> None:
-    """Write ``result`` (on the one rank that has it), wait for every rank, end the process group."""
+    """Write ``result`` (on the one rank that has it), wait for every rank, end the process
+    group."""
     import torch.distributed as dist
+
     if result is not None:
         from planner.outputs import write_json
+
         write_json(out_path, result)
     dist.barrier()
     dist.destroy_process_group()
@@ -55,4 +66,5 @@ def exit_now(code: int) -> None:
 def local_block(value, layout, mesh_shape, coord):
     """The block of a whole tensor ``value`` that the device at ``coord`` holds in ``layout``."""
     from planner.engines.executor import block
+
     return value[block(tuple(value.shape), layout, mesh_shape, coord)].contiguous()

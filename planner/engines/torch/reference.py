@@ -11,7 +11,11 @@ def feeds(graph, seed: int) -> dict:
     import torch
 
     from planner.engines.interpret import random_feeds
-    return {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in random_feeds(graph, seed, "float32").items()}
+
+    return {
+        name: torch.from_numpy(np.ascontiguousarray(value))
+        for name, value in random_feeds(graph, seed, "float32").items()
+    }
 
 
 def reference_losses(graph, steps: int, lr: float, seed: int) -> list[float]:
@@ -20,8 +24,13 @@ def reference_losses(graph, steps: int, lr: float, seed: int) -> list[float]:
 
     from planner.engines.torch import xp as torch_xp
     from planner.engines.interpret import run_graph
+
     values = feeds(graph, seed)
-    params = {t.name: values[t.name].clone().requires_grad_(True) for t in graph.tensors if t.role == "param"}
+    params = {
+        t.name: values[t.name].clone().requires_grad_(True)
+        for t in graph.tensors
+        if t.role == "param"
+    }
     loss_tensor = graph.operators[-1].outputs[0].tensor
     losses = []
     for _ in range(steps):

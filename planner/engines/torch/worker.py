@@ -16,12 +16,16 @@ def _placements(layout):
     from torch.distributed.tensor import Partial, Replicate, Shard
 
     from planner.cost.strategy import GRAD_PARTIAL, PARTIAL, REPLICATE
-    return tuple(Partial() if p in (PARTIAL, GRAD_PARTIAL) else Replicate() if p == REPLICATE else Shard(p)
-                 for p in layout)
+
+    return tuple(
+        Partial() if p in (PARTIAL, GRAD_PARTIAL) else Replicate() if p == REPLICATE else Shard(p)
+        for p in layout
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     from planner.ir.graph_json import graph_from_dict
+
     job, out_path = read_job(argv)
     graph = graph_from_dict(job["graph"])
     names, shape = tuple(job["axis_names"]), tuple(job["mesh_shape"])
@@ -30,7 +34,10 @@ def main(argv: list[str] | None = None) -> int:
     coord = tuple(int(c) for c in np.unravel_index(rank, shape))
     strategies = {k: tuple(v) for k, v in job["strategies"].items()}
     losses, transfers = _train(graph, strategies, mesh, shape, coord, job, axis_groups(mesh, names))
-    finish(out_path, {"losses": losses, "transfers": transfers, "backend": "gloo"} if rank == 0 else None)
+    finish(
+        out_path,
+        {"losses": losses, "transfers": transfers, "backend": "gloo"} if rank == 0 else None,
+    )
     return 0
 
 
@@ -39,16 +46,26 @@ def _train(graph, strategies, mesh, shape, coord, job, groups):
 
     from planner.engines.export import export_plan
     from planner.cluster.mesh import Mesh, MeshAxis
-    exported = export_plan(graph, strategies, Mesh(tuple(MeshAxis(n, s, 1.0, 0.0) for n, s in zip(mesh.mesh_dim_names, shape))))
+
+    exported = export_plan(
+        graph,
+        strategies,
+        Mesh(tuple(MeshAxis(n, s, 1.0, 0.0) for n, s in zip(mesh.mesh_dim_names, shape))),
+    )
     feeds = reference.feeds(graph, job["seed"])
-    params = {name: local_block(feeds[name], layout, shape, coord).requires_grad_(True)
-              for name, layout in exported.leaves if graph.tensor(name).role == "param"}
+    params = {
+        name: local_block(feeds[name], layout, shape, coord).requires_grad_(True)
+        for name, layout in exported.leaves
+        if graph.tensor(name).role == "param"
+    }
     leaf = dict(exported.leaves)
     losses, transfers = [], []
     for step in range(job["steps"]):
         mode = counting_mode(groups)
         with mode:
-            loss = _forward(graph, strategies, exported, mesh, shape, coord, feeds, params, leaf, mode)
+            loss = _forward(
+                graph, strategies, exported, mesh, shape, coord, feeds, params, leaf, mode
+            )
             loss.backward()
         losses.append(float(loss.detach()))
         if step == 0:
@@ -63,55 +80,79 @@ def _train(graph, strategies, mesh, shape, coord, job, groups):
 def _forward(graph, strategies, exported, mesh, shape, coord, feeds, params, leaf, counter=None):
     """The loss of one forward pass, every edge a DTensor redistribution (see train_torch)."""
     produced = {name: (value, leaf[name]) for name, value in params.items()}
-    run_ops(graph, graph.operators, strategies, exported, mesh, shape, coord, feeds, produced, counter)
+    run_ops(
+        graph, graph.operators, strategies, exported, mesh, shape, coord, feeds, produced, counter
+    )
     return replicated_loss(graph, mesh, shape, produced)
 
 
 def replicated_loss(graph, mesh, shape, produced):
-    """The loss (the last operator's output) reduced to every rank of ``mesh``, as a local scalar."""
+    """The loss (the last operator's output) reduced to every rank of ``mesh``, as a local
+    scalar."""
     from torch.distributed.tensor import DTensor, Replicate
+
     local, layout = produced[graph.operators[-1].outputs[0].tensor]
-    loss = DTensor.from_local(local, mesh, _placements(layout), run_check=False, shape=(), stride=())
+    loss = DTensor.from_local(
+        local, mesh, _placements(layout), run_check=False, shape=(), stride=()
+    )
     return loss.redistribute(mesh, [Replicate()] * len(shape)).to_local()
 
 
-def run_ops(graph, ops, strategies, exported, mesh, shape, coord, feeds, produced, counter=None,
-            defer: frozenset = frozenset()) -> None:
+def run_ops(
+    graph,
+    ops,
+    strategies,
+    exported,
+    mesh,
+    shape,
+    coord,
+    feeds,
+    produced,
+    counter=None,
+    defer: frozenset = frozenset(),
+) -> None:
     """Run ``ops`` on this rank's blocks; ``produced`` maps each tensor to (local block, layout) and
-    gains the outputs. Data are read from ``feeds`` (whole tensors) in the layout each consumer reads.
-    Every edge moves its tensor by the cost model's steps (``PlannedEdge``); ``counter`` is the
-    counting mode, told about DTensor's CPU fallback for all-to-all. The parameters in ``defer`` keep
-    their gradients Partial (``torch_edges.reduce_deferred`` reduces them once per step)."""
+    gains the outputs. Data are read from ``feeds`` (whole tensors) in the layout each consumer
+    reads. Every edge moves its tensor by the cost model's steps (``PlannedEdge``); ``counter`` is
+    the counting mode, told about DTensor's CPU fallback for all-to-all. The parameters in ``defer``
+    keep their gradients Partial (``torch_edges.reduce_deferred`` reduces them once per step)."""
     from planner.cost.strategy import forward_layout
     from planner.engines.torch import xp as torch_xp
     from planner.engines.torch.edges import PlannedEdge
     from planner.engines.executor import gathered_dims
     from planner.engines.interpret import run_operator
+
     inputs = {(op, slot): layout for op, slot, layout in exported.inputs}
     for op in ops:
         args = []
         for slot, operand in enumerate(op.inputs):
             layout = inputs[(op.name, slot)]
             if graph.tensor(operand.tensor).role == "data":
-                args.append(local_block(feeds[operand.tensor], forward_layout(layout), shape, coord))
+                args.append(
+                    local_block(feeds[operand.tensor], forward_layout(layout), shape, coord)
+                )
                 continue
             local, src = produced[operand.tensor]
-            edge = PlannedEdge(mesh, tuple(graph.tensor(operand.tensor).shape), shape, src, layout, counter,
-                               graph.tensor(operand.tensor).role == "param", operand.tensor in defer)
-            args.append(edge.apply(local))
-        outs = _run_local(op, strategies[op.name], args, shape, coord, run_operator, torch_xp, gathered_dims)
+            tensor = graph.tensor(operand.tensor)
+            moves = (src, layout, counter, tensor.role == "param", operand.tensor in defer)
+            args.append(PlannedEdge(mesh, tuple(tensor.shape), shape, *moves).apply(local))
+        outs = _run_local(
+            op, strategies[op.name], args, shape, coord, run_operator, torch_xp, gathered_dims
+        )
         for operand, (local, layout) in zip(op.outputs, outs):
             produced[operand.tensor] = (local, layout)
 
 
 def _strides(shape) -> tuple[int, ...]:
-    return tuple(int(math.prod(shape[k + 1:])) for k in range(len(shape)))
+    return tuple(int(math.prod(shape[k + 1 :])) for k in range(len(shape)))
 
 
 def _run_local(op, strategy, args, shape, coord, run_operator, xp, gathered_dims):
-    """The operator on this rank's blocks: local sizes and offsets of its coordinate (as the executor)."""
+    """The operator on this rank's blocks: local sizes and offsets of its coordinate (as the
+    executor)."""
     from planner.cost.strategy import PARTIAL, operand_layout
     from planner.engines.interpret import BIAS
+
     if gathered_dims(op, strategy):
         raise NotImplementedError(f"run-torch: operator {op.name} splits a dim it normalises over")
     sizes, offsets = dict(op.sizes), {}

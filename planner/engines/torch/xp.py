@@ -55,7 +55,7 @@ def take(x, index, axis=0):
     if isinstance(index, int):
         return x.select(axis, index)
     picked = torch.index_select(x, axis, index.reshape(-1).long())
-    return picked.reshape(x.shape[:axis] + tuple(index.shape) + x.shape[axis + 1:])
+    return picked.reshape(x.shape[:axis] + tuple(index.shape) + x.shape[axis + 1 :])
 
 
 def take_along_axis(x, index, axis):

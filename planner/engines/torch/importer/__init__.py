@@ -1,22 +1,22 @@
 """Import a PyTorch ``nn.Module`` through ``torch.export`` into the IR (optional extra ``torch``).
 
-Each ATen call of the exported program becomes one IR operator in einsum form, with letters
-assigned per operator from the traced shapes: linear/addmm/matmul/bmm are contractions,
-convolution is conv2d (stride and padding as attrs), embedding, layer_norm, softmax, batch_norm,
-pooling, elementwise ops (broadcasting dims of size 1 get their own size-1 letter), and views
+Each ATen call of the exported program becomes one IR operator in einsum form, with letters assigned
+per operator from the traced shapes: linear/addmm/matmul/bmm are contractions, convolution is conv2d
+(stride and padding as attrs), embedding, layer_norm, softmax, batch_norm, pooling, elementwise ops
+(broadcasting dims of size 1 get their own size-1 letter), and views
 (view/reshape/flatten/unsqueeze/squeeze as groups of merged dims, transpose/permute, expand, split
-into equal pieces). Names: parameters keep their module path (``transformer.h.0.attn.c_attn.weight``),
-operators and activations the exported node name.
+into equal pieces). Names: parameters keep their module path
+(``transformer.h.0.attn.c_attn.weight``), operators and activations the exported node name.
 
-Conventions: a computation that reads no parameter and no activation (position ids, attention
-masks built from the input ids) is folded into a ``data`` tensor: the planner does not shard it.
-Aliases (``to``, ``alias``, ``clone``, ``contiguous``, ``dropout`` with p = 0 is kept as dropout)
-map to their input. Buffers (batch-norm running statistics) are data. A training loss is added: the
-sum of the first floating output (``reduce``), or its cross-entropy against integer labels. Elementwise functions are recorded by kind
-(relu, gelu, unary, add, mul), not by formula: an imported graph plans and costs exactly, but the
-interpreter runs its elementwise ops with the kind's default function. An ATen op outside this list
-is an error naming it, or with ``allow_unknown`` an ``opaque`` operator whose dims are all
-unsplittable (always replicated).
+Conventions: a computation that reads no parameter and no activation (position ids, attention masks
+built from the input ids) is folded into a ``data`` tensor: the planner does not shard it. Aliases
+(``to``, ``alias``, ``clone``, ``contiguous``, ``dropout`` with p = 0 is kept as dropout) map to
+their input. Buffers (batch-norm running statistics) are data. A training loss is added: the sum of
+the first floating output (``reduce``), or its cross-entropy against integer labels. Elementwise
+functions are recorded by kind (relu, gelu, unary, add, mul), not by formula: an imported graph
+plans and costs exactly, but the interpreter runs its elementwise ops with the kind's default
+function. An ATen op outside this list is an error naming it, or with ``allow_unknown`` an
+``opaque`` operator whose dims are all unsplittable (always replicated).
 """
 
 from __future__ import annotations
@@ -46,22 +46,34 @@ def _float(val) -> bool:
     return hasattr(val, "dtype") and val.dtype.is_floating_point
 
 
-def import_module(module, example_inputs: tuple, *, name: str = "", allow_unknown: bool = False,
-                  kwargs: dict | None = None, loss: str = "sum") -> Graph:
+def import_module(
+    module,
+    example_inputs: tuple,
+    *,
+    name: str = "",
+    allow_unknown: bool = False,
+    kwargs: dict | None = None,
+    loss: str = "sum",
+) -> Graph:
     """Export ``module`` with ``example_inputs`` (``torch.export``) and translate it into a Graph
     whose training loss is ``loss`` (see ``import_program``)."""
     try:
         import torch
     except ImportError:
-        raise TorchImportError("import: PyTorch is not installed (pip install -e '.[torch]')") from None
+        raise TorchImportError(
+            "import: PyTorch is not installed (pip install -e '.[torch]')"
+        ) from None
     module = module.eval()
     try:
         with _quiet_torch():
             program = torch.export.export(module, tuple(example_inputs), kwargs=kwargs or {})
-    except Exception as exc:  # data-dependent control flow, a wrong input shape, an error in forward
-        raise TorchImportError(f"import: torch.export cannot trace {name or type(module).__name__} ({failure(exc)}); "
-                               "is there data-dependent control flow, a wrong example input shape or an error "
-                               "in forward?") from None
+    # data-dependent control flow, a wrong input shape, an error in forward
+    except Exception as exc:
+        raise TorchImportError(
+            f"import: torch.export cannot trace {name or type(module).__name__} ({failure(exc)}); "
+            "is there data-dependent control flow, a wrong example input shape or an error in "
+            "forward?"
+        ) from None
     return import_program(program, name or type(module).__name__.lower(), allow_unknown, loss)
 
 
@@ -103,20 +115,38 @@ def import_program(program, name: str, allow_unknown: bool = False, loss: str = 
             _call(imp, node)
     imp.gb.layer = None  # the loss and what follows the blocks belong to no layer
     outputs = [a for a in nodes if a.op == "output"][0].args[0]
-    first = next((o for o in (outputs if isinstance(outputs, (list, tuple)) else [outputs])
-                  if hasattr(o, "name") and imp.kind.get(imp.value.get(o.name)) == "activation"), None)
+    first = next(
+        (
+            o
+            for o in (outputs if isinstance(outputs, (list, tuple)) else [outputs])
+            if hasattr(o, "name") and imp.kind.get(imp.value.get(o.name)) == "activation"
+        ),
+        None,
+    )
     if first is None:
-        raise TorchImportError("import: the module returns no floating tensor computed from its parameters")
+        raise TorchImportError(
+            "import: the module returns no floating tensor computed from its parameters"
+        )
     out = imp.value[first.name]
     shape = imp.gb.shape(out)
-    letters = "".join(imp.letters(len(shape), shape[0] if shape else None))  # 'b' first: data parallel splits it
+    # 'b' first: data parallel splits it
+    letters = "".join(imp.letters(len(shape), shape[0] if shape else None))
     if loss == "cross_entropy" and len(shape) >= 2:
         labels = imp.gb.data("labels", shape[:-1], integer=True)
-        imp.gb.op("cross_entropy", "loss", f"{letters},{letters[:-1]}->", [out, labels], norm=letters[-1], out="loss")
+        imp.gb.op(
+            "cross_entropy",
+            "loss",
+            f"{letters},{letters[:-1]}->",
+            [out, labels],
+            norm=letters[-1],
+            out="loss",
+        )
     elif loss == "sum":
         imp.gb.op("reduce", "loss", f"{letters}->", [out], out="loss")
     else:
-        raise TorchImportError(f"import: --loss {loss!r} needs 'sum' or 'cross_entropy' (over a last class dim)")
+        raise TorchImportError(
+            f"import: --loss {loss!r} needs 'sum' or 'cross_entropy' (over a last class dim)"
+        )
     return imp.gb.build()
 
 
@@ -166,7 +196,9 @@ def _fold_data(imp: ImportState, node) -> None:
     if isinstance(val, (list, tuple)):
         for i, v in enumerate(val):
             if hasattr(v, "shape"):
-                name = imp.gb.data(f"{node.name}.{i}", tuple(v.shape) or (1,), integer=not _float(v))
+                name = imp.gb.data(
+                    f"{node.name}.{i}", tuple(v.shape) or (1,), integer=not _float(v)
+                )
                 imp.kind[name] = "data"
                 imp.value[f"{node.name}#{i}"] = name
         return
@@ -176,5 +208,3 @@ def _fold_data(imp: ImportState, node) -> None:
     name = imp.gb.data(node.name, tuple(val.shape) or (1,), integer=not _float(val))
     imp.kind[name] = "data"
     imp.value[node.name] = name
-
-

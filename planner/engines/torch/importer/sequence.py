@@ -1,9 +1,10 @@
-"""ATen handlers for sequence models (LLaMA, T5, ViT, BERT): slices and selects, concatenation, fused
-scaled-dot-product attention and reductions (mean/sum over dims, keepdim as a view)."""
+"""ATen handlers for sequence models (LLaMA, T5, ViT, BERT): slices and selects, concatenation,
+fused scaled-dot-product attention and reductions (mean/sum over dims, keepdim as a view)."""
 
 from __future__ import annotations
 
-from planner.engines.torch.importer.handlers import avgpool_of, input_tensors, view_of, register
+from planner.engines.torch.importer.builders import avgpool_of, view_of
+from planner.engines.torch.importer.handlers import input_tensors, register
 from planner.engines.torch.importer.state import LETTERS, ImportState
 
 
@@ -28,9 +29,18 @@ def slice_or_select(imp: ImportState, node, op: str) -> None:
     sizes = dict(zip(letters, shape))
     sizes.update({piece: shape[dim] // length, part: length})
     src = "".join(x if i != dim else f"({piece}{part})" for i, x in enumerate(letters))
-    dst = "".join(x if i != dim else ("" if op == "select" else part) for i, x in enumerate(letters))
-    imp.add("slice", node, f"{src}->{dst}", [source], sizes, unsplittable=piece + part,
-            attrs={"index": start // length})
+    dst = "".join(
+        x if i != dim else ("" if op == "select" else part) for i, x in enumerate(letters)
+    )
+    imp.add(
+        "slice",
+        node,
+        f"{src}->{dst}",
+        [source],
+        sizes,
+        unsplittable=piece + part,
+        attrs={"index": start // length},
+    )
 
 
 @register("select")
@@ -40,7 +50,8 @@ def _select(imp: ImportState, node, op: str) -> None:
 
 @register("cat")
 def _cat(imp: ImportState, node, op: str) -> None:
-    """Equal pieces: the output dim is ``(pieces, length)``; unequal: each input's own dim, concatenated."""
+    """Equal pieces: the output dim is ``(pieces, length)``; unequal: each input's own dim,
+    concatenated."""
     tensors = [imp.tensor(t) for t in node.args[0]]
     shapes = [imp.gb.shape(t) for t in tensors]
     out_shape = list(node.meta["val"].shape)
@@ -54,8 +65,14 @@ def _cat(imp: ImportState, node, op: str) -> None:
         piece, part = next(fresh), letters[dim]
         sizes.update({piece: len(tensors), part: shapes[0][dim]})
         out = "".join(x if i != dim else f"({piece}{part})" for i, x in enumerate(letters))
-        imp.add("concat", node, ",".join(["".join(letters)] * len(tensors)) + "->" + out, tensors, sizes,
-                unsplittable=piece + part)
+        imp.add(
+            "concat",
+            node,
+            ",".join(["".join(letters)] * len(tensors)) + "->" + out,
+            tensors,
+            sizes,
+            unsplittable=piece + part,
+        )
         return
     operands, own = [], []
     for shape in shapes:
@@ -63,13 +80,20 @@ def _cat(imp: ImportState, node, op: str) -> None:
         sizes[mine] = shape[dim]
         own.append(mine)
         operands.append("".join(x if i != dim else mine for i, x in enumerate(letters)))
-    imp.add("concat", node, ",".join(operands) + "->" + "".join(letters), tensors, sizes,
-            unsplittable="".join(own) + letters[dim])
+    imp.add(
+        "concat",
+        node,
+        ",".join(operands) + "->" + "".join(letters),
+        tensors,
+        sizes,
+        unsplittable="".join(own) + letters[dim],
+    )
 
 
 @register("scaled_dot_product_attention")
 def _sdpa(imp: ImportState, node, op: str) -> None:
-    """q [..., h, s, d], k and v [..., h, t, d] (same heads), an optional additive mask over (h, s, t)."""
+    """q [..., h, s, d], k and v [..., h, t, d] (same heads), an optional additive mask over (h, s,
+    t)."""
     args = list(node.args) + [None] * 6
     q, k, v = (imp.tensor(a) for a in args[:3])
     mask = imp.tensor(args[3]) if args[3] is not None else imp.tensor(node.kwargs.get("attn_mask"))
@@ -86,10 +110,19 @@ def _sdpa(imp: ImportState, node, op: str) -> None:
     inputs = [q, k, v]
     if mask is not None:
         fresh = iter(x for x in LETTERS if x not in letters and x != key)
-        operands.append(imp.broadcast_operand(imp.gb.shape(mask), list(lead + query + key), sizes, fresh))
+        operands.append(
+            imp.broadcast_operand(imp.gb.shape(mask), list(lead + query + key), sizes, fresh)
+        )
         inputs.append(mask)
-    imp.add("attention", node, ",".join(operands) + "->" + lead + query + head, inputs, sizes,
-            unsplittable=key + head, attrs={"causal": int(causal)})
+    imp.add(
+        "attention",
+        node,
+        ",".join(operands) + "->" + lead + query + head,
+        inputs,
+        sizes,
+        unsplittable=key + head,
+        attrs={"causal": int(causal)},
+    )
 
 
 @register("slice")
@@ -99,7 +132,8 @@ def _slice(imp: ImportState, node, op: str) -> None:
 
 @register("mean")
 def _mean(imp: ImportState, node, op: str) -> None:
-    """Spatial means of an image ([b, c, 1, 1] out) are average pooling; other means are reductions."""
+    """Spatial means of an image ([b, c, 1, 1] out) are average pooling; other means are
+    reductions."""
     source = imp.tensor(node.args[0])
     if len(imp.gb.shape(source)) == 4 and list(node.meta["val"].shape[2:]) == [1, 1]:
         return avgpool_of(imp, node, source)
@@ -115,7 +149,9 @@ def reduction(imp: ImportState, node, op: str) -> None:
     """sum / mean over dims, keepdim as a view that re-inserts size-1 dims."""
     source = imp.tensor(node.args[0])
     shape = imp.gb.shape(source)
-    dims = node.args[1] if len(node.args) > 1 and node.args[1] is not None else list(range(len(shape)))
+    dims = (
+        node.args[1] if len(node.args) > 1 and node.args[1] is not None else list(range(len(shape)))
+    )
     dims = {d % len(shape) for d in (dims if isinstance(dims, (list, tuple)) else [dims])}
     keep = bool(node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False))
     letters = imp.letters(len(shape), shape[0] if 0 not in dims else None)
@@ -125,7 +161,13 @@ def reduction(imp: ImportState, node, op: str) -> None:
     if not keep:
         imp.add(kind, node, "".join(letters) + "->" + kept, [source], sizes)
         return
-    reduced = imp.gb.op(kind, f"{node.name}.reduce", "".join(letters) + "->" + kept, [source], sizes=sizes,
-                        out=f"{node.name}.reduced")
+    reduced = imp.gb.op(
+        kind,
+        f"{node.name}.reduce",
+        "".join(letters) + "->" + kept,
+        [source],
+        sizes=sizes,
+        out=f"{node.name}.reduced",
+    )
     imp.kind[reduced] = "activation"
     view_of(imp, node, reduced)

@@ -9,7 +9,8 @@ from typing import Sequence
 from planner.errors import GraphError
 from planner.ir.ops import GraphBuilder
 
-LETTERS = "acdefgijklmnosuvwxyzABCDEFGIJKLMNOPQSUVXYZ"  # the batch letter and conv/pool letters (HWpqrt) apart
+# the batch letter and conv/pool letters (HWpqrt) apart
+LETTERS = "acdefgijklmnosuvwxyzABCDEFGIJKLMNOPQSUVXYZ"
 
 
 class TorchImportError(GraphError):
@@ -20,7 +21,8 @@ class ImportState:
     def __init__(self, name: str, allow_unknown: bool) -> None:
         self.gb = GraphBuilder(name, dim_names="positional")
         self.allow_unknown = allow_unknown
-        self.value: dict[str, str | float] = {}  # fx node name -> IR tensor name (or a python scalar)
+        # fx node name -> IR tensor name (or a python scalar)
+        self.value: dict[str, str | float] = {}
         self.kind: dict[str, str] = {}  # IR tensor -> "param" | "data" | "activation"
         self.batch = 0  # dim 0 of the first user input: a leading dim of that size is the batch dim
         self.batch_dim = self.gb.batch_dim
@@ -38,21 +40,33 @@ class ImportState:
         """Fresh letters for an operator; the first is 'b' when it has the batch size (so the
         data-parallel baseline, which splits 'b', applies to imported graphs)."""
         if count > len(LETTERS):
-            raise TorchImportError(f"import: a tensor of rank {count} is beyond the {len(LETTERS)} einsum letters")
+            raise TorchImportError(
+                f"import: a tensor of rank {count} is beyond the {len(LETTERS)} einsum letters"
+            )
         if count and first_size is not None and first_size == self.batch:
-            return [self.batch_dim] + list(LETTERS[:count - 1])
+            return [self.batch_dim] + list(LETTERS[: count - 1])
         return list(LETTERS[:count])
 
-    def add(self, kind: str, node, equation: str, inputs: Sequence[str], sizes: dict[str, int], **extra) -> None:
-        out = self.gb.op(kind, node.name, equation, list(inputs), sizes=sizes, out=node.name, **extra)
+    def add(
+        self, kind: str, node, equation: str, inputs: Sequence[str], sizes: dict[str, int], **extra
+    ) -> None:
+        out = self.gb.op(
+            kind, node.name, equation, list(inputs), sizes=sizes, out=node.name, **extra
+        )
         want = tuple(node.meta["val"].shape)
         if self.gb.shape(out) != want:
-            raise TorchImportError(f"import: operator {node.name} ({node.target}): shape {self.gb.shape(out)} != traced {want}")
+            raise TorchImportError(
+                f"import: operator {node.name} ({node.target}): shape {self.gb.shape(out)} != "
+                f"traced {want}"
+            )
         self.value[node.name] = out
         self.kind[out] = "activation"
 
-    def broadcast_operand(self, shape: Sequence[int], out: list[str], sizes: dict[str, int], fresh) -> str:
-        """Letters of an input aligned right to the output; broadcast size-1 dims get own letters."""
+    def broadcast_operand(
+        self, shape: Sequence[int], out: list[str], sizes: dict[str, int], fresh
+    ) -> str:
+        """Letters of an input aligned right to the output; broadcast size-1 dims get own
+        letters."""
         offset = len(out) - len(shape)
         text = []
         for i, size in enumerate(shape):
@@ -68,11 +82,15 @@ class ImportState:
     def unknown(self, node, tensors: list[str]) -> None:
         target = str(node.target)
         if not self.allow_unknown:
-            raise TorchImportError(f"import: unsupported operator {target} at node {node.name} "
-                               "(pass --allow-unknown to plan it as a replicated opaque operator)")
+            raise TorchImportError(
+                f"import: unsupported operator {target} at node {node.name} (pass --allow-unknown "
+                "to plan it as a replicated opaque operator)"
+            )
         val = node.meta.get("val")
         if not hasattr(val, "shape"):
-            raise TorchImportError(f"import: unsupported multi-output operator {target} at node {node.name}")
+            raise TorchImportError(
+                f"import: unsupported multi-output operator {target} at node {node.name}"
+            )
         pool = iter(LETTERS)
         sizes, operands = {}, []
         for t in tensors:
@@ -81,7 +99,14 @@ class ImportState:
             operands.append(text)
         out = "".join(next(pool) for _ in val.shape)
         sizes.update(zip(out, val.shape))
-        self.add("opaque", node, ",".join(operands) + "->" + out, tensors, sizes, unsplittable="".join(sizes))
+        self.add(
+            "opaque",
+            node,
+            ",".join(operands) + "->" + out,
+            tensors,
+            sizes,
+            unsplittable="".join(sizes),
+        )
 
 
 def failure(exc: BaseException) -> str:

@@ -1,0 +1,134 @@
+"""What every command's parser shares: exit codes, the parser that fails in one line, option types
+(each refusing bad text with a message naming what it wants) and the option groups of several
+commands (logging, pictures, a plan file's source)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+
+from planner.errors import SettingsError
+from planner.pipeline.schedule import parse_schedule
+
+EXIT_OK, EXIT_BAD_INPUT, EXIT_INFEASIBLE, EXIT_NOT_OPTIMAL, EXIT_MISMATCH = 0, 2, 3, 4, 5
+
+
+def byte_size(text: str) -> float:
+    if text.strip().lower() in ("none", "inf", "unlimited"):
+        return float("inf")
+    match = re.fullmatch(r"\s*([0-9.eE+-]+)\s*([KMGT]i?B?|B)?\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(
+            f"cannot parse byte size {text!r} (e.g. 80e9, 40GiB, 16GB)"
+        )
+    value = float(match.group(1))
+    unit = (match.group(2) or "B").rstrip("B") or ""
+    scale = {
+        "": 1,
+        "K": 1e3,
+        "M": 1e6,
+        "G": 1e9,
+        "T": 1e12,
+        "Ki": 2**10,
+        "Mi": 2**20,
+        "Gi": 2**30,
+        "Ti": 2**40,
+    }[unit]
+    return value * scale
+
+
+def add_logging(p: argparse.ArgumentParser, top: bool) -> None:
+    # Accepted before or after the command; the command's copy only overrides when given.
+    default = (lambda value: value) if top else (lambda value: argparse.SUPPRESS)
+    p.add_argument(
+        "-v", "--verbose", action="count", default=default(0), help="more log lines (-vv: debug)"
+    )
+    p.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        default=default(False),
+        help="errors only; no plan text",
+    )
+    p.add_argument("--debug", action="store_true", default=default(False), help="show tracebacks")
+
+
+def cut_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(c) for c in text.split(",") if c.strip()) if text.strip() else ()
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be comma-separated layer indices, got {text!r}"
+        ) from None
+
+
+class Parser(argparse.ArgumentParser):
+    """Argument errors as one line naming the option, exit code 2 (no usage dump)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT)
+
+
+def schedule_name(text: str) -> str:
+    try:
+        parse_schedule(text)
+    except SettingsError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--schedule: ")) from None
+    return text
+
+
+def number(convert, valid, what: str):
+    """An argparse type: ``convert`` the text, then check ``valid``; one message names what is
+    wanted."""
+
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not valid(value):
+            shown = text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
+            raise argparse.ArgumentTypeError(f"must be {what}, got {shown!r}")
+        return value
+
+    return parse
+
+
+seed = number(int, lambda v: 0 <= v < 2**31, "an integer in 0..2^31-1")
+
+
+positive_int = number(int, lambda v: 1 <= v < 2**40, "a positive integer below 2^40")
+
+
+seconds = number(float, lambda v: 0 < v < float("inf"), "a positive finite number of seconds")
+
+
+# finite: NaN compares below every difference and would pass any run; a negative one would fail
+# every run whatever it measured
+tolerance = number(float, lambda v: 0 <= v < math.inf, "a finite non-negative relative tolerance")
+
+
+non_negative = number(float, lambda v: 0 <= v < 2**30, "a non-negative number of MiB")
+
+
+def add_picture(p: argparse.ArgumentParser, what: str) -> None:
+    group = p.add_mutually_exclusive_group()
+    group.add_argument(
+        "--png", help=f"{what} into this PNG file (needs the plot extra: matplotlib)"
+    )
+    group.add_argument(
+        "--svg", help=f"{what} into this SVG file (needs the plot extra: matplotlib)"
+    )
+
+
+def add_plan_source(p: argparse.ArgumentParser) -> None:
+    add_logging(p, top=False)
+    p.add_argument("--plan", required=True, help="plan JSON written by `planner plan --json`")
+    p.add_argument("--model", help="model of the plan (default: the plan's 'source')")
+    p.add_argument("--batch", type=positive_int, help="global batch (default: the plan's 'source')")
+    p.add_argument(
+        "--seq", type=positive_int, help="sequence length (default: the plan's 'source')"
+    )

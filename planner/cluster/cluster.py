@@ -1,0 +1,63 @@
+"""A cluster as the searches see it: a device mesh on a machine profile, with the per-device memory
+limit."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from planner.cluster.mesh import Mesh, parse_mesh
+from planner.cluster.profiles import DEFAULT_HARDWARE_CSV, MachineProfile, get_profile
+from planner.errors import SettingsError
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    """A mesh on a machine profile, with the per-device memory limit (bytes, None: unlimited)."""
+
+    mesh: Mesh
+    profile: MachineProfile
+    memory_limit: float | None
+
+
+def make_cluster(
+    mesh: str | Mesh | Cluster,
+    device: str | MachineProfile = "a100-80g",
+    memory: float | None = None,
+    devices: int | None = None,
+    hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV,
+) -> Cluster:
+    """A mesh spec (``"2x4"``, ``"node=4,gpu=8"``) or ``Mesh`` on a device, with the memory limit
+    (bytes; None: the device's, inf: none). A ``Cluster`` is returned as it is: its device and
+    memory limit are its own, so another ``device``, a ``memory`` or ``devices`` beside it is
+    refused."""
+    if isinstance(mesh, Cluster):
+        return check_given_cluster(mesh, device, memory, devices)
+    profile = device if isinstance(device, MachineProfile) else get_profile(device, hardware_csv)
+    mesh_obj = mesh if isinstance(mesh, Mesh) else parse_mesh(str(mesh), profile, devices)
+    if memory is not None and (
+        not isinstance(memory, (int, float)) or math.isnan(memory) or memory <= 0
+    ):
+        raise SettingsError(
+            f"--memory: must be a positive number of bytes (or inf for no limit), got {memory!r}"
+        )
+    if memory is None:
+        limit = None if profile.name == "symbolic" else profile.memory_bytes
+    else:
+        limit = None if math.isinf(memory) else float(memory)
+    return Cluster(mesh_obj, profile, limit)
+
+
+def check_given_cluster(cluster: Cluster, device, memory, devices) -> Cluster:
+    if memory is not None or devices is not None:
+        raise SettingsError(
+            f"{'memory' if memory is not None else 'devices'}: the Cluster has its own; give it to "
+            "make_cluster instead"
+        )
+    if device not in ("a100-80g", cluster.profile.name, cluster.profile):
+        raise SettingsError(
+            f"device: the Cluster is on {cluster.profile.name}, not "
+            f"{getattr(device, 'name', device)}"
+        )
+    return cluster
