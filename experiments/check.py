@@ -92,6 +92,13 @@ SLICES = {
         ("model", "mesh", "decide"),
         ("status", "objective", "memory_gib"),
     ),
+    "verify": Slice(
+        "verify.csv",
+        ("--models", "mlp", "--meshes", "2x4", "--methods", "megatron"),
+        ("model", "mesh", "method", "batch"),
+        ("status", "predicted_bytes"),
+        (("total_rel_error", 0.001), ("max_axis_rel_error", 0.001)),
+    ),
     "whole_graph": Slice(
         "bench_whole_graph.csv",
         ("--meshes", "8", "--time-limit", "60"),

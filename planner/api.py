@@ -12,9 +12,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Mapping
 
+from planner.search.options import SEARCH_DEFAULTS
 from planner.cost.settings import AUTO, TrainingSettings
 from planner.errors import PlannerError, SettingsError
 from planner.ir.graph import Graph
+from planner.ir.rebatch import rebatched
 from planner.search.baselines import data_parallel, drec_cost, greedy, megatron
 from planner.search.sapp import sapp
 from planner.cluster.cluster import Cluster, make_cluster
@@ -44,12 +46,18 @@ REPORT_SECONDS_PER_OP = 1.3e-5  # the plan report: measured 0.9-1.3 s per 100k o
 
 
 def resolve_model(model: str | Graph, batch: int | None = None, seq: int | None = None) -> Graph:
-    if isinstance(model, Graph):
-        return model
-    if isinstance(model, str) and model.endswith(".json"):
-        from planner.ir.graph_json import load_graph
+    """A zoo spec, a graph JSON file or a built ``Graph`` as a graph at ``batch`` (default: its
+    own). A built graph keeps its sequence length: ``seq`` with one is refused."""
+    if isinstance(model, Graph) or (isinstance(model, str) and model.endswith(".json")):
+        if seq is not None:
+            raise SettingsError(
+                "--seq: a built graph keeps its sequence length (build it at the one you want)"
+            )
+        if isinstance(model, str):
+            from planner.ir.graph_json import load_graph
 
-        return load_graph(model)
+            model = load_graph(model)
+        return model if batch is None else rebatched(model, batch)
     return load_model(model, batch, seq)
 
 
@@ -78,10 +86,10 @@ def plan(
     seq: int | None = None,
     memory: float | None = None,
     settings: TrainingSettings | None = None,
-    time_limit_s: float = 60.0,
-    seed: int = 0,
+    time_limit_s: float = SEARCH_DEFAULTS.time_limit_s,
+    seed: int = SEARCH_DEFAULTS.seed,
     hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV,
-    jobs: int = 1,
+    jobs: int = SEARCH_DEFAULTS.jobs,
     progress: Progress | None = None,
     fixed: Mapping[str, Mapping[str, str | None]] | None = None,
 ) -> Plan:
@@ -125,9 +133,9 @@ def plan_problem(
     problem: Problem,
     memory_limit: float | None,
     method: str = "exact",
-    time_limit_s: float = 60.0,
-    seed: int = 0,
-    jobs: int = 1,
+    time_limit_s: float = SEARCH_DEFAULTS.time_limit_s,
+    seed: int = SEARCH_DEFAULTS.seed,
+    jobs: int = SEARCH_DEFAULTS.jobs,
     progress: Progress | None = None,
 ) -> Plan:
     """Search a plan for a built problem with one method (see ``METHODS``)."""
@@ -316,8 +324,8 @@ def compare(
     seq: int | None = None,
     memory: float | None = None,
     settings: TrainingSettings | None = None,
-    time_limit_s: float = 60.0,
-    seed: int = 0,
+    time_limit_s: float = SEARCH_DEFAULTS.time_limit_s,
+    seed: int = SEARCH_DEFAULTS.seed,
     hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV,
 ) -> list[dict]:
     """Plan one model with several methods under one cost model; one row per method with the gap to

@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from planner import api
+from planner.search.options import SEARCH_DEFAULTS
 from planner.cluster.cluster import Cluster, check_given_cluster, make_cluster
 from planner.cluster.mesh import Mesh
 from planner.cluster.profiles import DEFAULT_HARDWARE_CSV, MachineProfile, get_profile
@@ -15,6 +16,7 @@ from planner.cost.problem import Problem, build_problem
 from planner.cost.settings import AUTO, TrainingSettings
 from planner.errors import InfeasibleError, SettingsError
 from planner.ir.graph import Graph
+from planner.ir.rebatch import rebatched
 from planner.pipeline import threed
 from planner.pipeline.search import METHODS as PIPELINE_METHODS
 from planner.pipeline.plan3d import Plan3D, replicated_linears
@@ -24,12 +26,13 @@ from planner.search.reduce import Progress
 
 
 def model_loader(model: str | Graph, seq: int | None):
-    """``batch -> graph``: a zoo model, or a graph JSON import-torch wrote (re-imported per
-    batch)."""
+    """``batch -> graph``: a zoo model; a built ``Graph`` at each batch (``planner.ir.rebatch``);
+    or a graph JSON import-torch wrote (re-imported per batch)."""
+    if isinstance(model, Graph):
+        api.resolve_model(model, None, seq)  # refuses seq: a built graph keeps its own
+        return lambda b: rebatched(model, b)
     if not isinstance(model, str):
-        raise SettingsError(
-            "--model: pipeline planning needs a zoo model (the batch is re-built per micro-batch)"
-        )
+        raise SettingsError(f"--model: must be a model spec or a Graph, got {model!r}")
     from planner.engines.torch.presets import imported_loader
 
     return (
@@ -39,7 +42,18 @@ def model_loader(model: str | Graph, seq: int | None):
     )
 
 
-def stage_planner(method: str = "exact", time_limit_s: float = 60.0, seed: int = 0, jobs: int = 1):
+def _global_batch(model: str | Graph, batch: int | None, seq: int | None) -> int:
+    """The global batch of a 3D search (a graph JSON's ``seq`` is its loader's, not the file's)."""
+    built = isinstance(model, str) and model.endswith(".json")
+    return api.resolve_model(model, batch, None if built else seq).batch_size
+
+
+def stage_planner(
+    method: str = "exact",
+    time_limit_s: float = SEARCH_DEFAULTS.time_limit_s,
+    seed: int = SEARCH_DEFAULTS.seed,
+    jobs: int = SEARCH_DEFAULTS.jobs,
+):
     """The per-stage intra-operator search of a 3D plan: any of ``METHODS`` (``zero`` is ``dp``
     with ZeRO-3 in the settings). Raises ``InfeasibleError`` when the method finds no plan."""
     if method not in api.METHODS:
@@ -61,7 +75,7 @@ def stage_planner(method: str = "exact", time_limit_s: float = 60.0, seed: int =
 
 
 def plan_pipeline(
-    model: str,
+    model: str | Graph,
     mesh: str | Mesh | Cluster | None = None,
     device: str | MachineProfile = "a100-80g",
     *,
@@ -73,9 +87,9 @@ def plan_pipeline(
     schedule: str = "1f1b",
     method: str = "csimd",
     intra: str = "exact",
-    time_limit_s: float = 60.0,
-    seed: int = 0,
-    jobs: int = 1,
+    time_limit_s: float = SEARCH_DEFAULTS.time_limit_s,
+    seed: int = SEARCH_DEFAULTS.seed,
+    jobs: int = SEARCH_DEFAULTS.jobs,
     degrees: list[int] | None = None,
     counts: list[int] | None = None,
     cuts: tuple[int, ...] | None = None,
@@ -97,7 +111,7 @@ def plan_pipeline(
     settings = _pipeline_settings(settings, method, intra)
     cluster = make_cluster(mesh, profile, memory, devices)
     load = model_loader(model, seq)
-    global_batch = api.resolve_model(model, batch, seq).batch_size
+    global_batch = _global_batch(model, batch, seq)
     options = threed.PipelineOptions(
         schedule, method, _tuple(degrees), _tuple(counts), cuts, escalate, fit_required
     )
@@ -134,7 +148,7 @@ def _default_mesh(profile: MachineProfile, devices: int | None) -> str:
 
 
 def evaluate_3d(
-    model: str,
+    model: str | Graph,
     device: str | MachineProfile = "a100-80g",
     *,
     tp: int = 1,
@@ -187,7 +201,7 @@ def _megatron_batch(model, batch, seq, tp: int, pp: int, dp: int, micro_batch: i
     for name, value in (("tp", tp), ("pp", pp), ("dp", dp), ("micro-batch", micro_batch)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise SettingsError(f"--{name}: must be a positive integer, got {value!r}")
-    global_batch = api.resolve_model(model, batch, seq).batch_size
+    global_batch = _global_batch(model, batch, seq)
     if global_batch % (dp * micro_batch):
         raise SettingsError(
             f"--batch: global batch {global_batch} is not divisible by dp x micro-batch ({dp} x "
@@ -210,7 +224,7 @@ def _refuse_idle_axes(result: Plan3D, dp: int, tp: int) -> None:
 
 
 def layer_chain(
-    model: str,
+    model: str | Graph,
     mesh: str | Mesh,
     device: str | MachineProfile = "a100-80g",
     *,
@@ -220,12 +234,12 @@ def layer_chain(
     settings: TrainingSettings | None = None,
     hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV,
 ):
-    """The layer chain of a zoo model for ``stages`` pipeline stages over the outermost mesh axis:
-    the exact intra-operator plan on the stage sub-mesh, re-costed at every micro-batch count
-    that divides the batch (see ``planner.pipeline.threed``)."""
+    """The layer chain of a model (a spec or a ``Graph``) for ``stages`` pipeline stages over the
+    outermost mesh axis: the exact intra-operator plan on the stage sub-mesh, re-costed at every
+    micro-batch count that divides the batch (see ``planner.pipeline.threed``)."""
     cluster = make_cluster(mesh, device, float("inf"), hardware_csv=hardware_csv)
     load = model_loader(model, seq)
-    global_batch = api.resolve_model(model, batch, seq).batch_size
+    global_batch = _global_batch(model, batch, seq)
     sub = threed.stage_mesh(cluster.mesh, stages)
     found = threed.stage_chain(
         load,
@@ -259,7 +273,7 @@ def evaluate_3d_file(
     stages, count, schedule, cuts = pipeline_fields(data["pipeline"], where)
     cluster = make_cluster(data["mesh"], device, memory, hardware_csv=hardware_csv)
     load = model_loader(model, seq)
-    global_batch = api.resolve_model(model, batch, seq).batch_size
+    global_batch = _global_batch(model, batch, seq)
     if global_batch % count:
         raise SettingsError(
             f"{where}: num_microbatches {count} does not divide the batch {global_batch}"

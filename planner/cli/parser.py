@@ -7,6 +7,8 @@ import logging
 
 from planner import api
 from planner.cluster.profiles import DEFAULT_HARDWARE_CSV
+from planner.cost.settings import TrainingSettings
+from planner.search.options import flag_fields
 from planner.pipeline.search import METHODS as PIPELINE_METHODS
 from planner.cli.argtypes import (
     Parser,
@@ -25,16 +27,24 @@ from planner.cli.engine_options import add_export, add_runs, add_show, add_verif
 log = logging.getLogger("planner")
 
 
+# The training settings' defaults, as the options spell them: TrainingSettings is their one source.
+_SETTINGS = TrainingSettings()
 SETTINGS_DEFAULTS = {
-    "dtype": "bf16",
-    "optimizer": "adam",
-    "zero": 0,
-    "recompute": "none",
-    "overlap": "full",
-    "bucket_mb": 25.0,
-    "fp32_grads": False,
-    "sequence_parallel": False,
+    "dtype": _SETTINGS.dtype,
+    "optimizer": _SETTINGS.optimizer,
+    "zero": _SETTINGS.zero,
+    "recompute": _SETTINGS.recompute,
+    "overlap": _SETTINGS.overlap,
+    "bucket_mb": _SETTINGS.bucket_bytes / 2**20,
+    "fp32_grads": _SETTINGS.fp32_grads,
+    "sequence_parallel": _SETTINGS.sequence_parallel,
 }
+
+
+def _default(name: str) -> str:
+    """``default X`` for a settings option's help, from ``SETTINGS_DEFAULTS``."""
+    value = SETTINGS_DEFAULTS[name]
+    return f"default {value:g}" if isinstance(value, float) else f"default {value}"
 
 
 def _add_common(p: argparse.ArgumentParser, model_required: bool = True) -> None:
@@ -75,20 +85,20 @@ def _add_common(p: argparse.ArgumentParser, model_required: bool = True) -> None
 def _add_settings(p: argparse.ArgumentParser) -> None:
     """The training settings (``TrainingSettings``)."""
     # None: the default below, or the plan file's own value when one is read back
-    p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="default bf16")
-    p.add_argument("--optimizer", choices=["adam", "sgd"], help="default adam")
+    p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help=_default("dtype"))
+    p.add_argument("--optimizer", choices=["adam", "sgd"], help=_default("optimizer"))
     p.add_argument(
         "--zero",
         choices=["0", "1", "2", "3", "auto"],
         help="ZeRO stage on data-parallel axes; auto = the exact method chooses a stage per layer "
-        "(default 0)",
+        f"({_default('zero')})",
     )
     p.add_argument(
         "--recompute",
         choices=["none", "selective", "full", "auto"],
         help="activation recompute: selective = the attention core (scores, softmax, its dropout) "
         "is re-run instead of kept; full = only layer inputs are kept; auto = the exact method "
-        "chooses one of these per layer when memory binds (default none)",
+        f"chooses one of these per layer when memory binds ({_default('recompute')})",
     )
     p.add_argument(
         "--sequence-parallel",
@@ -101,15 +111,15 @@ def _add_settings(p: argparse.ArgumentParser) -> None:
         "--overlap",
         choices=["none", "grad", "full"],
         help="communication behind compute: grad = gradient reduction behind the backward pass "
-        "(DDP, Megatron), full = also ZeRO-3 gathers prefetched (FSDP); default full",
+        f"(DDP, Megatron), full = also ZeRO-3 gathers prefetched (FSDP); {_default('overlap')}",
     )
     p.add_argument(
         "--bucket-mb",
         type=non_negative,
         metavar="MB",
         help="gradient bucket size in MiB: smaller tensors share a bucket's collective, a larger "
-        "tensor is one collective of its own, latency paid once per collective (default 25, as "
-        "DDP; 0: one collective per parameter tensor)",
+        "tensor is one collective of its own, latency paid once per collective "
+        f"({_default('bucket_mb')}, as DDP; 0: one collective per parameter tensor)",
     )
     p.add_argument(
         "--fp32-grads",
@@ -126,25 +136,28 @@ def _add_search(p: argparse.ArgumentParser) -> None:
         choices=list(api.METHODS),
         help="intra-operator search (default exact; dp = data parallelism, zero = ZeRO-3)",
     )
-    p.add_argument(
-        "--time-limit",
-        type=seconds,
-        default=60.0,
-        help="solver time limit in seconds (default 60; with a pipeline: per stage plan)",
-    )
+    _add_search_options(p, {"time_limit_s": "; with a pipeline: per stage plan"})
     p.add_argument(
         "--require-optimal",
         action="store_true",
         help="exit 4 when the solver stops at its time limit with a FEASIBLE (not proven optimal) "
         "plan",
     )
-    p.add_argument("--seed", type=seed, default=0, help="solver seed, 0..2^31-1 (default 0)")
-    p.add_argument(
-        "--jobs",
-        type=positive_int,
-        default=1,
-        help="worker processes for distinct segments (default 1; at most the CPU count)",
-    )
+
+
+# each search option's type on the command line (its default and help: SearchOptions)
+_SEARCH_TYPES = {"time_limit_s": seconds, "seed": seed, "jobs": positive_int}
+
+
+def _add_search_options(p: argparse.ArgumentParser, notes: dict, only=None) -> None:
+    """The fields of ``SearchOptions`` as options (``only``: these fields), with their defaults and
+    help; ``notes`` adds to a field's help what the command does with it."""
+    for f in flag_fields():
+        if only is None or f.name in only:
+            help_text = f"{f.metadata['help']} (default {f.default:g}{notes.get(f.name, '')})"
+            p.add_argument(
+                f.metadata["flag"], type=_SEARCH_TYPES[f.name], default=f.default, help=help_text
+            )
 
 
 # evaluate: a fixed 3D configuration
@@ -227,10 +240,7 @@ def _add_planning(sub) -> None:
     c.add_argument(
         "--methods", default=",".join(api.METHODS), help="comma-separated methods (default: all)"
     )
-    c.add_argument(
-        "--time-limit", type=seconds, default=60.0, help="solver time limit per method (default 60)"
-    )
-    c.add_argument("--seed", type=seed, default=0)
+    _add_search_options(c, {"time_limit_s": "; per method"}, only=("time_limit_s", "seed"))
     add_picture(c, "draw the methods side by side (step time and memory)")
     pp = sub.add_parser(
         "pipeline",

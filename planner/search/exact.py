@@ -31,6 +31,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from planner.search.options import SEARCH_DEFAULTS
 from planner.cost.problem import Problem
 from planner.cost.settings import AUTO
 from planner.search.decompose import split_segments
@@ -53,9 +54,9 @@ REDUCE_SHARE = 0.5  # of the time limit: reducing the segments; past it, the who
 def solve_exact(
     problem: Problem,
     memory_limit: float | None = None,
-    time_limit_s: float = 60.0,
-    seed: int = 0,
-    jobs: int = 1,
+    time_limit_s: float = SEARCH_DEFAULTS.time_limit_s,
+    seed: int = SEARCH_DEFAULTS.seed,
+    jobs: int = SEARCH_DEFAULTS.jobs,
     progress: Progress | None = None,
 ) -> Outcome:
     """The exact planner: decomposed when the graph has cuts, else the whole-graph program; tied

@@ -36,6 +36,7 @@ from typing import Mapping, Sequence
 import numpy as np
 from ortools.sat.python import cp_model
 
+from planner.search.options import SEARCH_DEFAULTS
 from planner.signals import run_interruptible
 from planner.cost.problem import Problem
 from planner.search.fallback import (
@@ -185,8 +186,8 @@ def _add_memory(model: cp_model.CpModel, problem: Problem, x, memory_limit: floa
 def solve(
     problem: Problem,
     memory_limit: float | None = None,
-    time_limit_s: float = 60.0,
-    seed: int = 0,
+    time_limit_s: float = SEARCH_DEFAULTS.time_limit_s,
+    seed: int = SEARCH_DEFAULTS.seed,
     workers: int = 1,
     allowed: Mapping[int, Sequence[int]] | None = None,
     hint: Sequence[int] | None = None,
