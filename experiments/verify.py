@@ -12,7 +12,10 @@ step against the prediction, in total and per mesh axis (see `planner verify`). 
 With --batches each model is verified at those global batches instead of its own (the exact plan
 changes with the batch). gpt2-small is the zoo's GPT-2 (12 layers, hidden 768, vocabulary 50,257)
 at sequence 512, checked by XLA only: its numpy execution in float64 on 8 emulated devices needs
-about 66 GB (the smaller models check the executor); numpy_max_rel_error is empty there.
+about 66 GB (the smaller models check the executor); numpy_max_rel_error is empty there. A plan
+whose XLA check needs more memory than `planner verify --max-memory` allows (gpt2-small's
+megatron plan replicates the 50,257-word logits) is written as REFUSED with the reason and no
+figures.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import argparse
 import sys
 import time
 
+from planner.errors import SettingsError
 from planner.runs import plan_for_verification, verify_loaded
 from experiments.common import add_output_options, png_path, pyplot, results_table, run, write_png
 
@@ -37,6 +41,8 @@ SMALL = {
     "gpt-2layer": ("gpt:layers=2,hidden=128,heads=4,seq=64,vocab=512", 8, None),
 }
 METHODS = ("exact", "dp", "megatron")
+PRINTED = ("model", "batch", "mesh", "method", "status", "reason", "numpy_max_rel_error")
+PRINTED += ("total_rel_error", "max_axis_rel_error", "wall_time_s")
 XLA_ONLY = {"gpt2-small"}  # models whose numpy execution does not fit this machine's memory
 
 
@@ -44,18 +50,31 @@ def run_one(name: str, model: tuple, mesh: str, method: str) -> dict:
     start = time.perf_counter()
     spec, batch, seq = model
     loaded = plan_for_verification(spec, mesh, method, batch=batch, seq=seq)
-    report = verify_loaded(loaded, run_numpy=name not in XLA_ONLY)
-    total = report.comparisons[0]
-    axes = [c for c in report.comparisons[1:]]
-    return {
+    head = {
         "model": name,
         "spec": spec,
         "batch": batch,
         "mesh": mesh,
         "method": method,
-        "status": "OK" if report.ok else "MISMATCH",
         "sharded_ops": sum(any(s) for s in loaded.strategies.values()),
         "operators": len(loaded.strategies),
+    }
+    try:
+        report = verify_loaded(loaded, run_numpy=name not in XLA_ONLY)
+    except SettingsError as error:  # the memory guard: no figures, the reason instead
+        reason = str(error).split("; try")[0]
+        return {
+            **head,
+            "status": "REFUSED",
+            "reason": reason,
+            "wall_time_s": time.perf_counter() - start,
+        }
+    total = report.comparisons[0]
+    axes = [c for c in report.comparisons[1:]]
+    return {
+        **head,
+        "status": "OK" if report.ok else "MISMATCH",
+        "reason": "",
         "numpy_max_rel_error": report.numpy_max_rel_error,
         "predicted_bytes": total.predicted,
         "compiled_bytes": total.compiled,
@@ -72,14 +91,14 @@ def plot(rows: list[dict], path: str) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 4))
     for method in METHODS:
-        sel = [r for r in rows if r["method"] == method and r["predicted_bytes"] > 0]
+        sel = [r for r in rows if r["method"] == method and (r.get("predicted_bytes") or 0) > 0]
         ax.loglog(
             [r["predicted_bytes"] for r in sel],
             [r["compiled_bytes"] for r in sel],
             "o",
             label=method,
         )
-    values = [r["predicted_bytes"] for r in rows if r["predicted_bytes"] > 0]
+    values = [r["predicted_bytes"] for r in rows if (r.get("predicted_bytes") or 0) > 0]
     if values:
         ax.plot([min(values), max(values)], [min(values), max(values)], "k--", lw=0.8)
     ax.set(
@@ -138,23 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                     if table.done(model=name, mesh=mesh, method=method, batch=batch):
                         continue
                     row = run_one(name, (spec, batch, seq), mesh, method)
-                    print(
-                        {
-                            k: row[k]
-                            for k in (
-                                "model",
-                                "batch",
-                                "mesh",
-                                "method",
-                                "status",
-                                "numpy_max_rel_error",
-                                "total_rel_error",
-                                "max_axis_rel_error",
-                                "wall_time_s",
-                            )
-                        },
-                        flush=True,
-                    )
+                    print({k: row.get(k) for k in PRINTED}, flush=True)
                     table.add([row])
     table.finish()
     if png := png_path(args):
