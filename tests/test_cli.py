@@ -203,6 +203,7 @@ def test_verify_and_export_a_plan_file(tmp_path):
     proc = run("verify", "--plan", str(plan), "--devices", "8")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "numpy executor" in proc.stdout and "node" in proc.stdout and "gpu" in proc.stdout
+    assert proc.stdout.count("plan ") == 1 and proc.stdout.count("collectives compiled") == 1
     # the megatron plan's bytes agree exactly with XLA's, so no tolerance at all still passes; a
     # negative tolerance would fail every run and is refused
     strict = run("verify", "--plan", str(plan), "--tolerance", "0", "--no-numpy")

@@ -169,9 +169,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         run_torch=args.torch,
     )
     _emit(
-        f"plan {args.plan}: {loaded.graph.name} on mesh "
-        f"{loaded.mesh.spec}\n{format_report(report)}plan {args.plan}: {loaded.graph.name} on mesh "
-        f"{loaded.mesh.spec}\n{format_report(report)}",
+        f"plan {args.plan}: {loaded.graph.name} on mesh {loaded.mesh.spec}\n"
+        f"{format_report(report)}",
         args,
     )
     if not report.ok:
