@@ -63,7 +63,8 @@ def run_one(name: str, model: tuple, mesh: str, method: str) -> dict:
     run_numpy = name not in XLA_ONLY
     need, _ = estimate_memory(loaded.graph, loaded.strategies, loaded.mesh, run_numpy, True)
     if need > BUDGET_BYTES:  # no figures, the reason instead
-        reason = f"the checks need about {need / 1e9:.1f} GB, above the 12 GB budget"
+        reason = f"the checks need about {need / 1e9:.1f} GB, above the "
+        reason += f"{BUDGET_BYTES / 1e9:.0f} GB budget"
         return {**head, "status": "REFUSED", "reason": reason, "wall_time_s": _since(start)}
     report = verify_loaded(loaded, run_numpy=run_numpy, max_memory=BUDGET_BYTES)
     total = report.comparisons[0]
