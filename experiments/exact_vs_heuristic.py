@@ -60,8 +60,8 @@ def plot(rows: list[dict], path: str) -> None:
                 None,
             )
             gaps.append(
-                r["gap_percent"]
-                if r and r["gap_percent"] is not None and r["fits_memory"]
+                r["gap_to_exact_percent"]
+                if r and r["gap_to_exact_percent"] is not None and r["fits_memory"]
                 else float("nan")
             )
         ax.bar([i + k * width for i in range(len(configs))], gaps, width, label=method)
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                             "mesh",
                             "method",
                             "status",
-                            "gap_percent",
+                            "gap_to_exact_percent",
                             "search_time_s",
                         )
                     },

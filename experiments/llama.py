@@ -46,7 +46,7 @@ def intra_rows(model: str, mesh: str, methods: tuple[str, ...]) -> list[dict]:
             "status": r["status"],
             "objective": r["objective"],
             "iteration_time_s": r["estimated_step_time_s"],
-            "gap_percent": r["gap_percent"],
+            "gap_to_exact_percent": r["gap_to_exact_percent"],
             "max_memory_gib": gib(r["memory_per_device_bytes"]),
             "fits_memory": r["fits_memory"],
             "search_time_s": r["search_time_s"],
@@ -77,7 +77,7 @@ def threed_row(model: str, batch: int, devices: int) -> dict:
     return {
         **row,
         "mesh": result.mesh,
-        "status": result.pipeline.status,
+        "status": result.status,
         **chosen,
         "num_microbatches": result.pipeline.num_microbatches,
         "micro_batch": batch

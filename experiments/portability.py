@@ -93,7 +93,7 @@ def plan_row(model: str, changed: str, setting: dict) -> dict:
         }
     row.update(
         {
-            "status": result.pipeline.status,
+            "status": result.status,
             **degrees(result),
             "num_microbatches": result.pipeline.num_microbatches,
             "sequence_parallel": result.settings.sequence_parallel,
@@ -118,7 +118,7 @@ def plot(rows: list[dict], path: str) -> None:
                 for r in rows
                 if r["model"] == model
                 and r["changed"] in ("base", "devices")
-                and r["status"] == "OK"
+                and r["status"] == "HEURISTIC"
             ),
             key=lambda r: r["devices"],
         )

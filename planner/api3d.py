@@ -193,7 +193,16 @@ def evaluate_3d(
         hardware_csv=hardware_csv,
     )
     _refuse_idle_axes(result, dp, tp)
-    return replace(result, notes=replicated_linears(result, tp))
+    return replace(_as_given(result), notes=replicated_linears(result, tp))
+
+
+def _as_given(result: Plan3D) -> Plan3D:
+    """A configuration costed as given says GIVEN (as a flat ``evaluate`` does): its even cuts and
+    Megatron stage plan are the configuration, not a search's; one that does not fit stays
+    INFEASIBLE."""
+    if not result.found:
+        return result
+    return replace(result, pipeline=replace(result.pipeline, status="GIVEN"), intra_status="GIVEN")
 
 
 def _megatron_batch(model, batch, seq, tp: int, pp: int, dp: int, micro_batch: int) -> int:

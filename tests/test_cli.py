@@ -140,7 +140,7 @@ def test_compare_writes_one_row_per_method(tmp_path):
     ]
     # zero runs ZeRO-3: other settings, possibly cheaper
     same_settings = rows[rows["method"] != "zero"]
-    assert (same_settings["gap_percent"] >= 0).all() and len(same_settings) == 6
+    assert (same_settings["gap_to_exact_percent"] >= 0).all() and len(same_settings) == 6
 
 
 def test_time_limited_whole_program_returns_feasible_plan(tmp_path):

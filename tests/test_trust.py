@@ -76,7 +76,7 @@ def test_a_failed_search_carries_no_figures(tmp_path):
     assert (
         exact["objective"] is None
         and exact["estimated_step_time_s"] is None
-        and exact["gap_percent"] is None
+        and exact["gap_to_exact_percent"] is None
     )
     run = _cli(
         "plan",

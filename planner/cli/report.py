@@ -95,10 +95,10 @@ def format_3d(result: Plan3D) -> str:
     pipe = result.pipeline
     limit = f" of {bytes_text(result.memory_limit_bytes)}" if result.memory_limit_bytes else ""
     lines = [
-        f"3D plan for {result.model} on mesh {result.mesh} ({result.device}): {pipe.stages} "
-        f"pipeline stages of mesh {result.stage_mesh}, {pipe.num_microbatches} micro-batches of "
-        f"{pipe.micro_batch} ({pipe.schedule}, cuts by {pipe.method}); stage plan by "
-        f"{result.intra_method}: {result.intra_status}",
+        f"3D plan for {result.model} on mesh {result.mesh} ({result.device}): {result.status}",
+        f"{pipe.stages} pipeline stages of mesh {result.stage_mesh}, {pipe.num_microbatches} "
+        f"micro-batches of {pipe.micro_batch} ({pipe.schedule}, cuts by {pipe.method}: "
+        f"{pipe.status}); stage plan by {result.intra_method}: {result.intra_status}",
         f"estimated iteration time {pipe.iteration_time_s:.3f} s (bottleneck stage "
         f"{pipe.bottleneck_s * 1e3:.2f} ms); max memory per device "
         f"{bytes_text(pipe.max_memory_bytes)}{limit} "

@@ -60,7 +60,15 @@ class Plan3D:
 
     @property
     def status(self) -> str:
-        return self.pipeline.status
+        """The flat plans' words (``plans.PlanResult``): INFEASIBLE when no candidate fits; GIVEN
+        for a plan costed as given (cuts, count and stage plan: ``evaluate_3d``, a plan file);
+        otherwise HEURISTIC: the stage plans and the cuts may each be exact, but the search over
+        degrees, micro-batches and settings that composes them proves no optimum."""
+        if self.pipeline.status in FAILED:
+            return self.pipeline.status
+        if self.pipeline.status == "GIVEN" and self.intra_status == "GIVEN":
+            return "GIVEN"
+        return "HEURISTIC"
 
     @property
     def found(self) -> bool:
@@ -96,7 +104,8 @@ class Plan3D:
             "method": pipe.method,
             "intra_method": self.intra_method,
             "intra_status": self.intra_status,
-            "status": pipe.status,
+            "status": self.status,
+            "pipeline_status": pipe.status,
             "iteration_time_s": pipe.iteration_time_s,
             "max_memory_bytes": pipe.max_memory_bytes,
             "fits_memory": pipe.fits_memory,
@@ -117,7 +126,8 @@ class Plan3D:
             "model": self.model,
             "mesh": self.mesh,
             "device": self.device,
-            "status": pipe.status,
+            "status": self.status,
+            "pipeline_status": pipe.status,
             "intra_method": self.intra_method,
             "intra_status": self.intra_status,
             "iteration_time_s": pipe.iteration_time_s,

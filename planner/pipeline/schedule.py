@@ -39,6 +39,9 @@ from planner.errors import SettingsError
 # interleaved:v has v model chunks per device (default 2)
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 DEFAULT_CHUNKS = 2
+# the status of a cut search's plan that fits (the others: HEURISTIC); the exact DP and brute force
+# are proven equal on random chains (tests/test_pipeline.py)
+METHOD_STATUS = {"exact": "OPTIMAL", "brute": "OPTIMAL", "given": "GIVEN"}
 
 
 def parse_schedule(schedule: str) -> tuple[str, int]:
@@ -141,7 +144,9 @@ class PipelinePlan:
     fits_memory: bool
     evaluations: int
     search_time_s: float
-    status: str = "OK"
+    # OPTIMAL (exact DP, brute force: the best cuts and count over the chain), HEURISTIC (csimd,
+    # even, balanced), GIVEN (the cuts were given), INFEASIBLE (nothing fits the memory limit)
+    status: str
 
 
 @dataclass(slots=True)
@@ -294,5 +299,5 @@ def make_result(
         fits,
         evaluations,
         elapsed,
-        "OK" if fits else "INFEASIBLE",
+        METHOD_STATUS.get(method, "HEURISTIC") if fits else "INFEASIBLE",
     )

@@ -272,7 +272,11 @@ class DegreeSearch:
             return None
         chain, status, strategies, graph = found
         pipe = self._cuts(chain, p, self.memory_limit)
-        if pipe.status != "OK" and not pipe.fits_memory and math.isinf(pipe.iteration_time_s):
+        if (
+            pipe.status == "INFEASIBLE"
+            and not pipe.fits_memory
+            and math.isinf(pipe.iteration_time_s)
+        ):
             pipe = self._cuts(chain, p, None)  # report the unconstrained plan as not fitting
             fits = self.memory_limit is None or pipe.max_memory_bytes <= self.memory_limit
             pipe = replace(pipe, fits_memory=fits, status="INFEASIBLE")
