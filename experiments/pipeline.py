@@ -12,6 +12,7 @@ search time, micro-batches.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 import numpy as np
@@ -35,7 +36,8 @@ METHODS = ("csimd", "exact", "even", "balanced")
 def compare_chain(
     chain, stages: int, memory: float | None, source: str, instance: int
 ) -> list[dict]:
-    plans = {m: PIPELINE_METHODS[m](chain, stages, "1f1b", memory) for m in METHODS}
+    limit = math.inf if memory is None else memory  # the CSV leaves "no limit" empty
+    plans = {m: PIPELINE_METHODS[m](chain, stages, "1f1b", limit) for m in METHODS}
     exact = plans["exact"].iteration_time_s
     rows = []
     for method, p in plans.items():

@@ -19,7 +19,7 @@ from planner.ir.graph import Graph
 from planner.ir.rebatch import rebatched
 from planner.search.baselines import data_parallel, drec_cost, greedy, megatron
 from planner.search.sapp import sapp
-from planner.cluster.cluster import Cluster, make_cluster
+from planner.cluster.cluster import checked_limit, Cluster, make_cluster
 from planner.cluster.mesh import Mesh
 from planner.cluster.profiles import DEFAULT_HARDWARE_CSV, MachineProfile
 from planner.plans import Plan, failed, make_plan, strategies_from_choice, strategies_from_mapping
@@ -131,15 +131,17 @@ def _pin(problem: Problem, fixed: Mapping[str, Mapping[str, str | None]], method
 
 def plan_problem(
     problem: Problem,
-    memory_limit: float | None,
+    memory_limit: float,
     method: str = "exact",
     time_limit_s: float = SEARCH_DEFAULTS.time_limit_s,
     seed: int = SEARCH_DEFAULTS.seed,
     jobs: int = SEARCH_DEFAULTS.jobs,
     progress: Progress | None = None,
 ) -> Plan:
-    """Search a plan for a built problem with one method (see ``METHODS``)."""
+    """Search a plan for a built problem with one method (see ``METHODS``) under ``memory_limit``
+    bytes per device (inf: none; a Cluster's ``memory_limit``)."""
     start = time.perf_counter()
+    memory_limit = checked_limit(memory_limit)
     refuse_auto_without_layers(problem)
     if method == "exact" or (
         method == "whole" and AUTO not in (problem.settings.recompute, problem.settings.zero)
@@ -177,7 +179,7 @@ def plan_problem(
 
 def _search(
     problem: Problem,
-    memory_limit: float | None,
+    memory_limit: float,
     method: str,
     time_limit_s: float,
     seed: int,
@@ -235,7 +237,7 @@ def _too_large(problem: Problem, method: str, memory_limit, size: int, start: fl
     )
 
 
-def _per_layer_problem(problem: Problem, result, memory_limit: float | None) -> Problem:
+def _per_layer_problem(problem: Problem, result, memory_limit: float) -> Problem:
     """The problem under the recompute / ZeRO mode chosen per layer, so the plan is costed as it
     was found; the search's objective and memory must hold under it."""
     settings = replace(
@@ -243,7 +245,7 @@ def _per_layer_problem(problem: Problem, result, memory_limit: float | None) -> 
     )
     problem = build_problem(problem.graph, problem.mesh, problem.profile, settings, problem.unit_s)
     if problem.objective(result.choice) != result.objective or (
-        memory_limit is not None and problem.memory(result.choice) > memory_limit
+        problem.memory(result.choice) > memory_limit
     ):
         raise RuntimeError(
             "per-layer choice: the plan under its per-layer settings costs "

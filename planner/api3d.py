@@ -4,6 +4,7 @@ re-costed. The flat plans are in ``planner.api``."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -63,7 +64,7 @@ def stage_planner(
 
     def run(problem: Problem) -> tuple[tuple, str]:
         found = api.plan_problem(
-            problem, None, "dp" if method == "zero" else method, time_limit_s, seed, jobs
+            problem, math.inf, "dp" if method == "zero" else method, time_limit_s, seed, jobs
         )
         if found.status in ("INFEASIBLE", "UNKNOWN"):
             raise InfeasibleError(

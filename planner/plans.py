@@ -6,7 +6,7 @@ user), so every method is compared by the same cost model and the same integer o
 
 from __future__ import annotations
 
-
+import math
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol, Sequence, runtime_checkable
 
@@ -177,13 +177,18 @@ class Plan:
         return row
 
 
+def limit_field(memory_limit: float) -> float | None:
+    """A memory limit as a result field (JSON null for none: JSON has no inf)."""
+    return None if math.isinf(memory_limit) else float(memory_limit)
+
+
 def failed(
     problem: Problem,
     *,
     method: str,
     status: str,
     search_time_s: float,
-    memory_limit: float | None,
+    memory_limit: float,
     explanation: str,
     notes: Sequence[str] = (),
 ) -> Plan:
@@ -204,7 +209,7 @@ def failed(
         hidden_s=None,
         memory_per_device_bytes=None,
         memory_breakdown=(),
-        memory_limit_bytes=memory_limit,
+        memory_limit_bytes=limit_field(memory_limit),
         mesh=problem.mesh.spec,
         device=problem.profile.name,
         settings=tuple(problem.settings.to_dict().items()),
@@ -260,7 +265,7 @@ def make_plan(
     method: str,
     status: str,
     search_time_s: float = 0.0,
-    memory_limit: float | None = None,
+    memory_limit: float = math.inf,
     notes: Sequence[str] = (),
     explanation: str = "",
     bound: int | None = None,
@@ -293,7 +298,7 @@ def make_plan(
         comm_by_kind_axis_s=times.comm_by_kind_axis_s,
         memory_per_device_bytes=mem.total,
         memory_breakdown=_memory_parts(mem),
-        memory_limit_bytes=memory_limit,
+        memory_limit_bytes=limit_field(memory_limit),
         mesh=problem.mesh.spec,
         device=problem.profile.name,
         settings=tuple(settings.to_dict().items()),

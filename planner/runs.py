@@ -69,7 +69,8 @@ def plan_for_verification(
 
     cluster = make_cluster(mesh, device, float("inf"))
     graph = resolve_model(model, batch, seq)
-    result = plan_problem(make_problem(graph, cluster, VERIFY_SETTINGS), None, method)
+    problem = make_problem(graph, cluster, VERIFY_SETTINGS)
+    result = plan_problem(problem, cluster.memory_limit, method)
     strategies = {a.name: tuple(d for _, d in a.strategy) for a in result.operators}
     return LoadedPlan(graph, cluster.mesh, strategies)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import json
 import subprocess
 import sys
@@ -50,7 +52,7 @@ def test_exported_placements_run_on_four_gloo_processes(tmp_path, method):
     if method == "megatron":
         strategies = _megatron_by_hand(graph)
     else:
-        plan = plan_problem(make_problem(graph, cluster), None, method)
+        plan = plan_problem(make_problem(graph, cluster), math.inf, method)
         strategies = {a.name: tuple(d for _, d in a.strategy) for a in plan.operators}
     export = export_shardings(LoadedPlan(graph, cluster.mesh, strategies))
     data_name = next(t.name for t in graph.tensors if t.role == "data")

@@ -366,9 +366,9 @@ def test_exact_plans_equal_brute_force_and_beat_every_heuristic(request):
         assume(math.prod(len(t.strategies) for t in problem.ops) <= inv.BRUTE_LIMIT)
         from planner.search.fallback import min_memory
 
-        free = api.plan_problem(problem, None, "exact")
+        free = api.plan_problem(problem, math.inf, "exact")
         limit = (
-            None
+            math.inf
             if tight is None
             else max(min_memory(problem), int(free.memory_per_device_bytes * tight))
         )

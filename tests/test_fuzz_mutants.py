@@ -103,7 +103,7 @@ def test_a_status_forced_to_optimal_is_caught(monkeypatch):
             return
         try:
             inv.status_is_earned(
-                api.plan_problem(problem, None, "exact").to_dict(), problem, None, {}
+                api.plan_problem(problem, math.inf, "exact").to_dict(), problem, math.inf, {}
             )
         except AssertionError:
             caught.append(graph.name)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import json
 
 import pytest
@@ -27,12 +29,16 @@ def test_brute_force_on_a_one_device_mesh_with_more_than_32_operators():
     assert len(problem.ops) > 32
     objective, choice = brute_force(problem)
     assert (
-        objective == problem.objective(choice) == api.plan_problem(problem, None, "exact").objective
+        objective
+        == problem.objective(choice)
+        == api.plan_problem(problem, math.inf, "exact").objective
     )
     # the same enumeration with free operators among constant ones: a 2-device mesh, capped
     small = api.make_problem("mlp", api.make_cluster("2", "a100-80g"), batch=8)
     objective, choice = brute_force(small)
-    assert objective == small.objective(choice) == api.plan_problem(small, None, "exact").objective
+    assert (
+        objective == small.objective(choice) == api.plan_problem(small, math.inf, "exact").objective
+    )
 
 
 def test_a_plan_made_with_a_datasheet_table_re_costs(tmp_path):

@@ -156,7 +156,7 @@ def test_small_llama_and_moe_plans_verify(spec, mesh, method):
 
     cluster = make_cluster(mesh, "a100-80g", float("inf"))
     graph = load_model(spec, batch=8)
-    result = plan_problem(make_problem(graph, cluster, VERIFY_SETTINGS), None, method)
+    result = plan_problem(make_problem(graph, cluster, VERIFY_SETTINGS), math.inf, method)
     strategies = {a.name: tuple(d for _, d in a.strategy) for a in result.operators}
     assert any(any(s) for s in strategies.values())
     report = run_checks(graph, strategies, cluster.mesh)

@@ -1,6 +1,7 @@
 """The random exactness suites can fail: a planner that never shards and one that ignores the
 memory limit are run through them (same generators, same checks) and each must be caught."""
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -44,7 +45,7 @@ def never_shards(problem, *args, **kwargs):
 
 
 def ignores_memory(problem, memory_limit=None, **kwargs):
-    return solve(problem, None, **kwargs)
+    return solve(problem, math.inf, **kwargs)
 
 
 def _caught(check, **strategies) -> None:

@@ -1,6 +1,7 @@
 """Exact under a memory limit: Pareto fronts, the segment front tables and the label-setting master,
 against brute force (small random graphs) and the whole-program CP-SAT (small GPTs)."""
 
+import math
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, seed
@@ -61,7 +62,7 @@ def test_small_gpt_under_memory_limits_matches_the_whole_program(mesh):
     """Limits from the least memory to the unconstrained plan's; the exact search certifies each
     optimum, the whole-program CP-SAT agrees, and some limit makes identical layers differ."""
     problem = make_problem(GPT, make_cluster(mesh, "a100-80g"))
-    free, _ = solve_exact(problem, None)
+    free, _ = solve_exact(problem, math.inf)
     low, high = min_memory(problem), problem.memory(free.choice)
     mixed, by_pareto = 0, 0
     for fraction in (0.05, 0.2, 0.35, 0.5, 0.65, 0.8, 0.95):
@@ -88,7 +89,7 @@ def test_segment_front_table_holds_the_unconstrained_optimum():
     from planner.search.ties import conditioned, owner_groups
 
     tied = make_problem(GPT, make_cluster("2x2", "a100-80g"))
-    free, _ = solve_exact(tied, None)
+    free, _ = solve_exact(tied, math.inf)
     ((owner, groups),) = owner_groups(tied).items()  # the tied embedding, at the optimum's layout
     problem = conditioned(
         tied, {owner: next(k for k, v in groups.items() if free.choice[owner] in v)}

@@ -2,6 +2,7 @@
 search on the restricted problem equals brute force on the whole problem with every other strategy
 of the pinned operator priced out (an independent construction: no edge is re-indexed there)."""
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -65,7 +66,7 @@ def test_a_pinned_optimum_equals_brute_force(graph, mesh, profile, data):
     axes = problem.mesh.names
     name, strategy = problem.ops[op].op.name, problem.ops[op].strategies[keep]
     held = pinned(problem, {name: dict(zip(axes, strategy))})
-    result, _ = solve_exact(held, None, 30.0)
+    result, _ = solve_exact(held, math.inf, 30.0)
     assert result.status == "OPTIMAL" and result.objective == expected >= free
     assert held.ops[op].strategies[result.choice[op]] == strategy
 

@@ -33,7 +33,7 @@ def test_dp_equals_brute_force(chain_seed, layers, stages, schedule, tight, extr
             working_memory=rng.uniform(0, 4e8, chain.activation_memory.shape),
             tied=((0, layers - 1, float(rng.uniform(0, 5e8)), float(rng.uniform(0, 1e-2))),),
         )
-    limit = float(chain.static_memory.sum() / stages * 1.3 + 2e8) if tight else None
+    limit = float(chain.static_memory.sum() / stages * 1.3 + 2e8) if tight else math.inf
     brute = brute_force(chain, stages, schedule, limit)
     dp = exact_dp(chain, stages, schedule, limit)
     assert brute.status == dp.status
@@ -92,11 +92,11 @@ def _uniform_chain(layers, t, counts=(1, 2, 4), batch=4):
 
 def test_gpipe_formula_by_hand():
     chain = _uniform_chain(4, 1.0)
-    ev = Evaluator(chain, 2, "gpipe", None)
+    ev = Evaluator(chain, 2, "gpipe", math.inf)
     total, bottleneck, memory = ev.cost([2], 2)  # M = 4 micro-batches of size 1; stages of 2 layers
     assert bottleneck == 2.0 and total == 2 * 2.0 + 3 * 2.0  # sum_k T_k + (M - 1) max_k T_k
     assert memory == 2 * 4  # GPipe keeps all M micro-batches of 2 layers
-    one_f_one_b = Evaluator(chain, 2, "1f1b", None)
+    one_f_one_b = Evaluator(chain, 2, "1f1b", math.inf)
     assert (
         one_f_one_b.stage_memory(0, 0, 2, 2) == 2 * 2
         and one_f_one_b.stage_memory(1, 2, 4, 2) == 2 * 1
@@ -120,13 +120,16 @@ def test_interleaved_bubble_by_hand():
         1e9,
         0.0,
     )
-    plain, interleaved = Evaluator(chain, 2, "1f1b", None), Evaluator(chain, 2, "interleaved", None)
+    plain, interleaved = (
+        Evaluator(chain, 2, "1f1b", math.inf),
+        Evaluator(chain, 2, "interleaved", math.inf),
+    )
     t0, t1 = 2.0 + send, 2.0  # stage times: 2 layers, plus the sends of the first stage
     assert plain.cost([2], 2)[0] == pytest.approx(t0 + t1 + 3 * t0)  # sum + (M - 1) max
     t0, t1 = 2.0 + 2 * send, 2.0 + send  # v = 2: two sends per micro-batch, one on the last stage
     assert interleaved.cost([2], 2)[0] == pytest.approx((t0 + t1) / 2 + (4 - 0.5) * t0)
     assert interleaved.stage_memory(0, 0, 2, 2) == pytest.approx(2 * 2 * (1 + 1 / 4))
-    four = Evaluator(chain, 2, "interleaved:4", None)
+    four = Evaluator(chain, 2, "interleaved:4", math.inf)
     assert four.chunks == 4 and four.bubble_factor(2) == 4 - 0.25
 
 
@@ -137,17 +140,17 @@ def test_working_set_and_tied_copy_by_hand():
     chain = _uniform_chain(4, 1.0)
     work = np.array([[1.0, 2, 3], [5, 6, 7], [2, 2, 2], [9, 9, 9]])
     chain = dataclasses.replace(chain, working_memory=work, tied=((0, 3, 100.0, 0.5),))
-    ev = Evaluator(chain, 2, "1f1b", None)
+    ev = Evaluator(chain, 2, "1f1b", math.inf)
     assert ev.stage_memory(0, 0, 2, 2) == 2 * 2 + 7  # 2 layers x 2 in flight, max(3, 7)
     assert ev.stage_memory(1, 2, 4, 2) == 2 * 1 + 9 + 100  # the tied copy on the last stage
     # one stage: one copy
-    assert Evaluator(chain, 1, "1f1b", None).stage_memory(0, 0, 4, 2) == 4 * 1 + 9
+    assert Evaluator(chain, 1, "1f1b", math.inf).stage_memory(0, 0, 4, 2) == 4 * 1 + 9
     assert list(ev.stage_memory(0, np.array([0, 1]), 3, 2)) == [3 * 2 + 7, 2 * 2 + 7]  # vectorised
     assert (
         ev.cost([2], 2)[0]
-        == Evaluator(_uniform_chain(4, 1.0), 2, "1f1b", None).cost([2], 2)[0] + 0.5
+        == Evaluator(_uniform_chain(4, 1.0), 2, "1f1b", math.inf).cost([2], 2)[0] + 0.5
     )
-    assert Evaluator(chain, 1, "1f1b", None).tied_sync(()) == 0.0
+    assert Evaluator(chain, 1, "1f1b", math.inf).tied_sync(()) == 0.0
 
 
 @pytest.mark.parametrize("bad", ["interleaved:1", "interleaved:x", "1f1b:2", "zigzag"])
@@ -155,7 +158,7 @@ def test_bad_schedule_is_refused(bad):
     from planner.errors import SettingsError
 
     with pytest.raises(SettingsError, match="--schedule"):
-        Evaluator(_uniform_chain(4, 1.0), 2, bad, None)
+        Evaluator(_uniform_chain(4, 1.0), 2, bad, math.inf)
 
 
 def test_csimd_beats_even_split_on_heterogeneous_chain():

@@ -3,6 +3,8 @@ unknown operator, count their parameters as torch does, and their plans verify."
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -82,7 +84,7 @@ def test_imported_plans_verify(spec, mesh, method):
 
     _, graph = _imported(spec)
     cluster = make_cluster(mesh, "a100-80g", float("inf"))
-    result = plan_problem(make_problem(graph, cluster, VERIFY_SETTINGS), None, method)
+    result = plan_problem(make_problem(graph, cluster, VERIFY_SETTINGS), math.inf, method)
     strategies = {a.name: tuple(d for _, d in a.strategy) for a in result.operators}
     assert any(any(s) for s in strategies.values())
     report = run_checks(graph, strategies, cluster.mesh)

@@ -6,6 +6,8 @@ megatron plans (the acceptance figures; see README)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from planner.api import make_cluster, make_problem, plan_problem
@@ -114,7 +116,7 @@ SMALL = {
 
 def _verify(graph, mesh: str, method: str):
     cluster = make_cluster(mesh, "a100-80g", float("inf"))
-    plan = plan_problem(make_problem(graph, cluster, VERIFY_SETTINGS), None, method)
+    plan = plan_problem(make_problem(graph, cluster, VERIFY_SETTINGS), math.inf, method)
     strategies = {a.name: tuple(d for _, d in a.strategy) for a in plan.operators}
     return run_checks(graph, strategies, cluster.mesh), strategies
 

@@ -14,11 +14,12 @@ from planner.errors import SettingsError
 
 @dataclass(frozen=True, slots=True)
 class Cluster:
-    """A mesh on a machine profile, with the per-device memory limit (bytes, None: unlimited)."""
+    """A mesh on a machine profile, with the per-device memory limit (bytes; inf: none, the one
+    encoding every search takes)."""
 
     mesh: Mesh
     profile: MachineProfile
-    memory_limit: float | None
+    memory_limit: float
 
 
 def make_cluster(
@@ -36,17 +37,26 @@ def make_cluster(
         return check_given_cluster(mesh, device, memory, devices)
     profile = device if isinstance(device, MachineProfile) else get_profile(device, hardware_csv)
     mesh_obj = mesh if isinstance(mesh, Mesh) else parse_mesh(str(mesh), profile, devices)
-    if memory is not None and (
-        not isinstance(memory, (int, float)) or math.isnan(memory) or memory <= 0
+    if memory is None:
+        limit = math.inf if profile.name == "symbolic" else float(profile.memory_bytes)
+    else:
+        limit = checked_limit(memory, "--memory")
+    return Cluster(mesh_obj, profile, limit)
+
+
+def checked_limit(memory_limit: float, name: str = "memory_limit") -> float:
+    """A memory limit in its one encoding: a positive number of bytes, inf for none."""
+    if (
+        isinstance(memory_limit, bool)
+        or not isinstance(memory_limit, (int, float))
+        or math.isnan(memory_limit)
+        or memory_limit <= 0
     ):
         raise SettingsError(
-            f"--memory: must be a positive number of bytes (or inf for no limit), got {memory!r}"
+            f"{name}: must be a positive number of bytes (or inf for no limit), got "
+            f"{memory_limit!r}"
         )
-    if memory is None:
-        limit = None if profile.name == "symbolic" else profile.memory_bytes
-    else:
-        limit = None if math.isinf(memory) else float(memory)
-    return Cluster(mesh_obj, profile, limit)
+    return float(memory_limit)
 
 
 def check_given_cluster(cluster: Cluster, device, memory, devices) -> Cluster:

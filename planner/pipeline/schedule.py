@@ -156,7 +156,7 @@ class Evaluator:
     chain: LayerChain
     stages: int
     schedule: str
-    memory_limit: float | None
+    memory_limit: float  # bytes per device; inf: none
     evaluations: int = 0
     kind: str = field(init=False)
     chunks: int = field(init=False)  # v: model chunks per device (1 unless interleaved)
@@ -240,7 +240,7 @@ class Evaluator:
         )
 
     def fits(self, k: int, start: int, end: int, m: int) -> bool:
-        return self.memory_limit is None or self.stage_memory(k, start, end, m) <= self.memory_limit
+        return self.stage_memory(k, start, end, m) <= self.memory_limit
 
     def cost(self, cuts: Sequence[int], m: int) -> tuple[float, float, float]:
         """(iteration time, bottleneck stage time, max stage memory) of a plan."""
@@ -256,7 +256,7 @@ class Evaluator:
     def objective(self, cuts: Sequence[int], m: int) -> float:
         """Iteration time, or infinity when a stage does not fit in memory."""
         total, _, memory = self.cost(cuts, m)
-        return total if self.memory_limit is None or memory <= self.memory_limit else math.inf
+        return total if memory <= self.memory_limit else math.inf
 
 
 def _holds(start: np.ndarray, end: np.ndarray, layer: int) -> np.ndarray:
@@ -285,7 +285,7 @@ def make_result(
         )
     evaluations = ev.evaluations
     total, bottleneck, memory = (float(x) for x in ev.cost(cuts, m))
-    fits = bool(ev.memory_limit is None or memory <= ev.memory_limit)
+    fits = bool(memory <= ev.memory_limit)
     return PipelinePlan(
         method,
         ev.schedule,

@@ -20,7 +20,7 @@ from planner.pipeline.schedule import Evaluator, LayerChain, PipelinePlan, make_
 
 
 def brute_force(
-    chain: LayerChain, stages: int, schedule: str = "1f1b", memory_limit: float | None = None
+    chain: LayerChain, stages: int, schedule: str = "1f1b", memory_limit: float = math.inf
 ) -> PipelinePlan:
     """Every composition of the layers into ``stages`` parts, every micro-batch count."""
     start = time.perf_counter()
@@ -53,7 +53,7 @@ def _dp_at(ev: Evaluator, m: int, bottleneck: float) -> tuple[float, tuple[int, 
             t = prefix_t[end] - prefix_t[begin] + ev.boundary_seconds(end, m)
             value = best[k - 1, begin] + t / ev.chunks + (ev._sync[end, m] if k == 1 else 0.0)
             ok = t <= bottleneck
-            if ev.memory_limit is not None:
+            if math.isfinite(ev.memory_limit):
                 ok &= ev.stage_memory(k - 1, begin, end, m) <= ev.memory_limit
             value = np.where(ok, value, math.inf)
             j = int(np.argmin(value))
@@ -68,7 +68,7 @@ def _dp_at(ev: Evaluator, m: int, bottleneck: float) -> tuple[float, tuple[int, 
 
 
 def exact_dp(
-    chain: LayerChain, stages: int, schedule: str = "1f1b", memory_limit: float | None = None
+    chain: LayerChain, stages: int, schedule: str = "1f1b", memory_limit: float = math.inf
 ) -> PipelinePlan:
     """Alpa's exact formulation: for every micro-batch count and every candidate bottleneck value
     (the time of some contiguous layer range), a DP over (stages, layers) minimising the sum of
@@ -133,7 +133,7 @@ def _greedy_cuts(ev: Evaluator, m: int, bottleneck: float) -> list[int] | None:
     while begin < layers:
         ends = np.arange(begin + 1, layers + 1)
         ok = prefix_t[ends] - prefix_t[begin] + sends[ends - 1] <= bottleneck
-        if ev.memory_limit is not None:
+        if math.isfinite(ev.memory_limit):
             ok &= ev.stage_memory(k, begin, ends, m) <= ev.memory_limit
         feasible = np.flatnonzero(ok)
         if not len(feasible):
@@ -209,7 +209,7 @@ def csimd(
     chain: LayerChain,
     stages: int,
     schedule: str = "1f1b",
-    memory_limit: float | None = None,
+    memory_limit: float = math.inf,
     tolerance: float = 1e-4,
 ) -> PipelinePlan:
     """CSIMD: cross-search over the cuts and the micro-batch count.
@@ -258,7 +258,7 @@ def even_split(
     chain: LayerChain,
     stages: int,
     schedule: str = "1f1b",
-    memory_limit: float | None = None,
+    memory_limit: float = math.inf,
     balanced: bool = False,
 ) -> PipelinePlan:
     """Baseline: equal layers per stage (or equal compute when ``balanced``), best micro-batch
@@ -289,7 +289,7 @@ def even_split(
 
 
 def given_cuts(
-    chain: LayerChain, stages: int, schedule: str, memory_limit: float | None, cuts: Sequence[int]
+    chain: LayerChain, stages: int, schedule: str, memory_limit: float, cuts: Sequence[int]
 ) -> PipelinePlan:
     """Cost fixed cuts (first layer of stages 1..p-1) at the best micro-batch count of the chain."""
     start = time.perf_counter()
@@ -319,7 +319,7 @@ def stage_breakdown(
     chain: LayerChain, plan: PipelinePlan
 ) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Per stage: time per micro-batch (compute, collectives and the send) and memory per device."""
-    ev = Evaluator(chain, plan.stages, plan.schedule, None)
+    ev = Evaluator(chain, plan.stages, plan.schedule, math.inf)
     m = chain.counts.index(plan.num_microbatches)
     bounds = (0, *plan.cuts, chain.num_layers)
     times = tuple(ev.stage_time(bounds[k], bounds[k + 1], m) for k in range(plan.stages))

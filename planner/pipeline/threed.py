@@ -40,6 +40,7 @@ from planner.pipeline.timeline import stage_details
 from planner.pipeline.search import METHODS, given_cuts, stage_breakdown
 from planner.cost.problem import Problem, build_problem
 from planner.pipeline.plan3d import Plan3D
+from planner.plans import limit_field
 from planner.units import bytes_text
 from planner.cost.strategy import Strategy
 
@@ -74,7 +75,7 @@ def stage_mesh(mesh: Mesh, stages: int) -> Mesh:
 
 def exact_stage_plan(problem: Problem) -> tuple[tuple[Strategy, ...], str]:
     """The default stage planner: the exact intra-operator search without a memory limit."""
-    result, _ = solve_exact(problem, None)
+    result, _ = solve_exact(problem, math.inf)
     return tuple(t.strategies[c] for t, c in zip(problem.ops, result.choice)), result.status
 
 
@@ -163,12 +164,12 @@ def _candidate_row(stages: int, stage_mesh: str, variant: TrainingSettings, pipe
     }
 
 
-def _nothing_fits(rows: list[dict], memory_limit: float | None) -> InfeasibleError:
+def _nothing_fits(rows: list[dict], memory_limit: float) -> InfeasibleError:
     least = min((row["max_memory_bytes"] for row in rows), default=None)
     need = (
         f"the least of any candidate needs {bytes_text(least)} per device, the limit is "
         f"{bytes_text(memory_limit)}; "
-        if least is not None and memory_limit is not None
+        if least is not None and math.isfinite(memory_limit)
         else ""
     )
     return InfeasibleError(
@@ -248,7 +249,7 @@ class DegreeSearch:
     mesh: Mesh
     profile: MachineProfile
     batch: int
-    memory_limit: float | None
+    memory_limit: float
     schedule: str
     method: str
     counts: list[int]
@@ -277,8 +278,8 @@ class DegreeSearch:
             and not pipe.fits_memory
             and math.isinf(pipe.iteration_time_s)
         ):
-            pipe = self._cuts(chain, p, None)  # report the unconstrained plan as not fitting
-            fits = self.memory_limit is None or pipe.max_memory_bytes <= self.memory_limit
+            pipe = self._cuts(chain, p, math.inf)  # report the unconstrained plan as not fitting
+            fits = pipe.max_memory_bytes <= self.memory_limit
             pipe = replace(pipe, fits_memory=fits, status="INFEASIBLE")
         mesh, profile, limit = self.mesh, self.profile, self.memory_limit
         return assemble(graph, mesh, sub, profile, settings, chain, pipe, strategies, status, limit)
@@ -297,7 +298,7 @@ class DegreeSearch:
                 return first, candidate
         return first, None
 
-    def _cuts(self, chain: LayerChain, p: int, limit: float | None) -> PipelinePlan:
+    def _cuts(self, chain: LayerChain, p: int, limit: float) -> PipelinePlan:
         if self.cuts is not None:
             return given_cuts(chain, p, self.schedule, limit, self.cuts)
         return METHODS[self.method](chain, p, self.schedule, limit)
@@ -313,7 +314,7 @@ def assemble(
     pipe: PipelinePlan,
     strategies: dict[str, Strategy],
     status: str,
-    memory_limit: float | None,
+    memory_limit: float,
     intra_method: str = "exact",
 ) -> Plan3D:
     """A Plan3D from a costed pipeline: per-stage time and memory, each operator's stage and
@@ -329,7 +330,7 @@ def assemble(
         (axis.name, _most_common([strategies[op.name][k] for op in linear]))
         for k, axis in enumerate(sub.axes)
     )
-    tied_sync = Evaluator(chain, pipe.stages, pipe.schedule, None).tied_sync(pipe.cuts)
+    tied_sync = Evaluator(chain, pipe.stages, pipe.schedule, math.inf).tied_sync(pipe.cuts)
     return Plan3D(
         graph.name,
         mesh.spec,
@@ -343,7 +344,7 @@ def assemble(
         ops,
         times,
         memory,
-        memory_limit,
+        limit_field(memory_limit),
         stage_details=stage_details(chain, pipe),
         tied_sync_s=float(tied_sync),
         operator_layers=tuple(op.layer for op in graph.operators),
@@ -356,7 +357,7 @@ def recost(
     profile: MachineProfile,
     batch: int,
     settings: TrainingSettings,
-    memory_limit: float | None,
+    memory_limit: float,
     stages: int,
     cuts: tuple[int, ...],
     num_microbatches: int,

@@ -23,6 +23,7 @@ T_k / v + (M - 1/v) max_k T_k + sync`` (tested); with unequal stages the two can
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from planner.errors import SettingsError
@@ -95,7 +96,7 @@ def stage_details(chain: LayerChain, plan: PipelinePlan) -> tuple[StageDetail, .
     """The per-stage terms of a costed pipeline plan (the chain must carry ``parts``)."""
     if chain.parts is None or chain.static_parts is None:
         raise SettingsError("layer chain: field 'parts' is needed to break stage times into terms")
-    ev = Evaluator(chain, plan.stages, plan.schedule, None)
+    ev = Evaluator(chain, plan.stages, plan.schedule, math.inf)
     m = chain.counts.index(plan.num_microbatches)
     bounds = (0, *plan.cuts, chain.num_layers)
     out = []

@@ -3,6 +3,7 @@ against."""
 
 from __future__ import annotations
 
+import math
 import functools
 
 import numpy as np
@@ -26,7 +27,7 @@ def _along(values: np.ndarray, ops: tuple[int, ...], dim: dict, counts: list) ->
 
 
 def brute_force(
-    problem: Problem, memory_limit: float | None = None, max_combinations: int = 20_000_000
+    problem: Problem, memory_limit: float = math.inf, max_combinations: int = 20_000_000
 ) -> tuple[int, tuple[int, ...]] | None:
     """Exhaustive minimum over every combination of strategies (dense numpy; small problems only).
 
@@ -55,7 +56,7 @@ def brute_force(
             total = total + along(np.diagonal(pair).copy(), (e.src,))
         else:
             total = total + along(pair, (e.src, e.dst))
-    if memory_limit is not None:
+    if math.isfinite(memory_limit):
         total = np.where(memory <= memory_limit, total, np.iinfo(np.int64).max)
     flat = int(np.argmin(total))
     value = int(total.flat[flat])

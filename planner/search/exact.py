@@ -53,7 +53,7 @@ REDUCE_SHARE = 0.5  # of the time limit: reducing the segments; past it, the who
 
 def solve_exact(
     problem: Problem,
-    memory_limit: float | None = None,
+    memory_limit: float = math.inf,
     time_limit_s: float = SEARCH_DEFAULTS.time_limit_s,
     seed: int = SEARCH_DEFAULTS.seed,
     jobs: int = SEARCH_DEFAULTS.jobs,
@@ -65,7 +65,7 @@ def solve_exact(
     ``time_limit_s`` bounds the whole call (price steps, model building and every CP-SAT solve);
     at the limit the best plan found is returned FEASIBLE with its proven bound."""
     started = time.perf_counter()
-    limit = math.inf if memory_limit is None else float(memory_limit)
+    limit = float(memory_limit)
     result, notes = _solve_exact(SearchState(problem, limit, time_limit_s, seed, jobs, progress))
     if (
         result.choice is None
@@ -111,7 +111,7 @@ def _solve_exact(state: SearchState) -> Outcome:
         return _relaxed(condition, state.memory_limit, cache, deadline)
 
     result, notes = solve_tied(
-        problem, state.limit_or_none, state.time_limit_s, state.seed, untied, relaxed, solve_whole
+        problem, state.memory_limit, state.time_limit_s, state.seed, untied, relaxed, solve_whole
     )
     said = (f"--jobs {state.jobs}: tied parameters are solved in this process",)
     return result, notes + (said if state.jobs > 1 else ())
@@ -187,7 +187,7 @@ def _segmented(state: SearchState) -> Outcome | None:
             ),
         )
     if len(state.segments) <= 1:
-        result, said = solve_whole(problem, state.limit_or_none, state.time_limit_s, state.seed)
+        result, said = solve_whole(problem, state.memory_limit, state.time_limit_s, state.seed)
         return result, ("no single-tensor cut: solved as one whole-graph program",) + said
     distinct = len({s.key for s in state.segments})
     state.notes += (f"decomposed into {len(state.segments)} segments ({distinct} distinct)",)
@@ -226,7 +226,7 @@ def _unconstrained(state: SearchState) -> Outcome | None:
     except TimeoutError as exc:
         return whole_instead(
             problem,
-            state.limit_or_none,
+            state.memory_limit,
             state.deadline,
             state.seed,
             state.start,

@@ -4,6 +4,7 @@ bound, the least memory any plan needs and why nothing fits, and the size of the
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Mapping, Sequence
 
@@ -14,7 +15,7 @@ from planner.search.result import SolveResult
 from planner.units import bytes_text
 
 
-def greedy_choice(problem: Problem, memory_limit: float | None = None) -> tuple[int, ...]:
+def greedy_choice(problem: Problem, memory_limit: float = math.inf) -> tuple[int, ...]:
     """Topological greedy: each op takes its cheapest strategy given its producers' choices.
 
     If the result does not fit ``memory_limit``, every op falls back to its least-memory strategy.
@@ -29,7 +30,7 @@ def greedy_choice(problem: Problem, memory_limit: float | None = None) -> tuple[
             row = edge.cost[edge.src_index[choice[edge.src]]]
             total += row[edge.dst_index]
         choice.append(int(np.argmin(total)))
-    if memory_limit is not None and problem.memory(choice) > memory_limit:
+    if problem.memory(choice) > memory_limit:
         choice = [int(np.argmin(t.memory)) for t in problem.ops]
     return tuple(choice)
 
@@ -77,7 +78,7 @@ def separable_bound(problem: Problem) -> int:
 
 
 def too_short(
-    problem: Problem, memory_limit: float | None, hint, lower_bound, start: float
+    problem: Problem, memory_limit: float, hint, lower_bound, start: float
 ) -> SolveResult:
     """The time limit cannot even cover building the model: the greedy plan, with the separable
     bound."""
@@ -95,7 +96,7 @@ def too_short(
     )
 
 
-def greedy_result(problem: Problem, memory_limit: float | None, start: float) -> SolveResult:
+def greedy_result(problem: Problem, memory_limit: float, start: float) -> SolveResult:
     """The greedy plan as a FEASIBLE result with the separable bound (UNKNOWN if it does not
     fit)."""
     return hint_result(
@@ -111,7 +112,7 @@ def greedy_result(problem: Problem, memory_limit: float | None, start: float) ->
 
 def hint_result(
     problem: Problem,
-    memory_limit: float | None,
+    memory_limit: float,
     hint: Sequence[int],
     bound: int,
     start: float,
@@ -120,7 +121,7 @@ def hint_result(
 ) -> SolveResult:
     """The solution hint as the result of a search the time limit stopped (UNKNOWN if it does not
     fit)."""
-    if memory_limit is not None and problem.memory(hint) > memory_limit:
+    if problem.memory(hint) > memory_limit:
         return SolveResult(
             "UNKNOWN",
             None,

@@ -96,7 +96,7 @@ def lagrangian(
         best = prices.best
         master = solve(
             problem,
-            state.limit_or_none,
+            state.memory_limit,
             state.left() / 2,
             state.seed,
             allowed=allowed,
@@ -135,7 +135,7 @@ def _close(state: SearchState, prices: _Prices, lower: int) -> Outcome:
         )
     result = solve(
         problem,
-        state.limit_or_none,
+        state.memory_limit,
         state.left(),
         state.seed,
         lower_bound=lower,

@@ -31,10 +31,9 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
-from ortools.sat.python import cp_model
 
 from planner.search.options import SEARCH_DEFAULTS
 from planner.signals import run_interruptible
@@ -51,13 +50,11 @@ from planner.search.fallback import (
 )
 from planner.search.result import SolveResult
 
-STATUS_NAMES = {
-    cp_model.OPTIMAL: "OPTIMAL",
-    cp_model.FEASIBLE: "FEASIBLE",
-    cp_model.INFEASIBLE: "INFEASIBLE",
-    cp_model.UNKNOWN: "UNKNOWN",
-    cp_model.MODEL_INVALID: "MODEL_INVALID",
-}
+if TYPE_CHECKING:
+    from ortools.sat.python import cp_model
+# CP-SAT is imported where a program is built or solved: it brings pandas with it (0.2 s of every
+# start-up), and a plan the decomposition or the Pareto master finds needs neither.
+STATUS_NAMES = ("OPTIMAL", "FEASIBLE", "INFEASIBLE", "UNKNOWN", "MODEL_INVALID")
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -81,7 +78,7 @@ class BuildTimeout(Exception):
 
 def build_model(
     problem: Problem,
-    memory_limit: float | None = None,
+    memory_limit: float = math.inf,
     allowed: Mapping[int, Sequence[int]] | None = None,
     lower_bound: int | None = None,
     deadline: float = math.inf,
@@ -89,6 +86,8 @@ def build_model(
     """Build the program. ``allowed`` restricts some operators to a subset of their strategies.
 
     Raises ``BuildTimeout`` once ``time.perf_counter()`` passes ``deadline`` (checked per edge)."""
+    from ortools.sat.python import cp_model
+
     model = cp_model.CpModel()
     x = _add_exactly_one(model, problem, allowed or {})
     objective: dict[int, int] = {}  # variable index -> cost coefficient
@@ -98,7 +97,7 @@ def build_model(
             if cost[s]:
                 objective[var.index] = int(cost[s])
     y = _add_marginals(model, problem, x, objective, deadline)
-    if memory_limit is not None:
+    if math.isfinite(memory_limit):
         _add_memory(model, problem, x, memory_limit)
     if lower_bound is not None:
         bound_expr = cp_model.LinearExpr.weighted_sum(
@@ -138,6 +137,8 @@ def _layout_sums(
 def _add_marginals(
     model: cp_model.CpModel, problem: Problem, x, objective: dict[int, int], deadline: float
 ) -> list[dict]:
+    from ortools.sat.python import cp_model
+
     y_maps = []
     for e_idx, edge in enumerate(problem.all_edges):
         if time.perf_counter() > deadline:
@@ -185,7 +186,7 @@ def _add_memory(model: cp_model.CpModel, problem: Problem, x, memory_limit: floa
 
 def solve(
     problem: Problem,
-    memory_limit: float | None = None,
+    memory_limit: float = math.inf,
     time_limit_s: float = SEARCH_DEFAULTS.time_limit_s,
     seed: int = SEARCH_DEFAULTS.seed,
     workers: int = 1,
@@ -200,9 +201,11 @@ def solve(
     e.g. a Lagrangian one) is added as a cut on the objective. ``time_limit_s`` counts from the
     call (building the model included); ``deadline`` (a ``time.perf_counter`` value) caps it too.
     """
+    from ortools.sat.python import cp_model
+
     start = time.perf_counter()
     deadline = min(deadline if deadline is not None else math.inf, start + time_limit_s)
-    if memory_limit is not None and min_memory(problem) > memory_limit:
+    if min_memory(problem) > memory_limit:
         why = explain_infeasible(problem, memory_limit)
         return SolveResult("INFEASIBLE", None, None, None, time.perf_counter() - start, 0, why)
     if build_seconds(problem, allowed) > deadline - start and not allowed:
@@ -236,6 +239,8 @@ def solve(
 
 
 def _cp_solver(deadline: float, seed: int, workers: int) -> cp_model.CpSolver:
+    from ortools.sat.python import cp_model
+
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.01, deadline - time.perf_counter())
     solver.parameters.random_seed = int(seed)
@@ -250,7 +255,7 @@ def _cp_solver(deadline: float, seed: int, workers: int) -> cp_model.CpSolver:
 
 def _solution(
     problem: Problem,
-    memory_limit: float | None,
+    memory_limit: float,
     built: BuiltModel,
     solver: cp_model.CpSolver,
     code: int,
@@ -259,12 +264,14 @@ def _solution(
 ) -> SolveResult:
     """The result CP-SAT reported: the choice and the proven bound, or the status and the
     reason."""
-    status = STATUS_NAMES.get(code, "UNKNOWN")
+    from ortools.sat.python import cp_model
+
+    status = next((n for n in STATUS_NAMES if getattr(cp_model, n) == code), "UNKNOWN")
     elapsed = time.perf_counter() - start
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         why = (
             explain_infeasible(problem, memory_limit)
-            if code == cp_model.INFEASIBLE and memory_limit
+            if code == cp_model.INFEASIBLE and math.isfinite(memory_limit)
             else ""
         )
         return SolveResult(status, None, None, None, elapsed, built.num_booleans, why)

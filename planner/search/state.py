@@ -3,7 +3,6 @@ its limits, the segments, what each phase found, and the cache the tied-layout c
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -55,11 +54,6 @@ class SearchState:
     @property
     def deadline(self) -> float:
         return self.start + self.time_limit_s
-
-    @property
-    def limit_or_none(self) -> float | None:
-        """The memory limit as the solver's functions take it (None: no limit)."""
-        return None if math.isinf(self.memory_limit) else self.memory_limit
 
     def shared(self) -> SearchCache:
         """The cache (a fresh one for an untied search: it keeps nothing across searches)."""

@@ -72,7 +72,7 @@ def conditioned(problem: Problem, chosen: dict[int, tuple]) -> Problem:
 
 def solve_tied(
     problem: Problem,
-    memory_limit: float | None,
+    memory_limit: float,
     time_limit_s: float,
     seed: int,
     solve_untied: Callable[[Problem, float, int | None], tuple[SolveResult, tuple[str, ...]]],
@@ -137,7 +137,7 @@ def _sweep(search, pending: list, sweep: int, start: float, time_limit_s: float,
 
 def _whole_rest(
     problem: Problem,
-    memory_limit: float | None,
+    memory_limit: float,
     time_limit_s: float,
     seed: int,
     start: float,
@@ -163,7 +163,7 @@ def _whole_rest(
     return replace(result, search_time_s=time.perf_counter() - start), note + tuple(said)
 
 
-def _plain(problem: Problem, memory_limit: float | None, time_limit_s: float, seed: int):
+def _plain(problem: Problem, memory_limit: float, time_limit_s: float, seed: int):
     return solve(problem, memory_limit, time_limit_s, seed), ()
 
 

@@ -25,7 +25,7 @@ MAX_WHOLE_PROGRAM = 2_000_000  # Booleans: past this the whole-graph program is 
 
 
 def solve_whole(
-    problem: Problem, memory_limit: float | None, time_limit_s: float, seed: int
+    problem: Problem, memory_limit: float, time_limit_s: float, seed: int
 ) -> tuple[SolveResult, tuple[str, ...]]:
     """The whole-graph program; under recompute / zero ``auto`` the best uniform mode (see
     above)."""
@@ -71,7 +71,7 @@ def solve_whole(
 
 def whole_instead(
     problem: Problem,
-    memory_limit: float | None,
+    memory_limit: float,
     deadline: float,
     seed: int,
     start: float,
