@@ -64,3 +64,21 @@ def test_settings_defaults_and_help_come_from_training_settings():
     ]:
         assert f"default {getattr(settings, name)}" in actions[flag].help, flag
     assert f"default {settings.bucket_bytes / 2**20:g}" in actions["--bucket-mb"].help
+
+
+@pytest.mark.parametrize("command", ["plan", "compare", "pipeline", "evaluate"])
+def test_settings_options_are_generated_from_the_fields(command):
+    """Every TrainingSettings field with an option is offered with the field's help and choices,
+    and every settings option of the command comes from a field (none is written by hand)."""
+    from planner.cost.settings import option_default, option_fields
+
+    actions = _actions(command)
+    for f in option_fields():
+        action = actions[f.metadata["flag"]]
+        assert action.help.startswith(f.metadata["help"]), f.name
+        assert action.default is None  # None: the field's default, or a plan file's own value
+        if f.metadata["choices"]:
+            assert list(action.choices) == list(f.metadata["choices"])
+            assert str(option_default(f)) in action.choices
+    # a new field with a flag appears on the command line without touching the parser
+    assert {f.metadata["flag"] for f in option_fields()} >= {"--dtype", "--zero", "--bucket-mb"}

@@ -7,7 +7,7 @@ import logging
 
 from planner import api
 from planner.cluster.profiles import DEFAULT_HARDWARE_CSV
-from planner.cost.settings import TrainingSettings
+from planner.cost.settings import option_default, option_fields, option_name
 from planner.search.options import flag_fields
 from planner.pipeline.search import METHODS as PIPELINE_METHODS
 from planner.cli.argtypes import (
@@ -28,23 +28,7 @@ log = logging.getLogger("planner")
 
 
 # The training settings' defaults, as the options spell them: TrainingSettings is their one source.
-_SETTINGS = TrainingSettings()
-SETTINGS_DEFAULTS = {
-    "dtype": _SETTINGS.dtype,
-    "optimizer": _SETTINGS.optimizer,
-    "zero": _SETTINGS.zero,
-    "recompute": _SETTINGS.recompute,
-    "overlap": _SETTINGS.overlap,
-    "bucket_mb": _SETTINGS.bucket_bytes / 2**20,
-    "fp32_grads": _SETTINGS.fp32_grads,
-    "sequence_parallel": _SETTINGS.sequence_parallel,
-}
-
-
-def _default(name: str) -> str:
-    """``default X`` for a settings option's help, from ``SETTINGS_DEFAULTS``."""
-    value = SETTINGS_DEFAULTS[name]
-    return f"default {value:g}" if isinstance(value, float) else f"default {value}"
+SETTINGS_DEFAULTS = {option_name(f): option_default(f) for f in option_fields()}
 
 
 def _add_common(p: argparse.ArgumentParser, model_required: bool = True) -> None:
@@ -83,50 +67,19 @@ def _add_common(p: argparse.ArgumentParser, model_required: bool = True) -> None
 
 
 def _add_settings(p: argparse.ArgumentParser) -> None:
-    """The training settings (``TrainingSettings``)."""
-    # None: the default below, or the plan file's own value when one is read back
-    p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help=_default("dtype"))
-    p.add_argument("--optimizer", choices=["adam", "sgd"], help=_default("optimizer"))
-    p.add_argument(
-        "--zero",
-        choices=["0", "1", "2", "3", "auto"],
-        help="ZeRO stage on data-parallel axes; auto = the exact method chooses a stage per layer "
-        f"({_default('zero')})",
-    )
-    p.add_argument(
-        "--recompute",
-        choices=["none", "selective", "full", "auto"],
-        help="activation recompute: selective = the attention core (scores, softmax, its dropout) "
-        "is re-run instead of kept; full = only layer inputs are kept; auto = the exact method "
-        f"chooses one of these per layer when memory binds ({_default('recompute')})",
-    )
-    p.add_argument(
-        "--sequence-parallel",
-        action="store_const",
-        const=True,
-        help="keep activations that tensor-parallel operators read replicated 1/t-sharded and "
-        "re-gather them in the backward pass (Megatron-LM's sequence parallelism)",
-    )
-    p.add_argument(
-        "--overlap",
-        choices=["none", "grad", "full"],
-        help="communication behind compute: grad = gradient reduction behind the backward pass "
-        f"(DDP, Megatron), full = also ZeRO-3 gathers prefetched (FSDP); {_default('overlap')}",
-    )
-    p.add_argument(
-        "--bucket-mb",
-        type=non_negative,
-        metavar="MB",
-        help="gradient bucket size in MiB: smaller tensors share a bucket's collective, a larger "
-        "tensor is one collective of its own, latency paid once per collective "
-        f"({_default('bucket_mb')}, as DDP; 0: one collective per parameter tensor)",
-    )
-    p.add_argument(
-        "--fp32-grads",
-        action="store_const",
-        const=True,
-        help="keep gradients in fp32 (Megatron's main gradients: 18 bytes per parameter with Adam)",
-    )
+    """The training settings, built from ``TrainingSettings``' fields: each field's flag, help,
+    choices and default (the field's metadata) are the one source of the option."""
+    # None: the default, or the plan file's own value when one is read back
+    for f in option_fields():
+        meta, default = f.metadata, option_default(f)
+        shown = f"{default:g}" if isinstance(default, float) else default
+        help_text = f"{meta['help']} (default {'off' if default is False else shown})"
+        if isinstance(f.default, bool):
+            p.add_argument(meta["flag"], action="store_const", const=True, help=help_text)
+        elif meta["choices"]:
+            p.add_argument(meta["flag"], choices=list(meta["choices"]), help=help_text)
+        else:
+            p.add_argument(meta["flag"], type=non_negative, metavar=meta["metavar"], help=help_text)
 
 
 def _add_search(p: argparse.ArgumentParser) -> None:

@@ -3,11 +3,13 @@ the framework runs it (overlap of communication with compute, gradient buckets, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 from planner.errors import SettingsError
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+DTYPES = tuple(DTYPE_BYTES)
+OPTIMIZERS = ("adam", "sgd")
 INTEGER_BYTES = 4
 # Optimizer state bytes per parameter: mixed precision keeps an fp32 master copy.
 OPTIMIZER_BYTES = {
@@ -25,6 +27,19 @@ ZERO_STAGES = (0, 1, 2, 3)
 AUTO = "auto"
 # PyTorch DDP's default bucket_cap_mb (25 MiB): small tensors share a bucket's collective latency.
 DEFAULT_BUCKET_BYTES = 25 * 2**20
+
+
+def _option(
+    flag: str,
+    help: str,
+    choices: tuple[str, ...] | None = None,
+    unit: float = 1.0,
+    metavar: str | None = None,
+):
+    """A field's command-line option: its flag, help and choices, and the unit the option counts
+    in (the field's value / unit, named ``metavar``); the CLI builds the option from this and the
+    field's default."""
+    return {"flag": flag, "help": help, "choices": choices, "unit": unit, "metavar": metavar}
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,14 +65,66 @@ class TrainingSettings:
     ``planner.cost.operators.bucket_share``). ``fp32_grads``: gradients are kept in fp32 (Megatron's
     main gradients: 4 bytes, 18 bytes per parameter with Adam under mixed precision)."""
 
-    dtype: str = "bf16"
-    optimizer: str = "adam"
-    zero: int = 0
-    recompute: str = "none"
-    overlap: str = "full"
-    bucket_bytes: float = DEFAULT_BUCKET_BYTES
-    fp32_grads: bool = False
-    sequence_parallel: bool = False
+    dtype: str = field(
+        default="bf16",
+        metadata=_option("--dtype", "element type of weights, activations and gradients", DTYPES),
+    )
+    optimizer: str = field(
+        default="adam", metadata=_option("--optimizer", "optimizer (its state)", OPTIMIZERS)
+    )
+    zero: int = field(
+        default=0,
+        metadata=_option(
+            "--zero",
+            "ZeRO stage on data-parallel axes; auto = the exact method chooses a stage per layer",
+            tuple(str(z) for z in ZERO_STAGES) + (AUTO,),
+        ),
+    )
+    recompute: str = field(
+        default="none",
+        metadata=_option(
+            "--recompute",
+            "activation recompute: selective = the attention core (scores, softmax, its dropout) "
+            "is re-run instead of kept; full = only layer inputs are kept; auto = the exact method "
+            "chooses one of these per layer when memory binds",
+            RECOMPUTE + (AUTO,),
+        ),
+    )
+    overlap: str = field(
+        default="full",
+        metadata=_option(
+            "--overlap",
+            "communication behind compute: grad = gradient reduction behind the backward pass "
+            "(DDP, Megatron), full = also ZeRO-3 gathers prefetched (FSDP)",
+            OVERLAP,
+        ),
+    )
+    bucket_bytes: float = field(
+        default=DEFAULT_BUCKET_BYTES,
+        metadata=_option(
+            "--bucket-mb",
+            "gradient bucket size in MiB: smaller tensors share a bucket's collective, a larger "
+            "tensor is one collective of its own, latency paid once per collective (as DDP; 0: "
+            "one collective per parameter tensor)",
+            unit=2**20,
+            metavar="MB",
+        ),
+    )
+    fp32_grads: bool = field(
+        default=False,
+        metadata=_option(
+            "--fp32-grads",
+            "keep gradients in fp32 (Megatron's main gradients: 18 bytes per parameter with Adam)",
+        ),
+    )
+    sequence_parallel: bool = field(
+        default=False,
+        metadata=_option(
+            "--sequence-parallel",
+            "keep activations that tensor-parallel operators read replicated 1/t-sharded and "
+            "re-gather them in the backward pass (Megatron-LM's sequence parallelism)",
+        ),
+    )
     layer_recompute: tuple[tuple[int, str], ...] = ()
     layer_zero: tuple[tuple[int, int], ...] = ()
 
@@ -83,7 +150,7 @@ class TrainingSettings:
             raise SettingsError(
                 f"--dtype: must be one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}"
             )
-        if self.optimizer not in ("adam", "sgd"):
+        if self.optimizer not in OPTIMIZERS:
             raise SettingsError(f"--optimizer: must be adam or sgd, got {self.optimizer!r}")
         if self.zero not in ZERO_STAGES + (AUTO,) or isinstance(self.zero, bool):
             raise SettingsError(f"--zero: must be 0, 1, 2, 3 or auto, got {self.zero!r}")
@@ -186,3 +253,20 @@ def _check_layers(field: str, pairs: tuple, allowed: tuple) -> None:
             f"{field}: needs (layer >= 0, one of {', '.join(map(str, allowed))}) pairs in "
             f"increasing layer order, got {pairs!r}"
         )
+
+
+def option_fields() -> tuple:
+    """The fields of ``TrainingSettings`` the command line offers (in a fixed order), each with
+    its option in ``metadata``."""
+    return tuple(f for f in fields(TrainingSettings) if "flag" in f.metadata)
+
+
+def option_default(f) -> object:
+    """A field's default as its option spells it (in the option's unit)."""
+    unit = f.metadata["unit"]
+    return f.default / unit if unit != 1.0 else f.default
+
+
+def option_name(f) -> str:
+    """The argparse destination of a field's option (``bucket_mb`` for ``--bucket-mb``)."""
+    return f.metadata["flag"].lstrip("-").replace("-", "_")

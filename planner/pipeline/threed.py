@@ -40,7 +40,6 @@ from planner.pipeline.timeline import stage_details
 from planner.pipeline.search import METHODS, given_cuts, stage_breakdown
 from planner.cost.problem import Problem, build_problem
 from planner.pipeline.plan3d import Plan3D
-from planner.plans import limit_field
 from planner.units import bytes_text
 from planner.cost.strategy import Strategy
 
@@ -344,7 +343,7 @@ def assemble(
         ops,
         times,
         memory,
-        limit_field(memory_limit),
+        None if math.isinf(memory_limit) else memory_limit,  # JSON null: no limit
         stage_details=stage_details(chain, pipe),
         tied_sync_s=float(tied_sync),
         operator_layers=tuple(op.layer for op in graph.operators),

@@ -54,7 +54,6 @@ if TYPE_CHECKING:
     from ortools.sat.python import cp_model
 # CP-SAT is imported where a program is built or solved: it brings pandas with it (0.2 s of every
 # start-up), and a plan the decomposition or the Pareto master finds needs neither.
-STATUS_NAMES = ("OPTIMAL", "FEASIBLE", "INFEASIBLE", "UNKNOWN", "MODEL_INVALID")
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -201,8 +200,6 @@ def solve(
     e.g. a Lagrangian one) is added as a cut on the objective. ``time_limit_s`` counts from the
     call (building the model included); ``deadline`` (a ``time.perf_counter`` value) caps it too.
     """
-    from ortools.sat.python import cp_model
-
     start = time.perf_counter()
     deadline = min(deadline if deadline is not None else math.inf, start + time_limit_s)
     if min_memory(problem) > memory_limit:
@@ -225,13 +222,12 @@ def solve(
         # CP-SAT's loading and first presolve ignore its time limit: starting it now would overrun.
         why = "time limit reached before CP-SAT could load the model"
         return hint_result(problem, memory_limit, start_hint, bound, start, built.num_booleans, why)
-    if start_hint is not None:
-        for row, s in zip(built.x, start_hint):
-            for k, var in row.items():
-                built.model.add_hint(var, k == s)
+    for row, s in zip(built.x, start_hint or ()):
+        for k, var in row.items():
+            built.model.add_hint(var, k == s)
     solver = _cp_solver(deadline, seed, workers)
     code = run_interruptible(lambda: solver.solve(built.model), solver.stop_search)
-    if code == cp_model.UNKNOWN and start_hint is not None:
+    if solver.status_name(code) == "UNKNOWN" and start_hint is not None:
         # Time-out before CP-SAT reported a solution: the best plan known is the hint itself.
         why = "time limit reached before CP-SAT improved on its hint"
         return hint_result(problem, memory_limit, start_hint, bound, start, built.num_booleans, why)
@@ -266,7 +262,7 @@ def _solution(
     reason."""
     from ortools.sat.python import cp_model
 
-    status = next((n for n in STATUS_NAMES if getattr(cp_model, n) == code), "UNKNOWN")
+    status = solver.status_name(code)
     elapsed = time.perf_counter() - start
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         why = (
