@@ -156,3 +156,50 @@ def test_a_cut_master_under_layer_choices_reports_its_own_bound(gpt, monkeypatch
             units=layer_options(problem, split_segments(problem)).units,
         )
     assert result.bound == caught.value.bound
+
+
+def test_one_price_search_serves_both_lagrangian_paths(monkeypatch):
+    """The Pareto tables' price search and the decomposition's bisection are one function
+    (``prices.search_price``): a sweep x4 up to the first fitting price, then bracket splits."""
+    import numpy as np
+
+    from planner.search import lagrangian as decomposition_path
+    from planner.search import prices
+
+    asked = []
+    prices.search_price(
+        lambda lams: (asked.extend(lams), lams >= 3.7)[1],
+        1.0,
+        1,
+        80,
+        lambda low, high, passes: passes >= 40,
+    )
+    assert asked[:2] == [1.0, 4.0] and abs(asked[-1] - 3.7) < 1e-9  # 1 fits not, 4 fits
+    several = []
+    prices.search_price(
+        lambda lams: (several.append(len(lams)), lams >= 3.7)[1],
+        1.0,
+        4,
+        60,
+        lambda low, high, passes: high is not None and high - low < 1e-6,
+    )
+    assert several[0] == 4 and set(several) == {4}
+    calls = []
+    real = prices.search_price
+    monkeypatch.setattr(prices, "search_price", lambda *a: (calls.append(a[2]), real(*a))[1])
+    monkeypatch.setattr(decomposition_path, "search_price", prices.search_price)
+    chain = [prices_chain_table()]
+    prices.lagrangian(chain, 1.5, lambda: None)
+    decomposition_path.bisect_price(
+        lambda lam: lam >= 2.0, [np.array([4.0])], [np.array([2.0])], lambda: False
+    )
+    assert len(calls) == 2 and calls[1] == 1  # the decomposition's path: one price per pass
+
+
+def prices_chain_table():
+    """One front table with two points: (cost 0, memory 2) and (cost 3, memory 1)."""
+    import numpy as np
+
+    from planner.search.fronts import Node
+
+    return Node(np.array([[[0.0, 3.0]]]), np.array([[[2.0, 1.0]]]), ())

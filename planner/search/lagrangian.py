@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from planner.search.prices import priced_bound
+from planner.search.prices import priced_bound, search_price
 from planner.search.reduce import solve_unary
 from planner.search.fallback import build_seconds, program_size, separable_bound
 from planner.search.solver import solve
@@ -171,23 +171,18 @@ def _finish(state: SearchState, prices: _Prices, status: str, lower: int, why: s
 
 
 def bisect_price(at: Callable[[float], bool], costs, mems, done: Callable[[], bool]) -> None:
-    """Find a feasible price by doubling, then bisect between infeasible and feasible prices."""
+    """Find a feasible price by a x4 sweep, then bisect between infeasible and feasible prices
+    (``prices.search_price`` with one price per pass: each is a whole decomposition solve)."""
     scale = max(1.0, sum(float(c.max()) for c in costs)) / max(
         1.0, sum(float(m.max()) for m in mems)
     )
-    low, high = 0.0, scale
-    for _ in range(80):
-        if done() or at(high):
-            break
-        low, high = high, high * 4
-    for _ in range(LAGRANGE_ITERATIONS):
-        if done():
-            return
-        mid = 0.5 * (low + high)
-        if at(mid):
-            high = mid
-        else:
-            low = mid
+
+    def fits(lams: np.ndarray) -> np.ndarray:
+        return np.array([at(float(lam)) for lam in lams])
+
+    search_price(
+        fits, scale, 1, 80, lambda low, high, passes: done() or passes >= LAGRANGE_ITERATIONS
+    )
 
 
 def gap(best: tuple[int, tuple[int, ...]] | None, lower: int) -> str:

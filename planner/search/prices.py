@@ -84,6 +84,39 @@ def priced_paths(
     return vector[:, 0], cost, mem
 
 
+def search_price(
+    fits: Callable[[np.ndarray], np.ndarray],
+    scale: float,
+    per_pass: int,
+    sweep_steps: int,
+    stop: Callable[[float, float | None, int], bool],
+) -> None:
+    """The one price search of both Lagrangian paths (over the Pareto tables here, over the
+    decomposition in ``planner.search.lagrangian``): ``fits(lams)`` prices each of ``lams``
+    (ascending) and says which give a plan within the memory limit. A geometric sweep
+    scale * 4^k (k < ``sweep_steps``, ``per_pass`` prices at a time) up to the first price that
+    fits, then passes that split the bracket (the last price over the limit, the first within it)
+    into per_pass + 1 parts, while ``stop(low, high, passes)`` is false (high None: no bracket
+    yet). Every price priced gives the caller a bound; the search only chooses them."""
+    low, high, passes = 0.0, None, 0
+    for first in range(0, sweep_steps, per_pass):
+        if stop(low, high, passes):
+            return
+        lams = scale * 4.0 ** np.arange(first, min(sweep_steps, first + per_pass))
+        found = fits(lams)
+        if found.any():
+            k = int(np.argmax(found))
+            low, high = (lams[k - 1] if k else low), lams[k]
+            break
+        low = lams[-1]
+    while high is not None and not stop(low, high, passes):
+        lams = low + (high - low) * np.arange(1, per_pass + 1) / (per_pass + 1)
+        found = fits(lams)
+        k = int(np.argmax(found)) if found.any() else len(lams)
+        low, high = (lams[k - 1] if k else low), (lams[k] if k < len(lams) else high)
+        passes += 1
+
+
 def lagrangian(
     chain: Sequence[Node], limit: float, check: Callable[[], None]
 ) -> tuple[float, float, float]:
@@ -111,24 +144,19 @@ def lagrangian(
         ) / max(1.0, sum(float(np.nanmax(np.where(np.isfinite(t.mem), t.mem, 0))) for t in chain))
         largest = max(t.cost.size for t in chain)
         per_pass = int(min(MAX_PRICES_PER_PASS, max(2, PRICED_ELEMENTS // max(1, largest))))
-        low, high = 0.0, None
-        for first in range(0, 60, per_pass):
-            check()
-            lams = scale * 4.0 ** np.arange(first, min(60, first + per_pass))
-            fits = at(lams)
-            if fits.any():
-                k = int(np.argmax(fits))
-                low, high = (lams[k - 1] if k else low), lams[k]
-                break
-            low = lams[-1]
-        # a relative width; or, when every positive price fits (low stays 0), 1e-12 of the first
-        width = 1e-12 * (high - low) if high is not None else 0.0
-        while high is not None and high - low > max(PRECISION * high, width):
-            check()
-            lams = low + (high - low) * np.arange(1, per_pass + 1) / (per_pass + 1)
-            fits = at(lams)
-            k = int(np.argmax(fits)) if fits.any() else len(lams)
-            low, high = (lams[k - 1] if k else low), (lams[k] if k < len(lams) else high)
+
+        first_width: list[float] = []
+
+        def stop(low: float, high: float | None, _: int) -> bool:
+            if high is not None:
+                # a relative width; or, when every positive price fits (low 0), 1e-12 of the first
+                first_width[:] = first_width or [1e-12 * (high - low)]
+                if high - low <= max(PRECISION * high, first_width[0]):
+                    return True
+            check()  # raises past the deadline
+            return False
+
+        search_price(at, scale, per_pass, 60, stop)
     return best["lam"], best["cost"], best["bound"]
 
 
