@@ -84,9 +84,9 @@ def random_configs(instances: int, big: list[int]):
 def zoo_configs(models):
     for model, mesh, batch, recompute in models:
         settings = planner.TrainingSettings(recompute=recompute, zero=1 if recompute else 0)
-        build = lambda model=model, mesh=mesh, batch=batch, settings=settings: planner.layer_chain(
-            model, mesh, stages=4, batch=batch, settings=settings
-        )[0]
+        build = lambda model=model, mesh=mesh, batch=batch, settings=settings: (
+            planner.layer_chain(model, mesh, stages=4, batch=batch, settings=settings).chain
+        )
         yield model, 0, build, 4, 80e9
 
 

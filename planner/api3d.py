@@ -21,6 +21,7 @@ from planner.ir.rebatch import rebatched
 from planner.pipeline import threed
 from planner.pipeline.search import METHODS as PIPELINE_METHODS
 from planner.pipeline.plan3d import Plan3D, replicated_linears
+from planner.pipeline.stage_chain import StageChain
 from planner.plan_files import pipeline_fields
 from planner.plans import strategies_from_mapping
 from planner.search.reduce import Progress
@@ -243,10 +244,11 @@ def layer_chain(
     seq: int | None = None,
     settings: TrainingSettings | None = None,
     hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV,
-):
+) -> StageChain:
     """The layer chain of a model (a spec or a ``Graph``) for ``stages`` pipeline stages over the
     outermost mesh axis: the exact intra-operator plan on the stage sub-mesh, re-costed at every
-    micro-batch count that divides the batch (see ``planner.pipeline.threed``)."""
+    micro-batch count that divides the batch (see ``planner.pipeline.threed``).
+    ``StageChain.cost(cuts, num_microbatches)`` costs given cuts and a count on it."""
     cluster = make_cluster(mesh, device, float("inf"), hardware_csv=hardware_csv)
     load = model_loader(model, seq)
     global_batch = _global_batch(model, batch, seq)
@@ -263,7 +265,8 @@ def layer_chain(
     )
     if found is None:
         raise SettingsError(f"--batch: no micro-batch count keeps the stage plan valid for {model}")
-    return found
+    chain, status, strategies, graph = found
+    return StageChain(chain, stages, status, strategies, graph)
 
 
 def evaluate_3d_file(

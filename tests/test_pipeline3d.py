@@ -99,7 +99,7 @@ def test_search_reaches_every_divisor_degree_and_count():
 
     chain = layer_chain(
         "gpt:layers=12,hidden=128,heads=4,seq=32,vocab=256", "node=6,gpu=2", stages=3, batch=12
-    )[0]
+    ).chain
     assert set(chain.counts) <= set(counts) and 3 in chain.counts
 
 
@@ -112,3 +112,25 @@ def test_gradient_accumulation_is_costed():
     assert (
         four.pipeline.stages == 1 and four.pipeline.max_memory_bytes < one.pipeline.max_memory_bytes
     )
+
+
+def test_layer_chain_costs_given_cuts_and_count_as_the_pinned_search():
+    """``layer_chain(...).cost(cuts, num_microbatches)`` is the public call that costs a pipeline
+    on a chain: it equals the 3D search pinned to the same degree, cuts and count, and refuses a
+    count the chain does not hold, naming it."""
+    import planner
+    from planner.errors import SettingsError
+
+    model, mesh = "gpt:layers=8,hidden=128,heads=4,seq=32,vocab=256", "node=2,gpu=2"
+    staged = planner.layer_chain(model, mesh, stages=2, batch=8)
+    assert staged.stages == 2 and staged.stage_status == "OPTIMAL" and staged.strategies
+    plan = staged.cost((3,), num_microbatches=4)
+    pinned = planner.plan_pipeline(
+        model, mesh, batch=8, degrees=[2], counts=[4], cuts=(3,), escalate=False
+    )
+    assert plan.status == "GIVEN" and plan.cuts == (3,) and plan.num_microbatches == 4
+    assert plan.iteration_time_s == pytest.approx(pinned.pipeline.iteration_time_s, rel=1e-12)
+    best = staged.cost((3,))  # the chain's best count for these cuts
+    assert best.iteration_time_s <= plan.iteration_time_s
+    with pytest.raises(SettingsError, match="num-microbatches: 3 is not a count"):
+        staged.cost((3,), num_microbatches=3)

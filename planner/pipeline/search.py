@@ -289,9 +289,15 @@ def even_split(
 
 
 def given_cuts(
-    chain: LayerChain, stages: int, schedule: str, memory_limit: float, cuts: Sequence[int]
+    chain: LayerChain,
+    stages: int,
+    schedule: str,
+    memory_limit: float,
+    cuts: Sequence[int],
+    num_microbatches: int | None = None,
 ) -> PipelinePlan:
-    """Cost fixed cuts (first layer of stages 1..p-1) at the best micro-batch count of the chain."""
+    """Cost fixed cuts (first layer of stages 1..p-1) at ``num_microbatches`` (None: the chain's
+    best micro-batch count for them)."""
     start = time.perf_counter()
     ev = Evaluator(chain, stages, schedule, memory_limit)
     cuts = tuple(int(c) for c in cuts)
@@ -311,7 +317,15 @@ def given_cuts(
             f"--schedule: interleaved:{ev.chunks} needs at least {ev.chunks} layers on every "
             f"stage; the cuts {list(cuts)} leave a stage {thinnest}"
         )
-    m = min(range(len(chain.counts)), key=lambda k: (ev.objective(cuts, k), k))
+    if num_microbatches is not None and num_microbatches not in chain.counts:
+        raise SettingsError(
+            f"--num-microbatches: {num_microbatches} is not a count of the chain (its counts: "
+            f"{', '.join(map(str, chain.counts))})"
+        )
+    if num_microbatches is not None:
+        m = list(chain.counts).index(num_microbatches)
+    else:
+        m = min(range(len(chain.counts)), key=lambda k: (ev.objective(cuts, k), k))
     return make_result(ev, "given", cuts, m, start)
 
 

@@ -1,0 +1,39 @@
+"""A model's layers as the pipeline searches cut them: the layer chain of one stage plan, with
+what produced it, and the cost of given cuts and a given micro-batch count on it."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from planner.cost.strategy import Strategy
+from planner.ir.graph import Graph
+from planner.pipeline.schedule import LayerChain, PipelinePlan
+from planner.pipeline.search import given_cuts
+
+
+@dataclass(frozen=True, slots=True)
+class StageChain:
+    """The layer chain of ``stages`` pipeline stages: ``chain`` (per layer and candidate
+    micro-batch count: time, activations, memory), the stage plan it was costed under
+    (``strategies`` by operator name, the search's ``stage_status``) and the stage graph at the
+    reference micro-batch."""
+
+    chain: LayerChain
+    stages: int
+    stage_status: str
+    strategies: dict[str, Strategy]
+    graph: Graph
+
+    def cost(
+        self,
+        cuts: Sequence[int],
+        num_microbatches: int | None = None,
+        schedule: str = "1f1b",
+        memory_limit: float = math.inf,
+    ) -> PipelinePlan:
+        """The pipeline of the given cuts (first layer of stages 1..p-1) at ``num_microbatches``
+        (None: the chain's best count for these cuts), costed by the evaluator every cut search
+        uses; status GIVEN, or INFEASIBLE over ``memory_limit``."""
+        return given_cuts(self.chain, self.stages, schedule, memory_limit, cuts, num_microbatches)
