@@ -34,23 +34,8 @@ MEASURE = (
 def run_one(model: str, mesh: str, timeout: float, workdir: Path) -> dict:
     plan = workdir / f"{model}.json"
     made = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "planner",
-            "plan",
-            "--model",
-            model,
-            "--mesh",
-            mesh,
-            "--method",
-            "dp",
-            "--memory",
-            "none",
-            "--json",
-            str(plan),
-            "-q",
-        ],
+        [sys.executable, "-m", "planner", "plan", "--model", model, "--mesh", mesh]
+        + ["--method", "dp", "--memory", "none", "--json", str(plan), "-q"],
         capture_output=True,
         text=True,
     )
@@ -63,17 +48,8 @@ def run_one(model: str, mesh: str, timeout: float, workdir: Path) -> dict:
         }
     try:
         proc = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                MEASURE,
-                sys.executable,
-                "-m",
-                "planner",
-                "verify",
-                "--plan",
-                str(plan),
-            ],
+            [sys.executable, "-c", MEASURE, sys.executable, "-m", "planner", "verify"]
+            + ["--plan", str(plan)],
             capture_output=True,
             text=True,
             timeout=timeout,

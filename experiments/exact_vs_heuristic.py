@@ -76,7 +76,7 @@ def plot(rows: list[dict], path: str) -> None:
     write_png(path, fig)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -104,40 +104,36 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.smallest:
         args.models, args.meshes, args.whole_time_limit = "mlp", "8", 5.0
+    return args
+
+
+SHOWN = ("model", "mesh", "method", "status", "gap_to_exact_percent", "search_time_s")
+
+
+def compared(model: str, mesh: str, args: argparse.Namespace) -> list[dict]:
+    """Every method's row on one model and mesh, at a batch that gives every device work."""
+    devices = planner.make_cluster(mesh, args.device).mesh.num_devices
+    batch = max(planner.load_model(model).batch_size, devices * args.batch_per_device)
+    group = planner.compare(
+        model, mesh, args.device, methods=METHODS, batch=batch, time_limit_s=args.whole_time_limit
+    )
+    for r in group:
+        r["batch"] = batch
+    check(group)
+    return group
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
     table = results_table(args, ("model", "mesh"))
     for model in args.models.split(","):
         for mesh in args.meshes.split(","):
             graph_name = planner.load_model(model).name
             if table.done(model=graph_name, mesh=planner.make_cluster(mesh, args.device).mesh.spec):
                 continue
-            devices = planner.make_cluster(mesh, args.device).mesh.num_devices
-            batch = max(planner.load_model(model).batch_size, devices * args.batch_per_device)
-            group = planner.compare(
-                model,
-                mesh,
-                args.device,
-                methods=METHODS,
-                batch=batch,
-                time_limit_s=args.whole_time_limit,
-            )
+            group = compared(model, mesh, args)
             for r in group:
-                r["batch"] = batch
-            check(group)
-            for r in group:
-                print(
-                    {
-                        k: r[k]
-                        for k in (
-                            "model",
-                            "mesh",
-                            "method",
-                            "status",
-                            "gap_to_exact_percent",
-                            "search_time_s",
-                        )
-                    },
-                    flush=True,
-                )
+                print({k: r[k] for k in SHOWN}, flush=True)
             table.add(group)
     table.finish()
     if png := png_path(args):

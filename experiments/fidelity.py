@@ -204,8 +204,6 @@ def ablation(t1_refs: list[dict], args: argparse.Namespace) -> list[dict]:
 
 def summarize(rows: list[dict]) -> list[dict]:
     """Error statistics (Table 1) and rank correlations (Figure 13) as summary rows."""
-    from scipy.stats import kendalltau, spearmanr
-
     out = []
     t1 = [r for r in rows if r["source"] == "table1"]
     sweep = [r for r in rows if r["source"] == "microbatch"]
@@ -213,46 +211,60 @@ def summarize(rows: list[dict]) -> list[dict]:
         best = min(sweep, key=lambda r: r["predicted_s"])
         out.append({"source": "summary", "config": "microbatch_best", "value": best["config"]})
     if t1:
-        fit = [r for r in t1 if r["split"] == "fit"] or t1
-        factor = math.exp(np.mean([math.log(r["measured_s"] / r["predicted_s"]) for r in fit]))
-        test = [r for r in t1 if r["split"] == "test"] or t1
-        raw = [r["rel_error"] for r in test]
-        fitted = [abs(r["predicted_s"] * factor - r["measured_s"]) / r["measured_s"] for r in test]
-        out += [
-            {"source": "summary", "config": name, "value": value}
-            for name, value in (
-                ("table1_mean_rel_error_all_raw", float(np.mean([r["rel_error"] for r in t1]))),
-                ("table1_max_rel_error_all_raw", float(np.max([r["rel_error"] for r in t1]))),
-                ("table1_mean_rel_error_test_raw", float(np.mean(raw))),
-                ("table1_max_rel_error_test_raw", float(np.max(raw))),
-                ("table1_fitted_factor", factor),
-                ("table1_mean_rel_error_test_fitted", float(np.mean(fitted))),
-                ("table1_max_rel_error_test_fitted", float(np.max(fitted))),
-            )
-        ]
+        out += _table1_summary(t1)
     for batch in sorted({r["global_batch"] for r in rows if r["source"] == "fig13"}):
-        f13 = [r for r in rows if r["source"] == "fig13" and r["global_batch"] == batch]
-        speed = [-r["predicted_s"] for r in f13]  # higher is better, like throughput
-        measured = [r["measured_tflops"] for r in f13]
-        best = min(f13, key=lambda r: r["predicted_s"])
-        out += [
-            {
-                "source": "summary",
-                "config": f"fig13_b{batch}_spearman",
-                "value": float(spearmanr(speed, measured)[0]),
-            },
-            {
-                "source": "summary",
-                "config": f"fig13_b{batch}_kendall",
-                "value": float(kendalltau(speed, measured)[0]),
-            },
-            {
-                "source": "summary",
-                "config": f"fig13_b{batch}_predicted_best",
-                "value": f"p{best['pp']}-t{best['tp']}",
-            },
-        ]
+        out += _fig13_summary(
+            [r for r in rows if r["source"] == "fig13" and r["global_batch"] == batch], batch
+        )
     return out
+
+
+def _table1_summary(t1: list[dict]) -> list[dict]:
+    """Table 1's mean and max errors, raw and after one efficiency factor fitted on the fit
+    rows (applied to the held-out rows)."""
+    fit = [r for r in t1 if r["split"] == "fit"] or t1
+    factor = math.exp(np.mean([math.log(r["measured_s"] / r["predicted_s"]) for r in fit]))
+    test = [r for r in t1 if r["split"] == "test"] or t1
+    raw = [r["rel_error"] for r in test]
+    fitted = [abs(r["predicted_s"] * factor - r["measured_s"]) / r["measured_s"] for r in test]
+    return [
+        {"source": "summary", "config": name, "value": value}
+        for name, value in (
+            ("table1_mean_rel_error_all_raw", float(np.mean([r["rel_error"] for r in t1]))),
+            ("table1_max_rel_error_all_raw", float(np.max([r["rel_error"] for r in t1]))),
+            ("table1_mean_rel_error_test_raw", float(np.mean(raw))),
+            ("table1_max_rel_error_test_raw", float(np.max(raw))),
+            ("table1_fitted_factor", factor),
+            ("table1_mean_rel_error_test_fitted", float(np.mean(fitted))),
+            ("table1_max_rel_error_test_fitted", float(np.max(fitted))),
+        )
+    ]
+
+
+def _fig13_summary(f13: list[dict], batch: int) -> list[dict]:
+    """Figure 13's rank correlations at one batch (predicted speed against measured TFLOP/s)."""
+    from scipy.stats import kendalltau, spearmanr
+
+    speed = [-r["predicted_s"] for r in f13]  # higher is better, like throughput
+    measured = [r["measured_tflops"] for r in f13]
+    best = min(f13, key=lambda r: r["predicted_s"])
+    return [
+        {
+            "source": "summary",
+            "config": f"fig13_b{batch}_spearman",
+            "value": float(spearmanr(speed, measured)[0]),
+        },
+        {
+            "source": "summary",
+            "config": f"fig13_b{batch}_kendall",
+            "value": float(kendalltau(speed, measured)[0]),
+        },
+        {
+            "source": "summary",
+            "config": f"fig13_b{batch}_predicted_best",
+            "value": f"p{best['pp']}-t{best['tp']}",
+        },
+    ]
 
 
 def plot(rows: list[dict], path: str) -> None:
@@ -284,7 +296,7 @@ def plot(rows: list[dict], path: str) -> None:
     write_png(path, fig)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -313,6 +325,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.smallest:
         args.max_rows = 2
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
     table = results_table(args, ("source", "config"))
     t1 = pd.read_csv(args.table1, comment="#").to_dict("records")
     for i, ref in enumerate(t1[: args.max_rows or None]):

@@ -96,23 +96,44 @@ def run_row(model: str, mesh: str, decide: str, args: argparse.Namespace) -> dic
     )
     # the whole program does not choose per layer
     if binds and args.whole_limit > 0 and decide == "none":
-        try:
-            whole = planner.plan(
-                model, mesh, args.device, method="whole", time_limit_s=args.whole_limit
-            )
-            row.update(
-                whole_status=whole.status,
-                whole_objective=whole.objective,
-                whole_bound=whole.bound,
-                whole_time_s=whole.search_time_s,
-                objectives_equal=whole.objective == plan.objective,
-            )
-        except planner.PlannerError as exc:
-            row.update(whole_status="REFUSED", whole_notes=str(exc))
+        row.update(_whole(model, mesh, args, plan.objective))
     return row
 
 
-def main(argv: list[str] | None = None) -> int:
+def _whole(model: str, mesh: str, args: argparse.Namespace, objective: int) -> dict:
+    """The whole-program CP-SAT's columns for a row where memory binds."""
+    try:
+        whole = planner.plan(
+            model, mesh, args.device, method="whole", time_limit_s=args.whole_limit
+        )
+    except planner.PlannerError as exc:
+        return {"whole_status": "REFUSED", "whole_notes": str(exc)}
+    return {
+        "whole_status": whole.status,
+        "whole_objective": whole.objective,
+        "whole_bound": whole.bound,
+        "whole_time_s": whole.search_time_s,
+        "objectives_equal": whole.objective == objective,
+    }
+
+
+SHOWN = (
+    "model",
+    "mesh",
+    "decide",
+    "status",
+    "search_time_s",
+    "memory_binds",
+    "front_points",
+    "labels",
+    "whole_status",
+    "objectives_equal",
+    "layer_recompute",
+    "layer_zero",
+)
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -141,6 +162,11 @@ def main(argv: list[str] | None = None) -> int:
         "--smallest", action="store_true", help="mlp and a 2-layer GPT-3 shape on mesh 8 (tests)"
     )
     add_output_options(parser, "results/memory_bound.csv")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.smallest:
         args.meshes = "8"
@@ -151,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     table = results_table(args, ("model", "mesh", "decide"))
     for model in models(args):
         for mesh in args.meshes.split(","):
-            binds = True
+            binds = True  # per-layer rows only where the plain row's memory binds
             for decide in modes:
                 if table.done(model=model, mesh=mesh, decide=decide) or (
                     decide != "none" and not binds
@@ -160,26 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                 row = run_row(model, mesh, decide, args)
                 if decide == "none":
                     binds = bool(row.get("memory_binds")) or row["status"] == "INFEASIBLE"
-                print(
-                    {
-                        k: row.get(k)
-                        for k in (
-                            "model",
-                            "mesh",
-                            "decide",
-                            "status",
-                            "search_time_s",
-                            "memory_binds",
-                            "front_points",
-                            "labels",
-                            "whole_status",
-                            "objectives_equal",
-                            "layer_recompute",
-                            "layer_zero",
-                        )
-                    },
-                    flush=True,
-                )
+                print({k: row.get(k) for k in SHOWN}, flush=True)
                 table.add([row])
     table.finish()
     if png := png_path(args):

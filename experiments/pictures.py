@@ -72,38 +72,43 @@ def plan_row(case: str, model: str, mesh: str, batch: int | None, degrees) -> tu
         "memory_bytes": memory,
         "search_wall_s": search,
     }
-    if threed:
-        pipe = data["pipeline"]
-        passes = 3 if data["settings"]["recompute"] != "none" else 2
-        chunks = int(pipe["schedule"].partition(":")[2] or 1)
-        stage_memory = [
-            sum(
-                p.get_height()
-                for ax in fig.axes
-                for p in ax.patches
-                if (p.get_gid() or "").startswith("memory:")
-                and round(p.get_x() + p.get_width() / 2) == k
-            )
-            * 2**30
-            for k in range(pipe["stages"])
-        ]
-        row.update(
-            drawn_memory_bytes=max(stage_memory),
-            schedule=pipe["schedule"],
-            stages=pipe["stages"],
-            num_microbatches=pipe["num_microbatches"],
-            gantt_blocks=sum(
-                drawn_count(fig, name) for name in ("forward", "backward", "recompute")
-            ),
-            expected_blocks=pipe["stages"] * pipe["num_microbatches"] * passes * chunks,
-        )
-    else:
-        row.update(
-            drawn_step_time_s=drawn(fig, "step:", "width") / 1e3,
-            drawn_memory_bytes=drawn(fig, "memory:", "height") * 2**30,
-        )
+    row.update(_drawn_3d(fig, data) if threed else _drawn_flat(fig))
     row["draw_wall_s"] = time.perf_counter() - start - search
     return row, fig
+
+
+def _drawn_3d(fig, data: dict) -> dict:
+    """What the 3D picture draws: the worst stage's memory bars and the Gantt's block count, with
+    the count the schedule implies."""
+    pipe = data["pipeline"]
+    passes = 3 if data["settings"]["recompute"] != "none" else 2
+    chunks = int(pipe["schedule"].partition(":")[2] or 1)
+    stage_memory = [
+        sum(
+            p.get_height()
+            for ax in fig.axes
+            for p in ax.patches
+            if (p.get_gid() or "").startswith("memory:")
+            and round(p.get_x() + p.get_width() / 2) == k
+        )
+        * 2**30
+        for k in range(pipe["stages"])
+    ]
+    return dict(
+        drawn_memory_bytes=max(stage_memory),
+        schedule=pipe["schedule"],
+        stages=pipe["stages"],
+        num_microbatches=pipe["num_microbatches"],
+        gantt_blocks=sum(drawn_count(fig, name) for name in ("forward", "backward", "recompute")),
+        expected_blocks=pipe["stages"] * pipe["num_microbatches"] * passes * chunks,
+    )
+
+
+def _drawn_flat(fig) -> dict:
+    return dict(
+        drawn_step_time_s=drawn(fig, "step:", "width") / 1e3,
+        drawn_memory_bytes=drawn(fig, "memory:", "height") * 2**30,
+    )
 
 
 def drawn_count(fig, gid: str) -> int:

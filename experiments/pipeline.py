@@ -113,7 +113,7 @@ def plot(rows: list[dict], path: str) -> None:
     write_png(path, fig)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -138,16 +138,14 @@ def main(argv: list[str] | None = None) -> int:
         args.instances, args.big, args.zoo = 100, "96,200", "bert-large,vgg16"
     if args.smallest:
         args.instances, args.big, args.zoo = 5, "", ""
-    models = [z for z in ZOO if z[0] in args.zoo.split(",")]
-    table = results_table(args, ("source", "instance"))
-    configs = list(
-        random_configs(args.instances, [int(x) for x in args.big.split(",") if x])
-    ) + list(zoo_configs(models))
-    for source, instance, build, stages, memory in configs:
-        if not table.done(source=source, instance=instance):
-            table.add(compare_chain(build(), stages, memory, source, instance))
-    table.finish()
-    rows = table.rows
+    return args
+
+
+SHOWN = ("source", "layers", "method", "gap_to_exact_percent", "evaluations", "search_time_s")
+
+
+def _report(rows: list[dict]) -> None:
+    """CSIMD's share of random chains within 1% of the exact DP, and every non-random row."""
     csimd = [
         r
         for r in rows
@@ -159,21 +157,23 @@ def main(argv: list[str] | None = None) -> int:
     print(f"CSIMD within 1% of the exact DP on {within}/{len(csimd)} random instances")
     for r in rows:
         if r["source"] != "random":
-            print(
-                {
-                    k: r[k]
-                    for k in (
-                        "source",
-                        "layers",
-                        "method",
-                        "gap_to_exact_percent",
-                        "evaluations",
-                        "search_time_s",
-                    )
-                }
-            )
+            print({k: r[k] for k in SHOWN})
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    models = [z for z in ZOO if z[0] in args.zoo.split(",")]
+    table = results_table(args, ("source", "instance"))
+    configs = list(
+        random_configs(args.instances, [int(x) for x in args.big.split(",") if x])
+    ) + list(zoo_configs(models))
+    for source, instance, build, stages, memory in configs:
+        if not table.done(source=source, instance=instance):
+            table.add(compare_chain(build(), stages, memory, source, instance))
+    table.finish()
+    _report(table.rows)
     if png := png_path(args):
-        plot(rows, png)
+        plot(table.rows, png)
     return 0
 
 

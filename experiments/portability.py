@@ -133,6 +133,22 @@ def plot(rows: list[dict], path: str) -> None:
     write_png(path, fig)
 
 
+SHOWN = (
+    "model",
+    "changed",
+    "devices",
+    "device",
+    "inter_gbps",
+    "batch",
+    "status",
+    "pipeline_degree",
+    "data_parallel_degree",
+    "tensor_parallel_intra_node",
+    "tensor_parallel_inter_node",
+    "replan_time_s",
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -162,26 +178,7 @@ def main(argv: list[str] | None = None) -> int:
             if table.done(model=model, changed=changed, **setting):
                 continue
             row = plan_row(model, changed, setting)
-            print(
-                {
-                    k: row.get(k)
-                    for k in (
-                        "model",
-                        "changed",
-                        "devices",
-                        "device",
-                        "inter_gbps",
-                        "batch",
-                        "status",
-                        "pipeline_degree",
-                        "data_parallel_degree",
-                        "tensor_parallel_intra_node",
-                        "tensor_parallel_inter_node",
-                        "replan_time_s",
-                    )
-                },
-                flush=True,
-            )
+            print({k: row.get(k) for k in SHOWN}, flush=True)
             table.add([row])
         if args.smallest:
             break

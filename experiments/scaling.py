@@ -21,6 +21,21 @@ from experiments.common import add_output_options, png_path, pyplot, results_tab
 MODEL = "gpt:layers={layers},hidden=12288,heads=96,seq=2048,vocab=51200"
 
 
+def _whole(model: str, mesh: str, time_limit_s: float, exact_s: float) -> dict:
+    """The whole-graph program's columns beside the decomposition's (no memory limit)."""
+    whole = planner.plan(
+        model, mesh, "a100-80g", method="whole", memory=float("inf"), time_limit_s=time_limit_s
+    )
+    return {
+        "whole_status": whole.status,
+        "whole_objective": whole.objective,
+        "whole_search_time_s": round(whole.search_time_s, 3),
+        "speedup": round(whole.search_time_s / max(exact_s, 1e-9), 1)
+        if whole.status in ("OPTIMAL", "FEASIBLE")
+        else None,
+    }
+
+
 def run_one(
     n: int,
     mesh: str,
@@ -57,24 +72,7 @@ def run_one(
         "notes": " | ".join(exact.notes),
     }
     if memory == "none":
-        whole = planner.plan(
-            model,
-            mesh,
-            "a100-80g",
-            method="whole",
-            memory=float("inf"),
-            time_limit_s=whole_time_limit,
-        )
-        row.update(
-            {
-                "whole_status": whole.status,
-                "whole_objective": whole.objective,
-                "whole_search_time_s": round(whole.search_time_s, 3),
-                "speedup": round(whole.search_time_s / max(exact.search_time_s, 1e-9), 1)
-                if whole.status in ("OPTIMAL", "FEASIBLE")
-                else None,
-            }
-        )
+        row.update(_whole(model, mesh, whole_time_limit, exact.search_time_s))
     return row
 
 

@@ -87,6 +87,17 @@ def plot(rows: list[dict], path: str) -> None:
     write_png(path, fig)
 
 
+SHOWN = (
+    "model",
+    "devices",
+    "method",
+    "status",
+    "estimated_step_time_s",
+    "fits_memory",
+    "search_time_s",
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -116,21 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             for r in group:
                 r.update(model=model, devices=devices, batch=batch_for(model))
-                print(
-                    {
-                        k: r[k]
-                        for k in (
-                            "model",
-                            "devices",
-                            "method",
-                            "status",
-                            "estimated_step_time_s",
-                            "fits_memory",
-                            "search_time_s",
-                        )
-                    },
-                    flush=True,
-                )
+                print({k: r[k] for k in SHOWN}, flush=True)
             table.add(group)
     table.rows = [
         {k: v for k, v in r.items() if k not in ("scaling_efficiency", "reference_devices")}

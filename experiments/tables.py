@@ -89,20 +89,24 @@ def pipeline(path: Path) -> str:
 
 def fidelity(path: Path) -> str:
     d = pd.read_csv(path)
-    t1 = d[d["source"] == "table1"]
+    summary = dict(zip(d[d["source"] == "summary"]["config"], d[d["source"] == "summary"]["value"]))
+    lines = _fidelity_table1(d, summary) + _fidelity_fig13(d, summary)
+    return "\n".join(lines + _fidelity_ablation(d) + _fidelity_sweep(d))
+
+
+def _fidelity_table1(d: pd.DataFrame, summary: dict) -> list[str]:
     lines = [
         "| config | tp | pp | dp | batch | measured s | predicted s | rel. error | split |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for _, r in t1.iterrows():
+    for _, r in d[d["source"] == "table1"].iterrows():
         lines.append(
             f"| {r['config']} | {int(r['tp'])} | {int(r['pp'])} | {int(r['dp'])} | "
             f"{int(r['global_batch'])} | {r['measured_s']:.2f} | {r['predicted_s']:.2f} | "
             f"{100 * r['rel_error']:.1f}% | {r['split']} |"
         )
-    summary = dict(zip(d[d["source"] == "summary"]["config"], d[d["source"] == "summary"]["value"]))
     pct = lambda key: f"{100 * float(summary[key]):.1f}%"
-    lines += [
+    return lines + [
         "",
         f"Table 1: mean relative error {pct('table1_mean_rel_error_all_raw')} (max "
         f"{pct('table1_max_rel_error_all_raw')}) with the datasheet profile as is; with one "
@@ -112,12 +116,15 @@ def fidelity(path: Path) -> str:
         f"{pct('table1_mean_rel_error_test_raw')}).",
         "",
     ]
-    f13 = d[d["source"] == "fig13"].sort_values("predicted_s")
-    lines += [
+
+
+def _fidelity_fig13(d: pd.DataFrame, summary: dict) -> list[str]:
+    lines = [
         "| (pipeline, tensor) | predicted s/iteration | predicted rank | measured TFLOP/s per GPU "
         "|",
         "|---|---|---|---|",
     ]
+    f13 = d[d["source"] == "fig13"].sort_values("predicted_s")
     for rank, (_, r) in enumerate(f13.iterrows(), 1):
         lines.append(
             f"| ({int(r['pp'])}, {int(r['tp'])}) | {r['predicted_s']:.1f} | {rank} | "
@@ -131,32 +138,40 @@ def fidelity(path: Path) -> str:
             f"{float(summary[key.replace('spearman', 'kendall')]):.2f}; predicted best "
             f"{summary[key.replace('spearman', 'predicted_best')]}.",
         ]
+    return lines
+
+
+def _fidelity_ablation(d: pd.DataFrame) -> list[str]:
     ablation = d[d["source"] == "ablation"]
-    if len(ablation):
-        lines += [
-            "",
-            "| cost model (terms added in turn) | Table 1 mean error | max error |",
-            "|---|---|---|",
-        ]
-        values = dict(zip(ablation["config"], ablation["value"].astype(float)))
-        for variant in dict.fromkeys(ablation["variant"]):
-            lines.append(
-                f"| {variant} | {100 * values[f'{variant} mean']:.1f}% | "
-                f"{100 * values[f'{variant} max']:.1f}% |"
-            )
+    if not len(ablation):
+        return []
+    lines = [
+        "",
+        "| cost model (terms added in turn) | Table 1 mean error | max error |",
+        "|---|---|---|",
+    ]
+    values = dict(zip(ablation["config"], ablation["value"].astype(float)))
+    for variant in dict.fromkeys(ablation["variant"]):
+        lines.append(
+            f"| {variant} | {100 * values[f'{variant} mean']:.1f}% | "
+            f"{100 * values[f'{variant} max']:.1f}% |"
+        )
+    return lines
+
+
+def _fidelity_sweep(d: pd.DataFrame) -> list[str]:
     sweep = d[d["source"] == "microbatch"]
-    if len(sweep):
-        lines += [
-            "",
-            "| micro-batch (91B GPT, t=8, p=8, 64 GPUs, batch 512) | predicted s/iteration | "
-            "samples/s |",
-            "|---|---|---|",
-        ]
-        for _, r in sweep.iterrows():
-            lines.append(
-                f"| {r['config'][1:]} | {r['predicted_s']:.2f} | {float(r['value']):.2f} |"
-            )
-    return "\n".join(lines)
+    if not len(sweep):
+        return []
+    lines = [
+        "",
+        "| micro-batch (91B GPT, t=8, p=8, 64 GPUs, batch 512) | predicted s/iteration | "
+        "samples/s |",
+        "|---|---|---|",
+    ]
+    for _, r in sweep.iterrows():
+        lines.append(f"| {r['config'][1:]} | {r['predicted_s']:.2f} | {float(r['value']):.2f} |")
+    return lines
 
 
 def portability(path: Path) -> str:

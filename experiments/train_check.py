@@ -66,6 +66,19 @@ def run_one(graph, mesh: str, method: str, engine: str, steps: int, lr: float) -
         "mesh": loaded.mesh.spec,
         "plan_source": method,
         "engine": engine,
+        **_trained(result, steps, lr),
+        "predicted_bytes": total.predicted,
+        "observed_bytes": total.compiled,
+        "total_rel_error": total.rel_error,
+        "max_axis_rel_error": max((c.rel_error for c in axes), default=0.0),
+        "per_axis": " ".join(f"{c.axes}:{c.predicted:.0f}/{c.compiled:.0f}" for c in axes),
+        "wall_time_s": time.perf_counter() - start,
+    }
+
+
+def _trained(result, steps: int, lr: float) -> dict:
+    """A training run's row fields: where it ran, its steps, and its losses against one device."""
+    return {
         "backend": result.platform,
         "devices": result.devices,
         "steps": steps,
@@ -75,12 +88,6 @@ def run_one(graph, mesh: str, method: str, engine: str, steps: int, lr: float) -
         "max_loss_rel_diff": result.max_rel_diff,
         "first_loss": result.losses[0],
         "last_loss": result.losses[-1],
-        "predicted_bytes": total.predicted,
-        "observed_bytes": total.compiled,
-        "total_rel_error": total.rel_error,
-        "max_axis_rel_error": max((c.rel_error for c in axes), default=0.0),
-        "per_axis": " ".join(f"{c.axes}:{c.predicted:.0f}/{c.compiled:.0f}" for c in axes),
-        "wall_time_s": time.perf_counter() - start,
     }
 
 
@@ -115,15 +122,7 @@ def run_module(
         "mesh": loaded.mesh.spec,
         "plan_source": source,
         "engine": "torch-module",
-        "backend": result.platform,
-        "devices": result.devices,
-        "steps": steps,
-        "lr": lr,
-        "status": "OK" if result.max_rel_diff <= TOLERANCE else "MISMATCH",
-        "objective": result.max_rel_diff,
-        "max_loss_rel_diff": result.max_rel_diff,
-        "first_loss": result.losses[0],
-        "last_loss": result.losses[-1],
+        **_trained(result, steps, lr),
         "predicted_bytes": total.predicted,
         "observed_bytes": total.compiled,
         "total_rel_error": total.rel_error,
@@ -170,29 +169,7 @@ def run_3d(steps: int, lr: float, engine: str) -> dict:
         steps=steps,
         lr=lr,
     )
-    rows = (
-        result.pipeline_comparison(
-            micro_graph,
-            stage_of,
-            strategies,
-            planner.make_cluster(pipe["stage_mesh"]).mesh,
-            pipe["stages"],
-            count,
-        )
-        if result.transfers
-        else ()
-    )
-    counted = (
-        {
-            "predicted_bytes": rows[0].predicted,
-            "observed_bytes": rows[0].compiled,
-            "total_rel_error": rows[0].rel_error,
-            "max_axis_rel_error": max(c.rel_error for c in rows[1:]),
-            "per_axis": " ".join(f"{c.axes}:{c.predicted:.0f}/{c.compiled:.0f}" for c in rows[1:]),
-        }
-        if rows
-        else {}
-    )
+    counted = _pipeline_counts(result, micro_graph, stage_of, strategies, pipe)
     return {
         **counted,
         "model": "gpt-zoo-2l-h256",
@@ -202,16 +179,31 @@ def run_3d(steps: int, lr: float, engine: str) -> dict:
             f"3d: {pipe['stages']} stages of {pipe['stage_mesh']}, {count} micro-batches"
         ),
         "engine": engine,
-        "backend": result.platform,
-        "devices": result.devices,
-        "steps": steps,
-        "lr": lr,
-        "status": "OK" if result.max_rel_diff <= TOLERANCE else "MISMATCH",
-        "objective": result.max_rel_diff,
-        "max_loss_rel_diff": result.max_rel_diff,
-        "first_loss": result.losses[0],
-        "last_loss": result.losses[-1],
+        **_trained(result, steps, lr),
         "wall_time_s": time.perf_counter() - start,
+    }
+
+
+def _pipeline_counts(result, micro_graph, stage_of, strategies, pipe: dict) -> dict:
+    """The engine's counted stage-boundary bytes beside the prediction, in total and per axis."""
+    if not result.transfers:
+        return {}
+    rows = result.pipeline_comparison(
+        micro_graph,
+        stage_of,
+        strategies,
+        planner.make_cluster(pipe["stage_mesh"]).mesh,
+        pipe["stages"],
+        pipe["num_microbatches"],
+    )
+    if not rows:
+        return {}
+    return {
+        "predicted_bytes": rows[0].predicted,
+        "observed_bytes": rows[0].compiled,
+        "total_rel_error": rows[0].rel_error,
+        "max_axis_rel_error": max(c.rel_error for c in rows[1:]),
+        "per_axis": " ".join(f"{c.axes}:{c.predicted:.0f}/{c.compiled:.0f}" for c in rows[1:]),
     }
 
 
@@ -231,7 +223,31 @@ def plot(rows: list[dict], path: str) -> None:
     write_png(path, fig)
 
 
-def main(argv: list[str] | None = None) -> int:
+FLAT_KEYS = (
+    "mesh",
+    "plan_source",
+    "engine",
+    "status",
+    "max_loss_rel_diff",
+    "total_rel_error",
+    "wall_time_s",
+)
+FSDP_KEYS = (
+    "mesh",
+    "plan_source",
+    "engine",
+    "status",
+    "max_loss_rel_diff",
+    "per_axis",
+    "wall_time_s",
+)
+
+
+def _show(row: dict, keys: tuple[str, ...]) -> None:
+    print({k: row[k] for k in keys}, flush=True)
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -243,7 +259,49 @@ def main(argv: list[str] | None = None) -> int:
         "--smallest", action="store_true", help="exact plan on 4 devices, 2 steps (tests)"
     )
     add_output_options(parser, "results/train_check.csv")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def _flat_runs(table, graph, meshes, methods, engines, steps: int, lr: float) -> None:
+    """Exported flat plans trained on each engine, against one device."""
+    for mesh in meshes:
+        for method in methods:
+            for engine in engines:
+                spec = planner.make_cluster(mesh).mesh.spec
+                if not table.done(mesh=spec, plan_source=method, engine=engine):
+                    row = run_one(graph, mesh, method, engine, steps, lr)
+                    table.add([row])
+                    _show(row, FLAT_KEYS)
+
+
+def _three_d_runs(table, steps: int, lr: float) -> None:
+    """A two-stage 3D plan trained on each engine."""
+    for engine in ENGINES:
+        if not table.done(mesh="node=2,gpu=2", plan_source="3d", engine=engine):
+            row = run_3d(steps, lr, engine)
+            table.add([{**row, "plan_source": "3d", "notes": row["plan_source"]}])
+            _show(row, ("mesh", "plan_source", "engine", "status", "max_loss_rel_diff"))
+
+
+def _module_runs(table, graph, meshes, steps: int, lr: float, folder: str) -> None:
+    """Plans applied to the nn.Module itself (DTensor, then FSDP2 with ZeRO-3)."""
+    for mesh in meshes:
+        for method in MODULE_METHODS:
+            spec = planner.make_cluster(mesh).mesh.spec
+            if not table.done(mesh=spec, plan_source=method, engine="torch-module"):
+                row = run_module(graph, mesh, method, steps, lr, folder)
+                table.add([row])
+                _show(row, FLAT_KEYS)
+    for mesh, method in FSDP_RUNS:
+        spec = planner.make_cluster(mesh).mesh.spec
+        if not table.done(mesh=spec, plan_source=f"{method}+zero3", engine="torch-module"):
+            row = run_module(graph, mesh, method, steps, lr, folder, zero=3)
+            table.add([row])
+            _show(row, FSDP_KEYS)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
     methods, meshes, steps = (
         (("exact",), ("4",), 2) if args.smallest else (METHODS, MESHES, args.steps)
     )
@@ -258,91 +316,11 @@ def main(argv: list[str] | None = None) -> int:
     table = results_table(args, ("mesh", "plan_source", "engine"))
 
     def body() -> int:
-        for mesh in meshes:
-            for method in methods:
-                for engine in engines:
-                    if table.done(
-                        mesh=planner.make_cluster(mesh).mesh.spec, plan_source=method, engine=engine
-                    ):
-                        continue
-                    row = run_one(graph, mesh, method, engine, steps, args.lr)
-                    table.add([row])
-                    print(
-                        {
-                            k: row[k]
-                            for k in (
-                                "mesh",
-                                "plan_source",
-                                "engine",
-                                "status",
-                                "max_loss_rel_diff",
-                                "total_rel_error",
-                                "wall_time_s",
-                            )
-                        },
-                        flush=True,
-                    )
-        for engine in () if args.smallest else ENGINES:
-            if not table.done(mesh="node=2,gpu=2", plan_source="3d", engine=engine):
-                row = run_3d(steps, args.lr, engine)
-                table.add([{**row, "plan_source": "3d", "notes": row["plan_source"]}])
-                print(
-                    {
-                        k: row[k]
-                        for k in ("mesh", "plan_source", "engine", "status", "max_loss_rel_diff")
-                    },
-                    flush=True,
-                )
-        with tempfile.TemporaryDirectory() as folder:
-            for mesh in () if args.smallest else meshes:
-                for method in MODULE_METHODS:
-                    if table.done(
-                        mesh=planner.make_cluster(mesh).mesh.spec,
-                        plan_source=method,
-                        engine="torch-module",
-                    ):
-                        continue
-                    row = run_module(graph, mesh, method, steps, args.lr, folder)
-                    table.add([row])
-                    print(
-                        {
-                            k: row[k]
-                            for k in (
-                                "mesh",
-                                "plan_source",
-                                "engine",
-                                "status",
-                                "max_loss_rel_diff",
-                                "total_rel_error",
-                                "wall_time_s",
-                            )
-                        },
-                        flush=True,
-                    )
-            for mesh, method in () if args.smallest else FSDP_RUNS:
-                if table.done(
-                    mesh=planner.make_cluster(mesh).mesh.spec,
-                    plan_source=f"{method}+zero3",
-                    engine="torch-module",
-                ):
-                    continue
-                row = run_module(graph, mesh, method, steps, args.lr, folder, zero=3)
-                table.add([row])
-                print(
-                    {
-                        k: row[k]
-                        for k in (
-                            "mesh",
-                            "plan_source",
-                            "engine",
-                            "status",
-                            "max_loss_rel_diff",
-                            "per_axis",
-                            "wall_time_s",
-                        )
-                    },
-                    flush=True,
-                )
+        _flat_runs(table, graph, meshes, methods, engines, steps, args.lr)
+        if not args.smallest:
+            _three_d_runs(table, steps, args.lr)
+            with tempfile.TemporaryDirectory() as folder:
+                _module_runs(table, graph, meshes, steps, args.lr, folder)
         table.finish()
         path = png_path(args)
         if path:

@@ -112,7 +112,7 @@ def plot(rows: list[dict], path: str) -> None:
     write_png(path, fig)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -131,6 +131,23 @@ def main(argv: list[str] | None = None) -> int:
         help="global batches to verify each model at (default: the model's own batch)",
     )
     add_output_options(parser, "results/verify.csv")
+    return parser
+
+
+def _checked(parser: argparse.ArgumentParser, args, specs: dict, methods: tuple) -> None:
+    """Refuse an unknown model or method, or a malformed batch list, naming the option."""
+    for name in args.models.split(","):
+        if name not in specs:
+            parser.error(f"--models: unknown model {name!r} (known: {', '.join(specs)})")
+    for method in methods:
+        if method not in METHODS:
+            parser.error(f"--methods: unknown method {method!r} (known: {', '.join(METHODS)})")
+    if args.batches and not all(b.isdigit() and int(b) > 0 for b in args.batches.split(",")):
+        parser.error(f"--batches: {args.batches!r} is not a list of positive integers")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     try:
         import jax  # noqa: F401
@@ -142,14 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         specs, args.meshes = SMALL, "4,2x4"
     if args.smallest:
         args.models, args.meshes, methods = "mlp", "2x4", ("megatron",)
-    for name in args.models.split(","):
-        if name not in specs:
-            parser.error(f"--models: unknown model {name!r} (known: {', '.join(specs)})")
-    for method in methods:
-        if method not in METHODS:
-            parser.error(f"--methods: unknown method {method!r} (known: {', '.join(METHODS)})")
-    if args.batches and not all(b.isdigit() and int(b) > 0 for b in args.batches.split(",")):
-        parser.error(f"--batches: {args.batches!r} is not a list of positive integers")
+    _checked(parser, args, specs, methods)
     table = results_table(args, ("model", "mesh", "method", "batch"))
     for name in args.models.split(","):
         spec, own, seq = specs[name]

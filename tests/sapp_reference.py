@@ -36,12 +36,32 @@ def mlp(rows: int, hidden: int) -> Graph:
 def _block(
     gb: GraphBuilder, i: int, x: str, bs: int, seq: int, hidden: int, heads: int, ffn: int
 ) -> str:
-    p, head_dim = f"l{i}.", hidden // heads
+    p = f"l{i}."
     gb.layer = i
+    x = _attention(gb, p, x, bs, seq, hidden, heads)
+    up = gb.op(
+        "linear",
+        p + "mm_1",
+        "rh,hf->rf",
+        [_norm(gb, p, hidden, "ln2", x), gb.param(p + "w1", (hidden, ffn))],
+    )
+    down = gb.op(
+        "linear",
+        p + "mm_2",
+        "rf,fh->rh",
+        [gb.op("gelu", p + "gelu", "rf->rf", [up]), gb.param(p + "w2", (ffn, hidden))],
+    )
+    return gb.op("add", p + "add2", "rh,rh->rh", [x, down])
 
-    def norm(name: str, t: str) -> str:
-        gamma, beta = gb.param(p + name + ".g", (hidden,)), gb.param(p + name + ".b", (hidden,))
-        return gb.op("layernorm", p + name, "rh,h,h->rh", [t, gamma, beta], norm="h")
+
+def _norm(gb: GraphBuilder, p: str, hidden: int, name: str, t: str) -> str:
+    gamma, beta = gb.param(p + name + ".g", (hidden,)), gb.param(p + name + ".b", (hidden,))
+    return gb.op("layernorm", p + name, "rh,h,h->rh", [t, gamma, beta], norm="h")
+
+
+def _attention(gb: GraphBuilder, p: str, x: str, bs: int, seq: int, hidden: int, heads: int):
+    """SAPP's attention: fused qkv, split, heads, scores, softmax, context, projection, residual."""
+    head_dim = hidden // heads
 
     def head(name: str, t: str, seq_dim: str) -> str:
         t = gb.op(
@@ -57,7 +77,7 @@ def _block(
         "linear",
         p + "mm_qkv",
         "rh,hn->rn",
-        [norm("ln1", x), gb.param(p + "wqkv", (hidden, 3 * hidden))],
+        [_norm(gb, p, hidden, "ln1", x), gb.param(p + "wqkv", (hidden, 3 * hidden))],
     )
     q, k, v = (f"{p}split.{j}" for j in range(3))
     gb.op(
@@ -82,22 +102,12 @@ def _block(
     ctx = gb.op("batch_matmul", p + "bmm_av", "bast,batd->basd", [probs, head("v", v, "t")])
     ctx = gb.op("transpose", p + "tr_o", "basd->bsad", [ctx])
     ctx = gb.op("reshape", p + "reshape_o", "bsad->(bs)(ad)", [ctx])
-    x = gb.op(
+    return gb.op(
         "add",
         p + "add1",
         "rh,rh->rh",
         [x, gb.op("linear", p + "mm_o", "rh,hn->rn", [ctx, gb.param(p + "wo", (hidden, hidden))])],
     )
-    up = gb.op(
-        "linear", p + "mm_1", "rh,hf->rf", [norm("ln2", x), gb.param(p + "w1", (hidden, ffn))]
-    )
-    down = gb.op(
-        "linear",
-        p + "mm_2",
-        "rf,fh->rh",
-        [gb.op("gelu", p + "gelu", "rf->rf", [up]), gb.param(p + "w2", (ffn, hidden))],
-    )
-    return gb.op("add", p + "add2", "rh,rh->rh", [x, down])
 
 
 def blocks(layers: int, tokens: int, seq: int, hidden: int, heads: int, ffn: int) -> Graph:

@@ -1075,69 +1075,16 @@ CASES = [
 def plans(tmp_path_factory):
     """A flat plan and a 3D plan written by the CLI, shared by the evaluate/export/verify rows."""
     root = tmp_path_factory.mktemp("plans")
-    assert (
-        main(
-            [
-                "plan",
-                "--model",
-                "mlp",
-                "--mesh",
-                "2x4",
-                "--batch",
-                "64",
-                "--json",
-                str(root / "flat.json"),
-                "-q",
-            ]
-        )
-        == 0
+    flat, p3, llama, tp = (
+        str(root / name) for name in ("flat.json", "p3.json", "llama.json", "tp.json")
     )
-    assert (
-        main(
-            [
-                "plan",
-                "--model",
-                GPT,
-                "--mesh",
-                "2x2",
-                "--pipeline",
-                "auto",
-                "--json",
-                str(root / "p3.json"),
-                "-q",
-            ]
-        )
-        == 0
-    )
-    assert (
-        main(
-            [
-                "import-torch",
-                LLAMA,
-                "--loss",
-                "cross_entropy",
-                "--json",
-                str(root / "llama.json"),
-                "-q",
-            ]
-        )
-        == 0
-    )
-    assert (
-        main(
-            [
-                "plan",
-                "--model",
-                str(root / "llama.json"),
-                "--mesh",
-                "4",
-                "--json",
-                str(root / "tp.json"),
-                "-q",
-            ]
-        )
-        == 0
-    )
+    for argv in (
+        ["plan", "--model", "mlp", "--mesh", "2x4", "--batch", "64", "--json", flat, "-q"],
+        ["plan", "--model", GPT, "--mesh", "2x2", "--pipeline", "auto", "--json", p3, "-q"],
+        ["import-torch", LLAMA, "--loss", "cross_entropy", "--json", llama, "-q"],
+        ["plan", "--model", llama, "--mesh", "4", "--json", tp, "-q"],
+    ):
+        assert main(argv) == 0, argv
     return root
 
 

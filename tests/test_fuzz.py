@@ -113,6 +113,32 @@ def topologies(draw) -> str:
     return ",".join(f"{name}={size}" for name, size in zip(names, sizes))
 
 
+OPTION_VALUES = {
+    "--dtype": ("fp32", "fp16"),
+    "--optimizer": ("sgd",),
+    "--zero": ("1", "2", "3", "auto"),
+    "--recompute": ("full", "selective", "auto"),
+    "--overlap": ("none", "grad"),
+    "--bucket-mb": ("0", "1"),
+    "--memory": ("20MB", "2MB", "none"),
+    "--fp32-grads": (),
+    "--method": METHODS[1:],
+}
+
+
+def _drawn_options(draw) -> list[str]:
+    """Up to three settings or search options with drawn values (``--fp32-grads`` is a flag)."""
+    options = draw(st.dictionaries(st.sampled_from(tuple(OPTION_VALUES)), st.none(), max_size=3))
+    argv = []
+    for option in sorted(options):
+        argv += (
+            [option]
+            if option == "--fp32-grads"
+            else [option, draw(st.sampled_from(OPTION_VALUES[option]))]
+        )
+    return argv
+
+
 @st.composite
 def plan_cases(draw):
     """A graph JSON (random operators, its op names made odd; or, one case in four, a small GPT with
@@ -137,41 +163,7 @@ def plan_cases(draw):
     argv = ["--mesh", draw(topologies()), "--device", "fuzzdev" if device == "table" else device]
     if device == "table":
         argv += ["--hardware", "table.csv"]
-    options = draw(
-        st.dictionaries(
-            st.sampled_from(
-                (
-                    "--dtype",
-                    "--optimizer",
-                    "--zero",
-                    "--recompute",
-                    "--overlap",
-                    "--bucket-mb",
-                    "--memory",
-                    "--fp32-grads",
-                    "--method",
-                )
-            ),
-            st.none(),
-            max_size=3,
-        )
-    )
-    values = {
-        "--dtype": ("fp32", "fp16"),
-        "--optimizer": ("sgd",),
-        "--zero": ("1", "2", "3", "auto"),
-        "--recompute": ("full", "selective", "auto"),
-        "--overlap": ("none", "grad"),
-        "--bucket-mb": ("0", "1"),
-        "--memory": ("20MB", "2MB", "none"),
-        "--method": METHODS[1:],
-    }
-    for option in sorted(options):
-        argv += (
-            [option]
-            if option == "--fp32-grads"
-            else [option, draw(st.sampled_from(values[option]))]
-        )
+    argv += _drawn_options(draw)
     files = {"custom.json": json.dumps(_profile(draw))} if device == "custom" else {}
     if device == "table":
         files["table.csv"] = _hardware_table(draw)

@@ -183,6 +183,20 @@ def test_sizes():
     assert not too_long, too_long
 
 
+def test_no_function_over_the_cap_in_tests_experiments_and_benchmarks():
+    """The function cap holds outside the package too (test modules may be longer: one module per
+    concept under test)."""
+    too_long = []
+    for folder in ("tests", "experiments", "benchmarks"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    length = node.end_lineno - node.lineno + 1
+                    if length > MAX_FUNCTION_LINES:
+                        too_long.append(f"{path.relative_to(ROOT)}:{node.name}: {length} lines")
+    assert not too_long, too_long
+
+
 def test_the_code_is_formatted_and_lint_free():
     """``ruff format`` (100 columns) leaves every file as it is and ``ruff check`` passes
     (pyflakes, pycodestyle's errors, lines past 100 columns): the size limits above are measured on

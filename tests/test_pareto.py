@@ -136,16 +136,9 @@ def _pinned_optimum(problem, limit):
         pytest.param("4", "pareto", "both", (0.15, 0.5), marks=pytest.mark.slow),
     ],
 )
-def test_auto_matches_brute_force_over_every_assignment_of_layer_choices(
-    mesh, oracle, decided, fractions
-):
-    """--recompute auto / --zero auto decide none / selective / full recompute and the ZeRO stage
-    per layer inside the Pareto master. The optimum equals the best optimum over every per-layer
-    assignment (3^L, 4^L or 12^L), each solved with its choices fixed (by the whole-program CP-SAT
-    on 4 devices; by the Pareto master without choices on 2x2 and for the 144 joint assignments,
-    where CP-SAT takes minutes), at limits from "only the least-memory choices fit" to "almost
-    nothing needs them"; with recompute, the limits force mixed assignments (two layers choosing
-    differently)."""
+def _every_layer_assignment(mesh: str, decided: str):
+    """A 2-layer GPT under per-layer choices ('auto'), and the same problem with every per-layer
+    assignment of the decided modes fixed: (auto problem, {modes: problem}, layers)."""
     import itertools
 
     from planner.api import resolve_model
@@ -176,6 +169,20 @@ def test_auto_matches_brute_force_over_every_assignment_of_layer_choices(
         modes: build_problem(graph, cluster.mesh, cluster.profile, settings(modes))
         for modes in itertools.product(itertools.product(recompute, zero), repeat=len(layers))
     }
+    return problem, pinned, layers
+
+
+def test_auto_matches_brute_force_over_every_assignment_of_layer_choices(
+    mesh, oracle, decided, fractions
+):
+    """--recompute auto / --zero auto decide none / selective / full recompute and the ZeRO stage
+    per layer inside the Pareto master. The optimum equals the best optimum over every per-layer
+    assignment (3^L, 4^L or 12^L), each solved with its choices fixed (by the whole-program CP-SAT
+    on 4 devices; by the Pareto master without choices on 2x2 and for the 144 joint assignments,
+    where CP-SAT takes minutes), at limits from "only the least-memory choices fit" to "almost
+    nothing needs them"; with recompute, the limits force mixed assignments (two layers choosing
+    differently)."""
+    problem, pinned, layers = _every_layer_assignment(mesh, decided)
     low = min(min_memory(p) for p in pinned.values())
     high = problem.memory(solve_exact(problem)[0].choice)
     mixed, stages = set(), set()

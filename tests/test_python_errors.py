@@ -91,3 +91,16 @@ def test_the_error_keeps_its_type_and_cause():
         planner.load_model("gpt:layers=x")
     assert caught.value.args == (str(caught.value),)
     assert isinstance(caught.value, planner.PlannerError)
+
+
+def test_a_memory_limit_has_one_encoding():
+    """A search takes the memory limit as a number of bytes, inf for none: None (the other
+    encoding the signatures once took) is refused naming the parameter; a Cluster holds inf."""
+    cluster = planner.make_cluster("8", memory=float("inf"))
+    assert cluster.memory_limit == float("inf")
+    assert planner.make_cluster("8", "symbolic").memory_limit == float("inf")
+    problem = planner.make_problem("mlp", cluster)
+    with pytest.raises(SettingsError, match="^memory_limit: must be a non-negative number"):
+        planner.plan_problem(problem, None)
+    free = planner.plan_problem(problem, float("inf"))
+    assert free.found and free.memory_limit_bytes is None  # JSON null: no limit

@@ -131,33 +131,9 @@ def test_two_stage_two_way_data_parallel_3d_plan_trains_on_four_processes(
 
     spec = "gpt:layers=2,hidden=256,heads=4,seq=64,vocab=512"
     plan = tmp_path / "p3.json"
-    assert (
-        main(
-            [
-                "plan",
-                "--model",
-                spec,
-                "--mesh",
-                "2x2",
-                "--batch",
-                "8",
-                "--pipeline",
-                "auto",
-                "--pp",
-                "2",
-                "--num-microbatches",
-                "2",
-                "--dtype",
-                "fp32",
-                "--optimizer",
-                "sgd",
-                "--json",
-                str(plan),
-                "-q",
-            ]
-        )
-        == 0
-    )
+    argv = ["plan", "--model", spec, "--mesh", "2x2", "--batch", "8", "--pipeline", "auto"]
+    argv += ["--pp", "2", "--num-microbatches", "2", "--dtype", "fp32", "--optimizer", "sgd"]
+    assert main(argv + ["--json", str(plan), "-q"]) == 0
     assert main([command, "--plan", str(plan), "--steps", "3", count, "4"]) == 0
     out = capsys.readouterr().out
     assert f"2 stages of gpu=2 on {where}" in out and "max relative difference" in out
@@ -222,6 +198,13 @@ def test_imported_model_plans_and_trains_as_3d(tmp_path, capsys):
     assert set(rows) == {"total", "gpu", "pp", "tied"} and max(rows.values()) < 5.0, out
 
 
+PORT_TAKEN = (
+    "torch.distributed.DistNetworkError: The server socket has failed to listen on any local "
+    "network address. port: 1, useIpv6: 0, code: -98, name: EADDRINUSE, message: address "
+    "already in use"
+)
+
+
 def test_launch_retries_a_taken_port_and_names_other_errors(monkeypatch, tmp_path):
     """torchrun losing its port to another process is tried again on a new port; a rank's own error
     is reported at once, by the rank's line (not torchrun's closing ChildFailedError)."""
@@ -240,12 +223,7 @@ def test_launch_retries_a_taken_port_and_names_other_errors(monkeypatch, tmp_pat
 
         return run
 
-    taken = (
-        "torch.distributed.DistNetworkError: The server socket has failed to listen on any local "
-        "network address. port: 1, useIpv6: 0, code: -98, name: EADDRINUSE, message: address "
-        "already in use"
-    )
-    monkeypatch.setattr(train_torch, "run_group", fake([taken, None]))
+    monkeypatch.setattr(train_torch, "run_group", fake([PORT_TAKEN, None]))
     train_torch._launch(2, "m", tmp_path / "j", tmp_path / "o", 10.0)
     assert len(calls) == 2
     calls.clear()

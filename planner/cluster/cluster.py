@@ -40,21 +40,23 @@ def make_cluster(
     if memory is None:
         limit = math.inf if profile.name == "symbolic" else float(profile.memory_bytes)
     else:
-        limit = checked_limit(memory, "--memory")
+        limit = checked_limit(memory, "--memory", positive=True)
     return Cluster(mesh_obj, profile, limit)
 
 
-def checked_limit(memory_limit: float, name: str = "memory_limit") -> float:
-    """A memory limit in its one encoding: a positive number of bytes, inf for none."""
+def checked_limit(memory_limit: float, name: str = "memory_limit", positive: bool = False) -> float:
+    """A memory limit in its one encoding: a number of bytes (``positive``: above 0, as the
+    command line's), inf for none."""
     if (
         isinstance(memory_limit, bool)
         or not isinstance(memory_limit, (int, float))
         or math.isnan(memory_limit)
-        or memory_limit <= 0
+        or memory_limit < 0
+        or (positive and memory_limit == 0)
     ):
+        what = "positive" if positive else "non-negative"
         raise SettingsError(
-            f"{name}: must be a positive number of bytes (or inf for no limit), got "
-            f"{memory_limit!r}"
+            f"{name}: must be a {what} number of bytes (or inf for no limit), got {memory_limit!r}"
         )
     return float(memory_limit)
 
