@@ -202,6 +202,50 @@ def _all_reduce_parts(name: str, group: int, users, defs) -> list[tuple[str, int
     return parts
 
 
+def _feeds_all_reduce(name: str, users, defs) -> bool:
+    """An all-reduce whose one user is another all-reduce of the same array: one step of a
+    reduction over several mesh axes that the CPU backend writes one axis at a time."""
+    shape, only = defs[name][0], users.get(name, [])
+    return (
+        defs[name][1] == "all-reduce"
+        and not shape.startswith("(")
+        and len(only) == 1
+        and defs[only[0]][1] == "all-reduce"
+        and defs[only[0]][0] == shape
+    )
+
+
+def _chain_before(name: str, users, defs) -> list[str]:
+    """The all-reduces that feed ``name`` step by step (the first first)."""
+    chain, operands = [], defs[name][2]
+    while (
+        len(operands) == 1 and operands[0] in defs and _feeds_all_reduce(operands[0], users, defs)
+    ):
+        chain.insert(0, operands[0])
+        operands = defs[operands[0]][2]
+    return chain
+
+
+def _reduction(chain, groups_of, users, defs, mesh_shape, axis_names) -> list[HloCollective]:
+    """A chain of all-reduces (one per mesh axis) whose result is only cut down to this device's
+    block over all of them: the one reduce-scatter over those axes it implements (the CPU
+    backend's all-reduce + all-reduce + slice). Otherwise each step is read on its own."""
+    last = chain[-1]
+    axes_of = {m: group_axes(groups_of[m], mesh_shape, axis_names) for m in chain}
+    if len(chain) > 1:
+        group = math.prod(len(groups_of[m][0]) for m in chain)
+        union = tuple(a for a in axis_names if any(a in axes_of[m] for m in chain))
+        if _is_scatter(last, group, users, defs):
+            return [HloCollective("reduce_scatter", float(shape_bytes(defs[last][0])), union)]
+    out = [
+        HloCollective("all_reduce", float(shape_bytes(defs[m][0])), axes_of[m]) for m in chain[:-1]
+    ]
+    return out + [
+        HloCollective(kind, float(nbytes), axes_of[last])
+        for kind, nbytes in _all_reduce_parts(last, len(groups_of[last][0]), users, defs)
+    ]
+
+
 def parse_collectives(
     hlo: str, mesh_shape: tuple[int, ...], axis_names: tuple[str, ...]
 ) -> list[HloCollective]:
@@ -211,6 +255,7 @@ def parse_collectives(
     # XLA numbers long operand lists with /*index=5*/, whose '=' breaks the shapes
     hlo = COMMENT.sub("", hlo)
     users, defs = _users(hlo)
+    groups_of: dict[str, list[list[int]]] = {}
     for line in hlo.splitlines():
         match = LINE.search(line)
         if not match or "-done" in line.split("=")[1].split("(")[0]:
@@ -219,11 +264,10 @@ def parse_collectives(
         groups = replica_groups(line, num_devices)
         name = INSTRUCTION.match(line).group("name") if INSTRUCTION.match(line) else ""
         if kind == "all_reduce" and name:
-            axes = group_axes(groups, mesh_shape, axis_names)
-            out.extend(
-                HloCollective(part_kind, float(nbytes), axes)
-                for part_kind, nbytes in _all_reduce_parts(name, len(groups[0]), users, defs)
-            )
+            groups_of[name] = groups
+            if not _feeds_all_reduce(name, users, defs):  # a chain's last step reads it whole
+                chain = _chain_before(name, users, defs) + [name]
+                out.extend(_reduction(chain, groups_of, users, defs, mesh_shape, axis_names))
             continue
         nbytes = shape_bytes(match.group("shape"))
         if kind == "reduce_scatter":
