@@ -179,6 +179,9 @@ def run_fidelity() -> list[dict]:
     ]
 
 
+COMMITTED = "results/bench_regress.csv"
+
+
 def committed(path: str) -> dict[str, dict]:
     """The rows of the CSV as committed at HEAD, by case (empty when it is not committed yet)."""
     import pandas as pd
@@ -198,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", default=",".join(list(CASES) + ["fidelity"]))
     parser.add_argument("--out", default="results/bench_regress.csv")
     args = parser.parse_args(argv)
-    before = committed(args.out)
+    # the committed figures are results/bench_regress.csv's, wherever this run writes
+    before = committed(COMMITTED)
     rows = []
     for case in args.cases.split(","):
         if case not in CASES and case != "fidelity":

@@ -184,3 +184,24 @@ def test_verify_batches_and_methods_choose_the_rows(tmp_path):
         with pytest.raises(SystemExit) as refused:
             script.main([*bad, "--out", str(tmp_path / "x.csv")])
         assert refused.value.code == 2
+
+
+def test_regression_benchmark_compares_with_the_committed_figures_wherever_it_writes(tmp_path):
+    """``benchmarks/regress.py --out ELSEWHERE`` still prints the committed figure beside each one
+    (it read the committed rows from the --out path, and printed "committed None")."""
+    out = tmp_path / "regress.csv"
+    done = subprocess.run(
+        [sys.executable, "benchmarks/regress.py", "--cases", "zero3-384", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    import pandas as pd
+
+    rows = pd.read_csv(ROOT / "results" / "bench_regress.csv")
+    figure = rows.loc[rows["case"] == "zero3-384", "figure"].iloc[0]
+    line = next(x for x in done.stdout.splitlines() if x.startswith("zero3-384"))
+    assert "committed None" not in line and f"(committed {figure})" in line, line
+    assert "committed_figure" in out.read_text()
