@@ -123,19 +123,6 @@ def _pinned_optimum(problem, limit):
     return min(found, default=None)
 
 
-@pytest.mark.parametrize(
-    "mesh,oracle,decided,fractions",
-    [
-        ("4", "cp-sat", "recompute", (0.2, 0.4, 0.6, 0.8, 0.95)),
-        # 45 pinned Pareto searches, each on every layout of the tied table: about 150 s on 2 cores
-        pytest.param(
-            "2x2", "pareto", "recompute", (0.2, 0.4, 0.6, 0.8, 0.95), marks=pytest.mark.slow
-        ),
-        ("4", "cp-sat", "zero", (0.1, 0.6, 0.9)),
-        # 144 joint assignments: 25 s
-        pytest.param("4", "pareto", "both", (0.15, 0.5), marks=pytest.mark.slow),
-    ],
-)
 def _every_layer_assignment(mesh: str, decided: str):
     """A 2-layer GPT under per-layer choices ('auto'), and the same problem with every per-layer
     assignment of the decided modes fixed: (auto problem, {modes: problem}, layers)."""
@@ -172,6 +159,19 @@ def _every_layer_assignment(mesh: str, decided: str):
     return problem, pinned, layers
 
 
+@pytest.mark.parametrize(
+    "mesh,oracle,decided,fractions",
+    [
+        ("4", "cp-sat", "recompute", (0.2, 0.4, 0.6, 0.8, 0.95)),
+        # 45 pinned Pareto searches, each on every layout of the tied table: about 150 s on 2 cores
+        pytest.param(
+            "2x2", "pareto", "recompute", (0.2, 0.4, 0.6, 0.8, 0.95), marks=pytest.mark.slow
+        ),
+        ("4", "cp-sat", "zero", (0.1, 0.6, 0.9)),
+        # 144 joint assignments: 25 s
+        pytest.param("4", "pareto", "both", (0.15, 0.5), marks=pytest.mark.slow),
+    ],
+)
 def test_auto_matches_brute_force_over_every_assignment_of_layer_choices(
     mesh, oracle, decided, fractions
 ):
