@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from experiments import tables_memory
 from experiments.common import run
 from pathlib import Path
 
@@ -339,6 +340,10 @@ def pictures(path: Path) -> str:
 
 
 TABLES = (
+    ("MEMORY_BOUND_TEXT", tables_memory.memory_bound, "memory_bound.csv"),
+    ("SCALING_LIMITED_TABLE", tables_memory.scaling_limited, "scaling.csv"),
+    ("WHOLE_GRAPH_TEXT", tables_memory.whole_graph, "bench_whole_graph.csv"),
+    ("REGRESS_3D_TEXT", tables_memory.regress_3d, "bench_regress.csv"),
     ("PICTURES_TEXT", pictures, "pictures.csv"),
     ("TRAIN_CHECK_TABLE", train_check, "train_check.csv"),
     ("SCALING_TABLE", scaling, "scaling.csv"),
