@@ -1,8 +1,9 @@
 """Check the committed results against the code: ``python -m experiments check``.
 
-Each experiment (and the benchmark of the whole-graph program) is re-run on a small slice of its
-full configuration (``SLICES``), and every re-computed row is compared with the committed row of
-the same configuration in results/:
+Each experiment but train_check (whose runs the default tests train) and the benchmarks of the
+whole-graph program and of the regression cases are re-run on a small slice of their full
+configuration (``SLICES``), and every re-computed row is compared with the committed row of the
+same configuration in results/:
 
     deterministic figures (status, objective, iteration time)   equal (integers exactly; floats
                                                                 1e-9 relative)
@@ -98,6 +99,28 @@ SLICES = {
         ("model", "mesh", "method", "batch"),
         ("status", "predicted_bytes"),
         (("total_rel_error", 0.001), ("max_axis_rel_error", 0.001)),
+    ),
+    "pipeline": Slice(
+        "pipeline.csv",
+        ("--instances", "5", "--big", "", "--zoo", ""),
+        ("source", "instance", "method"),
+        ("status", "objective", "num_microbatches"),
+    ),
+    "llama": Slice(
+        "llama.csv",
+        ("--quick",),
+        ("part", "model", "devices", "mesh", "method"),
+        ("status", "objective", "iteration_time_s"),
+    ),
+    "pictures": Slice(
+        "pictures.csv", (), ("case", "model", "mesh"), ("status", "objective", "memory_bytes")
+    ),
+    "regress": Slice(
+        "bench_regress.csv",
+        ("--cases", "zero3-384,3d-175b-1024"),
+        ("case",),
+        ("status", "figure"),
+        script="benchmarks/regress.py",
     ),
     "whole_graph": Slice(
         "bench_whole_graph.csv",
