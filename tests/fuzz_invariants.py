@@ -162,13 +162,21 @@ def notes_agree_with_status(written: dict) -> None:
         )
 
 
+# a search the wall-clock time limit cut: another run may stop elsewhere (not a promise of 6)
+CUT_BY_TIME = ("FEASIBLE", "UNKNOWN")
+
+
 def same_bytes(argv: list[str], plan_path: Path, first: bytes, jobs: int | None = None) -> None:
     """Invariant 6: the same input gives byte-identical ``--no-timings`` output across runs and
-    across ``--jobs`` values."""
+    across ``--jobs`` values, for a search the time limit did not cut (a CP-SAT run that stops at
+    its wall-clock limit, FEASIBLE, depends on the machine's load)."""
     plan_path.unlink()
     again = argv + (["--jobs", str(jobs)] if jobs else [])
     code, _, err = cli(*again)
     assert code == 0, err
+    statuses = {json.loads(first).get("status"), json.loads(plan_path.read_bytes()).get("status")}
+    if statuses & set(CUT_BY_TIME):
+        return
     assert plan_path.read_bytes() == first, (
         f"a second run{f' with --jobs {jobs}' if jobs else ''} wrote other bytes"
     )
