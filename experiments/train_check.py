@@ -59,7 +59,6 @@ def run_one(graph, mesh: str, method: str, engine: str, steps: int, lr: float) -
     )
     compare = result.xla_comparison if engine == "jax" else result.counted_comparison
     rows = compare(loaded.graph, loaded.strategies, loaded.mesh)
-    total, axes = rows[0], rows[1:]
     return {
         "model": "gpt2-torch-2l-h256",
         "spec": SPEC,
@@ -67,11 +66,7 @@ def run_one(graph, mesh: str, method: str, engine: str, steps: int, lr: float) -
         "plan_source": method,
         "engine": engine,
         **_trained(result, steps, lr),
-        "predicted_bytes": total.predicted,
-        "observed_bytes": total.compiled,
-        "total_rel_error": total.rel_error,
-        "max_axis_rel_error": max((c.rel_error for c in axes), default=0.0),
-        "per_axis": " ".join(f"{c.axes}:{c.predicted:.0f}/{c.compiled:.0f}" for c in axes),
+        **_counted(rows),
         "wall_time_s": time.perf_counter() - start,
     }
 
@@ -114,7 +109,6 @@ def run_module(
     write_text(path, exported.render())
     result = train_module_plan(path, loaded.mesh.num_devices, steps=steps, lr=lr)
     rows = result.counted_comparison(loaded.graph, loaded.strategies, loaded.mesh, zero)
-    total, axes = rows[0], rows[1:]
     fsdp = f"; fully_shard on {'+'.join(exported.fully_shard_dims)}" if zero == 3 else ""
     return {
         "model": "gpt2-torch-2l-h256",
@@ -123,11 +117,7 @@ def run_module(
         "plan_source": source,
         "engine": "torch-module",
         **_trained(result, steps, lr),
-        "predicted_bytes": total.predicted,
-        "observed_bytes": total.compiled,
-        "total_rel_error": total.rel_error,
-        "max_axis_rel_error": max((c.rel_error for c in axes), default=0.0),
-        "per_axis": " ".join(f"{c.axes}:{c.predicted:.0f}/{c.compiled:.0f}" for c in axes),
+        **_counted(rows),
         "wall_time_s": time.perf_counter() - start,
         "notes": (
             f"{len(exported.styles)} parallelize_module styles, {len(exported.placements)} "
@@ -196,14 +186,18 @@ def _pipeline_counts(result, micro_graph, stage_of, strategies, pipe: dict) -> d
         pipe["stages"],
         pipe["num_microbatches"],
     )
-    if not rows:
-        return {}
+    return _counted(rows) if rows else {}
+
+
+def _counted(rows) -> dict:
+    """Predicted against observed bytes: the total row, then the worst and every mesh axis."""
+    total, axes = rows[0], rows[1:]
     return {
-        "predicted_bytes": rows[0].predicted,
-        "observed_bytes": rows[0].compiled,
-        "total_rel_error": rows[0].rel_error,
-        "max_axis_rel_error": max(c.rel_error for c in rows[1:]),
-        "per_axis": " ".join(f"{c.axes}:{c.predicted:.0f}/{c.compiled:.0f}" for c in rows[1:]),
+        "predicted_bytes": total.predicted,
+        "observed_bytes": total.compiled,
+        "total_rel_error": total.rel_error,
+        "max_axis_rel_error": max((c.rel_error for c in axes), default=0.0),
+        "per_axis": " ".join(f"{c.axes}:{c.predicted:.0f}/{c.compiled:.0f}" for c in axes),
     }
 
 
