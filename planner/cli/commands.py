@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 from typing import Sequence
 
 from planner import api, api3d
@@ -20,7 +21,7 @@ from planner.cli.engines import cmd_export, cmd_import_torch, cmd_verify
 from planner.cli.training import cmd_run_jax, cmd_run_torch
 from planner.cli.report import emit as _emit, format_3d, format_plan
 from planner.cli.argtypes import EXIT_INFEASIBLE, EXIT_NOT_OPTIMAL, EXIT_OK
-from planner.cli.parser import DEGREE_OPTIONS, PIPELINE_OPTIONS, log
+from planner.cli.parser import DEGREE_OPTIONS, PIPELINE_OPTIONS, SETTINGS_DEFAULTS, log
 
 
 def progress_bar(args: argparse.Namespace):
@@ -201,6 +202,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
+    if args.from_megatron:
+        return _evaluate_megatron(args)
     if args.plan:
         _refuse(args, DEGREE_OPTIONS, "not with --plan (the plan file fixes the configuration)")
         return _evaluate_file(args)
@@ -236,6 +239,26 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         hardware_csv=args.hardware,
         fit_required=False,
     )
+    return _finish_3d(result, args)
+
+
+def _evaluate_megatron(args: argparse.Namespace) -> int:
+    """A Megatron-LM line costed as given (``planner.launch.evaluate_megatron``)."""
+    from planner.launch import evaluate_megatron
+
+    fixed = ("plan", "model", "mesh", "batch", "seq") + DEGREE_OPTIONS[:1] + DEGREE_OPTIONS[2:]
+    _refuse(args, fixed + tuple(SETTINGS_DEFAULTS), "not with --from-megatron (its flags fix it)")
+    path = args.from_megatron
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SettingsError(f"--from-megatron: cannot read {path}: {exc.strerror}") from None
+    result, run, ignored = evaluate_megatron(
+        text, args.device or "a100-80g", args.dp, args.memory, args.hardware
+    )
+    if ignored:
+        _emit(f"ignored (no effect on step time or memory): {' '.join(ignored)}", args)
+    args.model, args.batch = run.model_spec, run.global_batch
     return _finish_3d(result, args)
 
 

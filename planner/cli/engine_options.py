@@ -21,14 +21,19 @@ def add_export(x: argparse.ArgumentParser) -> None:
     add_plan_source(x)
     x.add_argument(
         "--target",
-        choices=["json", "torch", "jax"],
+        choices=["json", "torch", "jax", "megatron"],
         default="json",
         help="json (default): PartitionSpecs, placements and a Linear plan; torch: a Python file "
         "with a parallelize_module plan and DTensor placements for the nn.Module (then planner "
         "run-torch --plan FILE); jax: a Python file with the PartitionSpecs and a shardings(mesh) "
-        "function",
+        "function; megatron: the Megatron-LM launch line of a 3D plan (torchrun pretrain_gpt.py "
+        "and its arguments), checked by costing the line as given",
     )
-    x.add_argument("--out", help="the Python file to write (--target torch or jax)")
+    x.add_argument(
+        "--out",
+        help="the file to write: the Python file (--target torch or jax), the launch line "
+        "(--target megatron; default: print)",
+    )
     x.add_argument(
         "--module",
         help="--target torch: the nn.Module's import-torch spec (default: the one `planner "

@@ -40,6 +40,8 @@ def cmd_import_torch(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    if args.target == "megatron":
+        return _export_megatron(args)
     if args.target != "json":
         return _export_file(args)
     for option, value in (("--out", args.out), ("--module", args.module)):
@@ -95,6 +97,37 @@ def _export_file(args: argparse.Namespace) -> int:
 
     write_text(args.out, text, "--out")
     _emit(f"{args.target} plan of {loaded.graph.name} on {loaded.mesh.spec} -> {args.out}", args)
+    return EXIT_OK
+
+
+def _export_megatron(args: argparse.Namespace) -> int:
+    """A 3D plan as a Megatron-LM launch line, refused unless the line costs what the plan does."""
+    from planner.launch import export_megatron
+    from planner.outputs import write_text
+
+    for option in ("json", "tensor_axis", "module", "model", "batch", "seq"):
+        if getattr(args, option, None) is not None:
+            flag = "--" + option.replace("_", "-")
+            raise SettingsError(f"{flag}: not with --target megatron (the plan file fixes it)")
+    data = read_plan_file(args.plan)
+    if "pipeline" not in data:
+        raise SettingsError(
+            "--plan: --target megatron needs a 3D plan (planner plan --pipeline auto, or "
+            "planner evaluate --tp/--pp/--dp --json)"
+        )
+    checked(args, data, args.plan)
+    export = export_megatron(data)
+    text = export.line + "\n"
+    said = (
+        f"# Megatron-LM launch of {args.plan}: {export.run.world_size} GPUs, "
+        f"{export.recosted.pipeline.iteration_time_s:.4f} s per iteration as given "
+        f"({export.gap:+.3%} against the plan)"
+    )
+    if args.out is None:
+        _emit(said + "\n" + export.line, args)
+        return EXIT_OK
+    write_text(args.out, said + "\n" + text, "--out")
+    _emit(f"{said[2:]} -> {args.out}", args)
     return EXIT_OK
 
 

@@ -214,6 +214,13 @@ def _add_evaluate(sub) -> None:
     _add_common(e, model_required=False)
     e.add_argument("--plan", help="plan JSON written by `planner plan --json` (flat or 3D)")
     e.add_argument(
+        "--from-megatron",
+        metavar="FILE",
+        help="a Megatron-LM launch line or argument file (torchrun ... pretrain_gpt.py ARGS; '-' "
+        "reads stdin), costed as given: model, degrees, batch and settings from its flags, the "
+        "data-parallel degree from torchrun's world size or --dp",
+    )
+    e.add_argument(
         "--tp", type=positive_int, help="tensor-parallel degree (Megatron pattern, innermost)"
     )
     e.add_argument("--dp", type=positive_int, help="data-parallel degree")

@@ -202,6 +202,24 @@ class TrainingSettings:
             "layer_zero": format_layer_modes(self.layer_zero),
         }
 
+    @classmethod
+    def from_dict(cls, data: dict) -> "TrainingSettings":
+        """The settings a plan file records (``to_dict``'s form; missing keys take defaults)."""
+        default = cls()
+        zero = data.get("zero", default.zero)
+        return cls(
+            dtype=data.get("dtype", default.dtype),
+            optimizer=data.get("optimizer", default.optimizer),
+            zero=zero if zero == AUTO else int(zero),
+            recompute=data.get("recompute", default.recompute),
+            overlap=data.get("overlap", default.overlap),
+            bucket_bytes=float(data.get("bucket_mb", default.bucket_bytes / 2**20)) * 2**20,
+            fp32_grads=bool(data.get("fp32_grads", default.fp32_grads)),
+            sequence_parallel=bool(data.get("sequence_parallel", default.sequence_parallel)),
+            layer_recompute=parse_layer_modes(data.get("layer_recompute", "")),
+            layer_zero=parse_layer_modes(data.get("layer_zero", ""), "layer_zero"),
+        )
+
     @property
     def grad_bytes(self) -> int:
         """Bytes per gradient element."""

@@ -124,6 +124,20 @@ def _int_options(text: str, known: tuple[str, ...]) -> dict[str, int]:
     return out
 
 
+def model_config(name: str, seq: int | None = None) -> GPTConfig | LlamaConfig | None:
+    """The decoder configuration of a GPT- or LLaMA-family zoo name or parametric spec (None for
+    other models), with ``seq`` applied."""
+    family, sep, params = name.partition(":")
+    cfg: GPTConfig | LlamaConfig | None = None
+    if sep and family in PARAMETRIC:
+        cfg = _parse_params(params, PARAMETRIC[family])
+    elif sep and family in LLAMA_PARAMETRIC:
+        cfg = _parse_llama(params, LLAMA_PARAMETRIC[family])
+    elif not sep:
+        cfg = LLAMA_PRESETS.get(name) or GPT_PRESETS.get(name)
+    return replace(cfg, seq=seq) if cfg is not None and seq else cfg
+
+
 def load_model(name: str, batch: int | None = None, seq: int | None = None) -> Graph:
     """Build a zoo model by name (or parametric spec) with optional global batch and sequence
     length."""
@@ -132,19 +146,11 @@ def load_model(name: str, batch: int | None = None, seq: int | None = None) -> G
     if not isinstance(name, str):
         raise ModelError(f"--model: must be a string, got {name!r}")
     family, sep, params = name.partition(":")
-    if sep and family in PARAMETRIC:
-        cfg = _parse_params(params, PARAMETRIC[family])
-        cfg = replace(cfg, seq=seq) if seq else cfg
-        return gpt(cfg, batch or LM_BATCH, name=name)
-    if sep and family in LLAMA_PARAMETRIC:
-        cfg = _parse_llama(params, LLAMA_PARAMETRIC[family])
-        return llama(replace(cfg, seq=seq) if seq else cfg, batch or LM_BATCH, name=name)
-    if name in LLAMA_PRESETS:
-        cfg = replace(LLAMA_PRESETS[name], seq=seq) if seq else LLAMA_PRESETS[name]
-        return llama(cfg, batch or LM_BATCH, name=name)
-    if name in GPT_PRESETS:
-        cfg = replace(GPT_PRESETS[name], seq=seq) if seq else GPT_PRESETS[name]
-        return gpt(cfg, batch or LM_BATCH, name=name)
+    decoder = model_config(name, seq)
+    if isinstance(decoder, LlamaConfig):
+        return llama(decoder, batch or LM_BATCH, name=name)
+    if isinstance(decoder, GPTConfig):
+        return gpt(decoder, batch or LM_BATCH, name=name)
     if name in BERT_PRESETS:
         return bert(*BERT_PRESETS[name], batch=batch or LM_BATCH, seq=seq or 512, name=name)
     if name in VISION:

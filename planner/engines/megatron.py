@@ -1,0 +1,226 @@
+"""Megatron-LM launch arguments for a 3D plan, and a Megatron-LM command line read back.
+
+Every flag is Megatron-LM's own (``megatron/training/arguments.py`` in megatron-core 0.19):
+
+    model     GPT:   --num-layers --hidden-size --num-attention-heads --ffn-hidden-size
+                     --seq-length --max-position-embeddings --vocab-size (NullTokenizer); learned
+                     positions, LayerNorm, GeLU, biases and a tied head are Megatron's defaults;
+                     --attention-backend unfused (the zoo's GPT stores the s x s scores)
+              LLaMA: the same and --swiglu --normalization RMSNorm --position-embedding-type
+                     rope --group-query-attention --num-query-groups --disable-bias-linear
+                     --untie-embeddings-and-output-weights, --attention-backend flash (fused) or
+                     unfused (explicit); dropout 0 unless the GPT has dropout=1
+    degrees   t = the stage-mesh axis on which the layers' linears split a non-batch dim
+              --tensor-model-parallel-size t  --pipeline-model-parallel-size p
+              data parallel d = world / (t p), the world being torchrun's --nnodes x
+              --nproc-per-node
+    schedule  1f1b: Megatron's default; interleaved:v: --num-virtual-stages-per-pipeline-rank v;
+              gpipe has no Megatron schedule (refused)
+    cuts      even: nothing; uneven: --pipeline-model-parallel-layout 'Et..|t..|..tL' (E the
+              embedding, t a decoder layer, L the output layer and loss; '|' between stages)
+    batch     --micro-batch-size = the plan's micro-batch / d (a 3D plan's micro-batch is the
+              global one); --global-batch-size = micro-batch-size x d x num_microbatches
+    settings  sequence_parallel: --sequence-parallel; recompute selective:
+              --recompute-granularity selective; full: --recompute-granularity full
+              --recompute-method uniform --recompute-num-layers 1; ZeRO-1:
+              --use-distributed-optimizer; ZeRO-2 / 3: Megatron-FSDP (--use-megatron-fsdp
+              --data-parallel-sharding-strategy optim_grads / optim_grads_params); overlap grad
+              or full: --overlap-grad-reduce (and --overlap-param-gather beside a sharded
+              optimizer with full); bf16 / fp16: --bf16 / --fp16, with --grad-reduce-in-bf16
+              unless fp32_grads (Megatron keeps fp32 main gradients for bf16 by default);
+              --optimizer adam / sgd
+    vocab     Megatron pads the vocabulary to a multiple of --make-vocab-size-divisible-by x t;
+              the export picks the divisor that pads nothing, the reader applies the padding
+
+A plan the flags cannot express (GPipe, a stage plan that is not Megatron's pattern, per-layer
+recompute or ZeRO choices, mixtures of experts) is refused with the field that stops it.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from planner.cost.settings import TrainingSettings
+from planner.errors import SettingsError
+from planner.zoo import GPTConfig, LlamaConfig
+
+SCRIPT = {"gpt": "pretrain_gpt.py", "llama": "pretrain_gpt.py"}
+# Megatron-LM flags whose effect the cost model does not have: a line that sets them is refused
+UNSUPPORTED = (
+    "--context-parallel-size",
+    "--expert-model-parallel-size",
+    "--num-experts",
+    "--fp8-format",
+    "--cpu-offloading",
+    "--recompute-modules",
+    "--decoder-first-pipeline-num-layers",
+    "--decoder-last-pipeline-num-layers",
+    "--num-layers-per-virtual-pipeline-stage",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class MegatronRun:
+    """One Megatron-LM configuration: the model, the degrees, the batch and the settings."""
+
+    model: GPTConfig | LlamaConfig
+    tensor_parallel: int
+    pipeline_parallel: int
+    data_parallel: int
+    micro_batch: int
+    global_batch: int
+    settings: TrainingSettings
+    virtual_stages: int = 1  # model chunks per pipeline rank (interleaved 1F1B)
+    cuts: tuple[int, ...] | None = None  # first layer of stages 1..p-1; None: even split
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel * self.pipeline_parallel * self.data_parallel
+
+    @property
+    def schedule(self) -> str:
+        return "1f1b" if self.virtual_stages == 1 else f"interleaved:{self.virtual_stages}"
+
+    @property
+    def model_spec(self) -> str:
+        """The zoo's parametric spec of the model (``gpt:...`` or ``llama:...``)."""
+        cfg = self.model
+        if isinstance(cfg, LlamaConfig):
+            fields = ("layers", "hidden", "heads", "kv_heads", "ffn", "seq", "vocab")
+            text = ",".join(f"{name}={getattr(cfg, name)}" for name in fields)
+            return f"llama:{text}" + (",attention=explicit" if cfg.attention != "fused" else "")
+        fields = ("layers", "hidden", "heads", "seq", "vocab", "ffn", "dropout")
+        return "gpt:" + ",".join(f"{name}={getattr(cfg, name)}" for name in fields)
+
+
+def megatron_args(run: MegatronRun) -> list[str]:
+    """The Megatron-LM arguments of ``run`` (see the module text), one flag or value per item."""
+    return _model_args(run) + _parallel_args(run) + _settings_args(run.settings)
+
+
+def shell_line(run: MegatronRun, gpus_per_node: int) -> str:
+    """A launch line: torchrun over ``world / gpus_per_node`` nodes running pretrain_gpt.py."""
+    per_node = min(gpus_per_node, run.world_size)
+    if run.world_size % per_node:
+        raise SettingsError(
+            f"--mesh: {run.world_size} devices are not whole nodes of {per_node} GPUs"
+        )
+    # Megatron-LM asks for one CUDA connection beside tensor parallelism (the order of its
+    # overlapped collectives), and for more than one beside Megatron-FSDP
+    env = ["CUDA_DEVICE_MAX_CONNECTIONS=1"] if run.settings.zero < 2 else []
+    launch = env + [
+        "torchrun",
+        "--nnodes",
+        str(run.world_size // per_node),
+        "--nproc-per-node",
+        str(per_node),
+        "pretrain_gpt.py",
+    ]
+    return shlex.join(launch + megatron_args(run))
+
+
+def _model_args(run: MegatronRun) -> list[str]:
+    cfg, tp = run.model, run.tensor_parallel
+    if cfg.vocab % tp:
+        raise SettingsError(
+            f"--target megatron: the vocabulary ({cfg.vocab}) is not divisible by the "
+            f"tensor-parallel degree {tp} (Megatron splits the embedding over it)"
+        )
+    divisor = next(d for d in (128, 64, 32, 16, 8, 4, 2, 1) if cfg.vocab % (d * tp) == 0)
+    ffn = cfg.ffn or 4 * cfg.hidden
+    args = ["--num-layers", cfg.layers, "--hidden-size", cfg.hidden]
+    args += ["--num-attention-heads", cfg.heads, "--ffn-hidden-size", ffn]
+    args += ["--seq-length", cfg.seq, "--max-position-embeddings", cfg.seq]
+    args += ["--tokenizer-type", "NullTokenizer", "--vocab-size", cfg.vocab]
+    args += ["--make-vocab-size-divisible-by", divisor]
+    if isinstance(cfg, LlamaConfig):
+        if cfg.experts:
+            raise SettingsError("--target megatron: mixtures of experts are not exported yet")
+        args += ["--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope"]
+        args += ["--group-query-attention", "--num-query-groups", cfg.kv_heads]
+        args += ["--disable-bias-linear", "--untie-embeddings-and-output-weights"]
+        args += ["--attention-backend", "flash" if cfg.attention == "fused" else "unfused"]
+    else:
+        if cfg.experts:
+            raise SettingsError("--target megatron: mixtures of experts are not exported yet")
+        args += ["--attention-backend", "unfused"]
+    if isinstance(cfg, LlamaConfig) or not cfg.dropout:
+        args += ["--attention-dropout", "0", "--hidden-dropout", "0"]
+    return [str(a) for a in args]
+
+
+def _parallel_args(run: MegatronRun) -> list[str]:
+    args = ["--tensor-model-parallel-size", run.tensor_parallel]
+    args += ["--pipeline-model-parallel-size", run.pipeline_parallel]
+    args += ["--micro-batch-size", run.micro_batch, "--global-batch-size", run.global_batch]
+    if run.virtual_stages > 1:
+        args += ["--num-virtual-stages-per-pipeline-rank", run.virtual_stages]
+    if run.cuts is not None and run.cuts != even_cuts(run.model.layers, run.pipeline_parallel):
+        args += ["--pipeline-model-parallel-layout", layout_string(run.cuts, run.model.layers)]
+    if run.settings.sequence_parallel:
+        args.append("--sequence-parallel")
+    return [str(a) for a in args]
+
+
+def _settings_args(settings: TrainingSettings) -> list[str]:
+    args: list[str] = []
+    if settings.recompute == "selective":
+        args += ["--recompute-granularity", "selective"]
+    elif settings.recompute == "full":
+        args += ["--recompute-granularity", "full", "--recompute-method", "uniform"]
+        args += ["--recompute-num-layers", "1"]
+    if settings.zero == 1:
+        args.append("--use-distributed-optimizer")
+    elif settings.zero in (2, 3):
+        strategy = "optim_grads" if settings.zero == 2 else "optim_grads_params"
+        args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", strategy]
+        args += ["--ckpt-format", "fsdp_dtensor"]  # Megatron-FSDP saves only this format
+    if settings.overlap != "none":
+        args.append("--overlap-grad-reduce")
+        if settings.overlap == "full" and settings.zero == 1:
+            args.append("--overlap-param-gather")
+    if settings.dtype != "fp32":
+        args.append(f"--{settings.dtype}")
+        if not settings.fp32_grads:
+            args.append("--grad-reduce-in-bf16")
+    # Megatron's bucket is counted in parameters (gradient elements)
+    bucket = round(settings.bucket_bytes / settings.grad_bytes)
+    args += ["--ddp-bucket-size", str(bucket)] if bucket else []
+    return args + ["--optimizer", settings.optimizer]
+
+
+def even_cuts(layers: int, stages: int) -> tuple[int, ...] | None:
+    """Megatron's default split (layers / stages each), None when it does not divide."""
+    if layers % stages:
+        return None
+    return tuple(k * layers // stages for k in range(1, stages))
+
+
+def layout_string(cuts: tuple[int, ...], layers: int) -> str:
+    """``--pipeline-model-parallel-layout`` of the stages that start at ``cuts``."""
+    bounds = (0, *cuts, layers)
+    stages = ["t" * (b - a) for a, b in zip(bounds, bounds[1:])]
+    return "|".join(
+        ("E" if k == 0 else "") + s + ("L" if k == len(stages) - 1 else "")
+        for k, s in enumerate(stages)
+    )
+
+
+def layout_cuts(layout: str, stages: int) -> tuple[int, ...]:
+    """The cuts of a ``--pipeline-model-parallel-layout`` written as ``layout_string`` writes it
+    (one chunk per stage, the embedding first and the loss last)."""
+    chunks = layout.replace(" ", "").split("|")
+    if len(chunks) != stages:
+        raise SettingsError(
+            f"--pipeline-model-parallel-layout: {len(chunks)} chunks for {stages} stages (one "
+            "chunk per stage is read; virtual stages in a layout are not)"
+        )
+    counts = [chunk.count("t") for chunk in chunks]
+    extra = "".join(c for chunk in chunks for c in chunk if c not in "tEL")
+    if extra or not chunks[0].startswith("E") or not chunks[-1].endswith("L"):
+        raise SettingsError(
+            f"--pipeline-model-parallel-layout: {layout!r} is not 'Et..|t..|..tL' (decoder "
+            "layers t, the embedding first, the loss last)"
+        )
+    return tuple(sum(counts[:k]) for k in range(1, stages))

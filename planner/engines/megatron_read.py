@@ -1,0 +1,212 @@
+"""A Megatron-LM command line read back into a ``MegatronRun`` (``planner evaluate
+--from-megatron``): the inverse of ``planner.engines.megatron``'s mapping, with Megatron-LM's own
+defaults (megatron-core 0.19 ``megatron/training/arguments.py``) for the flags a line leaves out.
+
+A line may start with environment assignments and a ``torchrun`` launch (its ``--nnodes`` and
+``--nproc-per-node`` give the world size); the Megatron arguments follow the script. Flags that
+change the run in a way the cost model does not price (``megatron.UNSUPPORTED``) are refused;
+other flags (learning rate, data paths, logging) do not change a step's time or memory and are
+listed as ignored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shlex
+
+from planner.cost.settings import TrainingSettings
+from planner.engines.megatron import UNSUPPORTED, MegatronRun, layout_cuts
+from planner.errors import SettingsError
+from planner.zoo import GPTConfig, LlamaConfig
+
+_INT_FLAGS = (
+    ("num_layers", None),
+    ("hidden_size", None),
+    ("num_attention_heads", None),
+    ("ffn_hidden_size", None),
+    ("seq_length", None),
+    ("vocab_size", None),
+    ("make_vocab_size_divisible_by", 128),
+    ("num_query_groups", None),
+    ("tensor_model_parallel_size", 1),
+    ("pipeline_model_parallel_size", 1),
+    ("num_virtual_stages_per_pipeline_rank", None),
+    ("micro_batch_size", None),
+    ("global_batch_size", None),
+    ("recompute_num_layers", None),
+    ("ddp_bucket_size", None),
+    ("max_position_embeddings", None),  # read, no effect: positions are seq-length's
+)
+_SWITCHES = (
+    "swiglu",
+    "group_query_attention",
+    "disable_bias_linear",
+    "untie_embeddings_and_output_weights",
+    "sequence_parallel",
+    "use_distributed_optimizer",
+    "use_megatron_fsdp",
+    "overlap_grad_reduce",
+    "overlap_param_gather",
+    "bf16",
+    "fp16",
+    "grad_reduce_in_bf16",
+)
+_TEXT_FLAGS = (
+    ("normalization", "LayerNorm"),
+    ("position_embedding_type", "learned_absolute"),
+    ("attention_backend", "auto"),
+    ("recompute_granularity", None),
+    ("recompute_method", None),
+    ("data_parallel_sharding_strategy", "optim_grads_params"),
+    ("optimizer", "adam"),
+    ("pipeline_model_parallel_layout", None),
+    ("attention_dropout", "0.1"),
+    ("hidden_dropout", "0.1"),
+    ("tokenizer_type", None),  # read, no effect: the vocabulary size is --vocab-size's
+    ("ckpt_format", None),  # read, no effect on a step
+)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="--from-megatron", add_help=False, allow_abbrev=False)
+    for name, default in _INT_FLAGS:
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=default)
+    for name in _SWITCHES:
+        p.add_argument("--" + name.replace("_", "-"), action="store_true")
+    for name, default in _TEXT_FLAGS:
+        p.add_argument("--" + name.replace("_", "-"), default=default)
+    return p
+
+
+def split_launch(text: str) -> tuple[int | None, list[str]]:
+    """(torchrun's world size or None, the Megatron arguments) of a launch line or argument
+    file (``#`` comments and line breaks allowed)."""
+    words = shlex.split(text, comments=True)
+    while words and "=" in words[0] and not words[0].startswith("-"):
+        words.pop(0)  # environment assignments
+    if not words or not words[0].endswith("torchrun") and not words[0].endswith(".py"):
+        return None, words
+    script = next((k for k, w in enumerate(words) if w.endswith(".py")), None)
+    if script is None:
+        raise SettingsError("--from-megatron: a torchrun line names no training script (.py)")
+    launch = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    launch.add_argument("--nnodes", type=int, default=1)
+    launch.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1)
+    known, _ = launch.parse_known_args(words[1:script])
+    world = known.nnodes * known.nproc_per_node if words[0].endswith("torchrun") else None
+    return world, words[script + 1 :]
+
+
+def read_megatron(text: str, dp: int | None = None) -> tuple[MegatronRun, tuple[str, ...]]:
+    """The run a Megatron-LM line describes and the flags it ignored. Its data-parallel degree is
+    ``dp`` when given, else torchrun's world size over tensor x pipeline parallel."""
+    world, words = split_launch(text)
+    refused = [w for w in words if w.split("=")[0] in UNSUPPORTED]
+    if refused:
+        raise SettingsError(
+            f"--from-megatron: {refused[0].split('=')[0]} is not modelled yet (context and "
+            "expert parallelism, FP8, offload, recompute modules, first/last-stage layer counts)"
+        )
+    args, unknown = _parser().parse_known_args(words)
+    ignored = tuple(w for w in unknown if w.startswith("--"))
+    for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length"):
+        if getattr(args, name) is None:
+            raise SettingsError(f"--from-megatron: --{name.replace('_', '-')} is required")
+    tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
+    if dp is None and world is None:
+        raise SettingsError(
+            "--dp: give the data-parallel degree (the line has no torchrun launch to count "
+            "its devices)"
+        )
+    if dp is None and world % (tp * pp):
+        raise SettingsError(
+            f"--from-megatron: the world size {world} is not divisible by tensor x pipeline "
+            f"parallel {tp} x {pp}"
+        )
+    return _run(args, dp or world // (tp * pp)), ignored
+
+
+def _bucket_bytes(args, dp: int, grad_bytes: int) -> float:
+    """Megatron's gradient bucket: --ddp-bucket-size parameters, by default max(40M, 1M x dp)
+    (megatron/core/distributed/distributed_data_parallel.py)."""
+    elements = args.ddp_bucket_size or max(40_000_000, 1_000_000 * dp)
+    return float(elements * grad_bytes)
+
+
+def _run(args, dp: int) -> MegatronRun:
+    tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
+    micro = args.micro_batch_size or 1
+    batch = args.global_batch_size or micro * dp
+    if batch % (micro * dp):
+        raise SettingsError(
+            f"--global-batch-size: {batch} is not a multiple of micro-batch {micro} x dp {dp}"
+        )
+    cuts = None
+    if args.pipeline_model_parallel_layout:
+        cuts = layout_cuts(args.pipeline_model_parallel_layout, pp)
+    return MegatronRun(
+        _model(args, tp),
+        tp,
+        pp,
+        dp,
+        micro,
+        batch,
+        _settings(args, dp),
+        args.num_virtual_stages_per_pipeline_rank or 1,
+        cuts,
+    )
+
+
+def _model(args, tp: int) -> GPTConfig | LlamaConfig:
+    """The zoo model of the line; the vocabulary padded as Megatron pads it."""
+    step = args.make_vocab_size_divisible_by * tp
+    vocab = math.ceil((args.vocab_size or 50257) / step) * step
+    ffn = args.ffn_hidden_size or 4 * args.hidden_size
+    layers, hidden, heads = args.num_layers, args.hidden_size, args.num_attention_heads
+    if args.swiglu or args.normalization == "RMSNorm" or args.position_embedding_type == "rope":
+        llama = args.swiglu and args.normalization == "RMSNorm"
+        if not (llama and args.position_embedding_type == "rope" and args.disable_bias_linear):
+            raise SettingsError(
+                "--from-megatron: a LLaMA-style model needs --swiglu --normalization RMSNorm "
+                "--position-embedding-type rope --disable-bias-linear together"
+            )
+        kv = args.num_query_groups if args.group_query_attention else heads
+        attention = "explicit" if args.attention_backend in ("unfused", "local") else "fused"
+        return LlamaConfig(
+            layers, hidden, heads, kv or heads, ffn, args.seq_length, vocab, attention=attention
+        )
+    dropout = int(float(args.attention_dropout) > 0 or float(args.hidden_dropout) > 0)
+    return GPTConfig(layers, hidden, heads, args.seq_length, vocab, ffn, dropout=dropout)
+
+
+def _settings(args, dp: int) -> TrainingSettings:
+    recompute = "none"
+    if args.recompute_granularity == "selective":
+        recompute = "selective"
+    elif args.recompute_granularity == "full":
+        if args.recompute_method != "uniform" or (args.recompute_num_layers or 1) != 1:
+            raise SettingsError(
+                "--recompute-method: full recompute is read as uniform over 1 layer (each layer's "
+                "input kept); block and wider chunks are not modelled yet"
+            )
+        recompute = "full"
+    zero = 1 if args.use_distributed_optimizer else 0
+    if args.use_megatron_fsdp:
+        strategies = {"optim": 1, "optim_grads": 2, "optim_grads_params": 3}
+        zero = strategies.get(args.data_parallel_sharding_strategy, 3)
+    # Megatron-LM overlaps sequence parallelism's backward gathers by itself: 'full'
+    overlap = "full" if args.overlap_grad_reduce else "none"
+    dtype = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+    fp32_grads = dtype != "fp32" and not args.grad_reduce_in_bf16
+    grad_bytes = 4 if fp32_grads or dtype == "fp32" else 2
+    return TrainingSettings(
+        dtype=dtype,
+        optimizer=args.optimizer,
+        zero=zero,
+        recompute=recompute,
+        overlap=overlap,
+        sequence_parallel=args.sequence_parallel,
+        bucket_bytes=_bucket_bytes(args, dp, grad_bytes),
+        fp32_grads=fp32_grads,
+    )

@@ -1,0 +1,146 @@
+"""Launch configurations: a 3D plan as Megatron-LM arguments (checked by re-costing the arguments
+read back), and a Megatron-LM command line costed as given (``planner evaluate
+--from-megatron``). The flag mapping is in ``planner.engines.megatron``."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from planner import api3d
+from planner.cluster.profiles import DEFAULT_HARDWARE_CSV, MachineProfile, get_profile
+from planner.cost.settings import AUTO, TrainingSettings
+from planner.engines.megatron import MegatronRun, megatron_args, shell_line
+from planner.engines.megatron_read import read_megatron
+from planner.errors import SettingsError
+from planner.pipeline.plan3d import Plan3D
+from planner.zoo import model_config
+
+# the exported line re-costed must give the plan's iteration time within this share
+ROUND_TRIP_TOLERANCE = 1e-3
+
+
+@dataclass(frozen=True, slots=True)
+class MegatronExport:
+    """Megatron-LM arguments of a plan, its launch line, and the line re-costed as given."""
+
+    run: MegatronRun
+    args: tuple[str, ...]
+    line: str
+    plan_time_s: float
+    recosted: Plan3D
+
+    @property
+    def gap(self) -> float:
+        return self.recosted.pipeline.iteration_time_s / self.plan_time_s - 1.0
+
+
+def megatron_run(data: dict) -> MegatronRun:
+    """The Megatron-LM configuration of a 3D plan JSON (``planner-3d``); SettingsError naming the
+    field that Megatron-LM cannot express."""
+    source = data.get("source") or {}
+    cfg = model_config(str(data.get("model")), source.get("seq"))
+    if cfg is None:
+        raise SettingsError(
+            f"--plan: model {data.get('model')!r} is not a GPT- or LLaMA-family decoder "
+            "(Megatron-LM's pretrain_gpt.py trains those)"
+        )
+    pipe = data["pipeline"]
+    tp, dp = _degrees(data)
+    settings = TrainingSettings.from_dict(data.get("settings") or {})
+    if AUTO in (settings.recompute, settings.zero):
+        raise SettingsError(
+            "--plan: field 'settings': per-layer recompute or ZeRO choices are not exported yet "
+            "(Megatron-LM has one granularity and one optimizer sharding for all layers)"
+        )
+    schedule = str(pipe["schedule"])
+    if schedule == "gpipe" and pipe["stages"] > 1:
+        raise SettingsError(
+            "--plan: field 'pipeline.schedule': Megatron-LM has no GPipe schedule (plan with "
+            "--schedule 1f1b or interleaved)"
+        )
+    virtual = int(schedule.split(":")[1]) if schedule.startswith("interleaved:") else 1
+    if pipe["micro_batch"] % dp:
+        raise SettingsError(
+            f"--plan: field 'pipeline.micro_batch' ({pipe['micro_batch']}) is not divisible by "
+            f"the data-parallel degree {dp}"
+        )
+    cuts = tuple(pipe["cuts"]) if virtual == 1 else None
+    micro = pipe["micro_batch"] // dp
+    batch = micro * dp * pipe["num_microbatches"]
+    return MegatronRun(cfg, tp, pipe["stages"], dp, micro, batch, settings, virtual, cuts)
+
+
+def _degrees(data: dict) -> tuple[int, int]:
+    """(tensor, data) parallel degrees of the stage mesh: the one axis on which the layers'
+    linears split a non-batch dim is tensor parallel, the others data parallel."""
+    sizes = {}
+    for part in str(data["pipeline"]["stage_mesh"]).split(","):
+        name, _, size = part.rpartition("=")
+        sizes[name or "gpu"] = int(size)
+    split = {
+        axis
+        for op in data["operators"]
+        if op["kind"] == "linear" and op.get("layer") is not None
+        for axis, dim in op["strategy"].items()
+        if dim not in (None, "b")
+    }
+    if len(split) > 1:
+        raise SettingsError(
+            f"--plan: field 'operators': the layers' linears split model dims on {len(split)} "
+            f"mesh axes ({', '.join(sorted(split))}); Megatron-LM's tensor parallelism is one "
+            "axis (plan with --method megatron)"
+        )
+    tp = sizes[next(iter(split))] if split else 1
+    return tp, math.prod(sizes.values()) // tp
+
+
+def export_megatron(
+    data: dict,
+    device: str | MachineProfile | None = None,
+    hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV,
+) -> MegatronExport:
+    """The Megatron-LM arguments of a 3D plan, refused unless the arguments, read back and costed
+    as given, give the plan's iteration time (within ``ROUND_TRIP_TOLERANCE``)."""
+    run = megatron_run(data)
+    profile = get_profile(device or data.get("device") or "a100-80g", hardware_csv)
+    line = shell_line(run, profile.gpus_per_node)
+    recosted, _, _ = evaluate_megatron(line, profile, hardware_csv=hardware_csv)
+    planned = float(data["iteration_time_s"])
+    export = MegatronExport(run, tuple(megatron_args(run)), line, planned, recosted)
+    if abs(export.gap) > ROUND_TRIP_TOLERANCE:
+        raise SettingsError(
+            f"--target megatron: the plan's stage plan is not Megatron-LM's pattern: its "
+            f"arguments cost {recosted.pipeline.iteration_time_s:.4f} s per iteration as given, "
+            f"the plan {planned:.4f} s ({export.gap:+.2%}); plan with --method megatron"
+        )
+    return export
+
+
+def evaluate_megatron(
+    text: str,
+    device: str | MachineProfile = "a100-80g",
+    dp: int | None = None,
+    memory: float | None = None,
+    hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV,
+) -> tuple[Plan3D, MegatronRun, tuple[str, ...]]:
+    """A Megatron-LM line (or argument file text) costed as given, through ``evaluate_3d``; the run
+    it describes and the flags it ignored (they change no step time or memory)."""
+    run, ignored = read_megatron(text, dp)
+    plan = api3d.evaluate_3d(
+        run.model_spec,
+        device,
+        tp=run.tensor_parallel,
+        pp=run.pipeline_parallel,
+        dp=run.data_parallel,
+        micro_batch=run.micro_batch,
+        batch=run.global_batch,
+        settings=run.settings,
+        schedule=run.schedule,
+        memory=memory,
+        cuts=run.cuts,
+        fit_required=False,
+        hardware_csv=hardware_csv,
+    )
+    return plan, run, ignored
