@@ -593,6 +593,28 @@ CASES = [
         ),
     ),
     (
+        "evaluate --from-megatron",
+        ["evaluate", "--from-megatron", "mt.sh", "--json", "out.json"],
+        0,
+        lambda t, c, o: (
+            _json(t)["iteration_time_s"] == _json(t, "mt.json")["iteration_time_s"]
+            and _json(t)["mesh"] == "pp=1,dp=2,tp=2"
+        ),
+    ),
+    (
+        "evaluate --from-megatron --dp",
+        ["evaluate", "--from-megatron", "mt_args.txt", "--dp", "1", "--json", "out.json"],
+        0,
+        lambda t, c, o: _json(t)["mesh"] == "pp=1,tp=2",
+    ),
+    ("evaluate --from-megatron no world", ["evaluate", "--from-megatron", "mt_args.txt"], 2, None),
+    (
+        "evaluate --from-megatron --tp refused",
+        ["evaluate", "--from-megatron", "mt.sh", "--tp", "2"],
+        2,
+        None,
+    ),
+    (
         "evaluate --cuts",
         ["evaluate", "--model", GPT, "--pp", "2", "--cuts", "3", "--json", "out.json"],
         0,
@@ -631,6 +653,28 @@ CASES = [
         lambda t, c, o: _json(t)["parallelize_plan"]["mesh_axis"] == "node",
     ),
     ("export 3D refused", ["export", "--plan", "p3.json"], 2, None),
+    (
+        "export --target megatron --out",
+        ["export", "--plan", "mt.json", "--target", "megatron", "--out", "l.sh"],
+        0,
+        lambda t, c, o: (
+            "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 1"
+            in (t / "l.sh").read_text()
+            and "+0.000% against the plan" in o
+        ),
+    ),
+    (
+        "export --target megatron prints",
+        ["export", "--plan", "mt.json", "--target", "megatron"],
+        0,
+        lambda t, c, o: "torchrun --nnodes 1 --nproc-per-node 4 pretrain_gpt.py" in o,
+    ),
+    (
+        "export --target megatron flat refused",
+        ["export", "--plan", "flat.json", "--target", "megatron"],
+        2,
+        None,
+    ),
     (
         "export --target torch 3D of a zoo model",
         ["export", "--plan", "p3.json", "--target", "torch", "--out", "p.py"],
@@ -1078,13 +1122,18 @@ def plans(tmp_path_factory):
     flat, p3, llama, tp = (
         str(root / name) for name in ("flat.json", "p3.json", "llama.json", "tp.json")
     )
+    megatron = str(root / "mt.sh")
     for argv in (
         ["plan", "--model", "mlp", "--mesh", "2x4", "--batch", "64", "--json", flat, "-q"],
         ["plan", "--model", GPT, "--mesh", "2x2", "--pipeline", "auto", "--json", p3, "-q"],
         ["import-torch", LLAMA, "--loss", "cross_entropy", "--json", llama, "-q"],
         ["plan", "--model", llama, "--mesh", "4", "--json", tp, "-q"],
+        ["evaluate", "--model", GPT, "--tp", "2", "--dp", "2", "--json", str(root / "mt.json")],
+        ["export", "--plan", str(root / "mt.json"), "--target", "megatron", "--out", megatron],
     ):
         assert main(argv) == 0, argv
+    line = (root / "mt.sh").read_text().splitlines()[-1]
+    (root / "mt_args.txt").write_text(line.split("pretrain_gpt.py", 1)[1])
     return root
 
 
@@ -1099,8 +1148,9 @@ SLOW = {"verify --torch", "run-torch --steps --lr --seed --tolerance"}
 def test_option(case_id, argv, code, check, plans, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "hw.csv").write_text(TABLE)
-    for name in ("flat.json", "p3.json", "tp.json", "llama.json"):
+    for name in ("flat.json", "p3.json", "tp.json", "llama.json", "mt.json", "mt.sh"):
         (tmp_path / name).write_text((plans / name).read_text())
+    (tmp_path / "mt_args.txt").write_text((plans / "mt_args.txt").read_text())
     captured = _spy(
         monkeypatch, force_feasible="require-optimal" in case_id or "FEASIBLE" in case_id
     )
