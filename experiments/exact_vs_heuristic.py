@@ -1,11 +1,13 @@
 """Exact planner against the heuristic baselines over the zoo, under one cost model.
 
 For each (model, mesh): exact (decomposition), sapp (SMSG's D-Rec as MindSpore ships it), drec-cost
-(D-Rec's level loop on our cost model), dp, zero, megatron, greedy and the time-limited whole-graph
-program. sapp optimises SAPP's own volume objective, not ours: its gap is how far that objective
-lands from our optimum. The global batch is max(zoo default, devices x --batch-per-device) so that
-data parallelism is possible on every mesh. Writes one row per method; fails loudly if a heuristic
-that fits in memory beats a proven-optimal exact plan under the same settings (that would be a bug).
+(D-Rec's level loop on our cost model), dp, zero, megatron, megatron-grid (Megatron-LM's pattern
+with tensor parallelism on each mesh axis or none, the fastest that fits), greedy and the
+time-limited whole-graph program. sapp optimises SAPP's own volume objective, not ours: its gap is
+how far that objective lands from our optimum. The global batch is max(zoo default, devices x
+--batch-per-device) so that data parallelism is possible on every mesh. Writes one row per method;
+fails loudly if a heuristic that fits in memory beats a proven-optimal exact plan under the same
+settings (that would be a bug).
 The zero baseline runs other settings (ZeRO-3: a sharded optimizer step, prefetched gathers) and may
 be cheaper than the exact plan at ZeRO-0; its gap is reported, not checked.
 
@@ -21,7 +23,17 @@ import planner
 from experiments.common import add_output_options, png_path, pyplot, results_table, run, write_png
 
 MODELS = "gpt2-small,gpt3-1.3b,gpt3-175b,bert-large,resnet50,vgg16,wide-resnet50-2,moe-gpt"
-METHODS = ("exact", "sapp", "drec-cost", "dp", "zero", "megatron", "greedy", "whole")
+METHODS = (
+    "exact",
+    "sapp",
+    "drec-cost",
+    "dp",
+    "zero",
+    "megatron",
+    "megatron-grid",
+    "greedy",
+    "whole",
+)
 
 
 def check(rows: list[dict]) -> None:

@@ -62,7 +62,17 @@ def heuristics(path: Path) -> str:
     )
     order = [
         m
-        for m in ("exact", "whole", "sapp", "drec-cost", "megatron", "dp", "zero", "greedy")
+        for m in (
+            "exact",
+            "whole",
+            "sapp",
+            "drec-cost",
+            "megatron-grid",
+            "megatron",
+            "dp",
+            "zero",
+            "greedy",
+        )
         if m in table.index
     ]
     return markdown(table.loc[order].round(2))

@@ -22,6 +22,7 @@ from planner.search.sapp import sapp
 from planner.cluster.cluster import checked_limit, Cluster, make_cluster
 from planner.cluster.mesh import Mesh
 from planner.cluster.profiles import DEFAULT_HARDWARE_CSV, MachineProfile
+from planner.grid import megatron_grid
 from planner.plans import Plan, failed, make_plan, strategies_from_choice, strategies_from_mapping
 from planner.cost.problem import Problem, build_problem
 from planner.search.layer_modes import refuse_auto_without_layers
@@ -41,7 +42,7 @@ HEURISTICS = {
     "megatron": megatron,
     "greedy": greedy,
 }
-METHODS = ("exact", "whole") + tuple(HEURISTICS)
+METHODS = ("exact", "whole") + tuple(HEURISTICS) + ("megatron-grid",)
 REPORT_SECONDS_PER_OP = 1.3e-5  # the plan report: measured 0.9-1.3 s per 100k operators (make_plan)
 
 
@@ -147,6 +148,9 @@ def plan_problem(
         method == "whole" and AUTO not in (problem.settings.recompute, problem.settings.zero)
     ):
         return _search(problem, memory_limit, method, time_limit_s, seed, jobs, progress, start)
+    if method == "megatron-grid":  # the grid tries the uniform modes 'auto' leaves open
+        found = megatron_grid(problem, memory_limit)
+        return replace(found, search_time_s=time.perf_counter() - start)
     for option, value in (
         ("recompute", problem.settings.recompute),
         ("zero", problem.settings.zero),

@@ -20,7 +20,7 @@ LAYERS = (
     ("planner.cluster",),
     ("planner.cost",),
     ("planner.search",),
-    ("planner.plans", "planner.plan_files"),
+    ("planner.plans", "planner.plan_files", "planner.grid"),
     ("planner.pipeline",),
     ("planner.engines",),
     ("planner.api", "planner.api3d", "planner.runs", "planner.launch"),

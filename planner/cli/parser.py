@@ -87,7 +87,9 @@ def _add_search(p: argparse.ArgumentParser) -> None:
         "--method",
         default="exact",
         choices=list(api.METHODS),
-        help="intra-operator search (default exact; dp = data parallelism, zero = ZeRO-3)",
+        help="intra-operator search (default exact; dp = data parallelism, zero = ZeRO-3, "
+        "megatron-grid = the best Megatron-LM configuration over the tensor-parallel axis and the "
+        "uniform recompute/ZeRO modes that auto leaves open)",
     )
     _add_search_options(p, {"time_limit_s": "; with a pipeline: per stage plan"})
     p.add_argument(
