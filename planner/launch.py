@@ -11,8 +11,10 @@ from pathlib import Path
 from planner import api3d
 from planner.cluster.profiles import DEFAULT_HARDWARE_CSV, MachineProfile, get_profile
 from planner.cost.settings import AUTO, TrainingSettings
-from planner.engines.megatron import MegatronRun, megatron_args, shell_line
+from planner.engines.launch_run import LaunchRun
+from planner.engines.megatron import megatron_args, shell_line
 from planner.engines.megatron_read import read_megatron
+from planner.engines.torchtitan import config_file
 from planner.errors import SettingsError
 from planner.pipeline.plan3d import Plan3D
 from planner.zoo import model_config
@@ -25,7 +27,7 @@ ROUND_TRIP_TOLERANCE = 1e-3
 class MegatronExport:
     """Megatron-LM arguments of a plan, its launch line, and the line re-costed as given."""
 
-    run: MegatronRun
+    run: LaunchRun
     args: tuple[str, ...]
     line: str
     plan_time_s: float
@@ -36,15 +38,15 @@ class MegatronExport:
         return self.recosted.pipeline.iteration_time_s / self.plan_time_s - 1.0
 
 
-def megatron_run(data: dict) -> MegatronRun:
-    """The Megatron-LM configuration of a 3D plan JSON (``planner-3d``); SettingsError naming the
-    field that Megatron-LM cannot express."""
+def launch_run(data: dict) -> LaunchRun:
+    """The configuration of a 3D plan JSON (``planner-3d``) to launch; SettingsError naming the
+    field that no launch configuration expresses."""
     source = data.get("source") or {}
     cfg = model_config(str(data.get("model")), source.get("seq"))
     if cfg is None:
         raise SettingsError(
             f"--plan: model {data.get('model')!r} is not a GPT- or LLaMA-family decoder "
-            "(Megatron-LM's pretrain_gpt.py trains those)"
+            "(what Megatron-LM's pretrain_gpt.py and torchtitan's llama3 train)"
         )
     pipe = data["pipeline"]
     tp, dp = _degrees(data)
@@ -52,14 +54,9 @@ def megatron_run(data: dict) -> MegatronRun:
     if AUTO in (settings.recompute, settings.zero):
         raise SettingsError(
             "--plan: field 'settings': per-layer recompute or ZeRO choices are not exported yet "
-            "(Megatron-LM has one granularity and one optimizer sharding for all layers)"
+            "(one recompute granularity and one optimizer sharding for all layers)"
         )
     schedule = str(pipe["schedule"])
-    if schedule == "gpipe" and pipe["stages"] > 1:
-        raise SettingsError(
-            "--plan: field 'pipeline.schedule': Megatron-LM has no GPipe schedule (plan with "
-            "--schedule 1f1b or interleaved)"
-        )
     virtual = int(schedule.split(":")[1]) if schedule.startswith("interleaved:") else 1
     if pipe["micro_batch"] % dp:
         raise SettingsError(
@@ -69,7 +66,8 @@ def megatron_run(data: dict) -> MegatronRun:
     cuts = tuple(pipe["cuts"]) if virtual == 1 else None
     micro = pipe["micro_batch"] // dp
     batch = micro * dp * pipe["num_microbatches"]
-    return MegatronRun(cfg, tp, pipe["stages"], dp, micro, batch, settings, virtual, cuts)
+    gpipe = schedule == "gpipe" and pipe["stages"] > 1
+    return LaunchRun(cfg, tp, pipe["stages"], dp, micro, batch, settings, virtual, cuts, gpipe)
 
 
 def _degrees(data: dict) -> tuple[int, int]:
@@ -103,7 +101,12 @@ def export_megatron(
 ) -> MegatronExport:
     """The Megatron-LM arguments of a 3D plan, refused unless the arguments, read back and costed
     as given, give the plan's iteration time (within ``ROUND_TRIP_TOLERANCE``)."""
-    run = megatron_run(data)
+    run = launch_run(data)
+    if run.gpipe:
+        raise SettingsError(
+            "--plan: field 'pipeline.schedule': Megatron-LM has no GPipe schedule (plan with "
+            "--schedule 1f1b or interleaved)"
+        )
     profile = get_profile(device or data.get("device") or "a100-80g", hardware_csv)
     line = shell_line(run, profile.gpus_per_node)
     recosted, _, _ = evaluate_megatron(line, profile, hardware_csv=hardware_csv)
@@ -124,11 +127,21 @@ def evaluate_megatron(
     dp: int | None = None,
     memory: float | None = None,
     hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV,
-) -> tuple[Plan3D, MegatronRun, tuple[str, ...]]:
+) -> tuple[Plan3D, LaunchRun, tuple[str, ...]]:
     """A Megatron-LM line (or argument file text) costed as given, through ``evaluate_3d``; the run
     it describes and the flags it ignored (they change no step time or memory)."""
     run, ignored = read_megatron(text, dp)
-    plan = api3d.evaluate_3d(
+    return recost(run, device, memory, hardware_csv), run, ignored
+
+
+def recost(
+    run: LaunchRun,
+    device: str | MachineProfile = "a100-80g",
+    memory: float | None = None,
+    hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV,
+) -> Plan3D:
+    """A launch configuration costed as given (``api3d.evaluate_3d`` on its degrees)."""
+    return api3d.evaluate_3d(
         run.model_spec,
         device,
         tp=run.tensor_parallel,
@@ -143,4 +156,56 @@ def evaluate_megatron(
         fit_required=False,
         hardware_csv=hardware_csv,
     )
-    return plan, run, ignored
+
+
+@dataclass(frozen=True, slots=True)
+class TorchtitanExport:
+    """A torchtitan config_registry file of a plan, and the configuration costed as given."""
+
+    run: LaunchRun
+    text: str
+    plan_time_s: float
+    recosted: Plan3D
+
+    @property
+    def gap(self) -> float:
+        return self.recosted.pipeline.iteration_time_s / self.plan_time_s - 1.0
+
+
+def export_torchtitan(
+    data: dict,
+    device: str | MachineProfile | None = None,
+    hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV,
+    title: str = "",
+) -> TorchtitanExport:
+    """The torchtitan 0.3 config file of a 3D plan (``planner.engines.torchtitan``), refused unless
+    its configuration costed as given gives the plan's iteration time (``ROUND_TRIP_TOLERANCE``)."""
+    run = launch_run(data)
+    text = config_file(run, title or f"{data.get('model')} on {data.get('mesh')}")
+    profile = get_profile(device or data.get("device") or "a100-80g", hardware_csv)
+    recosted = recost(run, profile, hardware_csv=hardware_csv)
+    export = TorchtitanExport(run, text, float(data["iteration_time_s"]), recosted)
+    if abs(export.gap) > ROUND_TRIP_TOLERANCE:
+        raise SettingsError(
+            f"--target torchtitan: the configuration costs "
+            f"{recosted.pipeline.iteration_time_s:.4f} s per iteration as given, the plan "
+            f"{export.plan_time_s:.4f} s ({export.gap:+.2%}): the stage plan is not the "
+            "tensor-parallel pattern torchtitan applies (plan with --method megatron)"
+        )
+    return export
+
+
+def evaluate_torchtitan(
+    path: str,
+    config: str = "planner_plan",
+    device: str | MachineProfile = "a100-80g",
+    dp: int | None = None,
+    memory: float | None = None,
+    hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV,
+) -> tuple[Plan3D, LaunchRun]:
+    """A torchtitan config_registry file costed as given (read by torchtitan's own config
+    manager: needs torchtitan)."""
+    from planner.engines.torchtitan_read import read_torchtitan
+
+    run = read_torchtitan(path, config, dp)
+    return recost(run, device, memory, hardware_csv), run

@@ -608,6 +608,15 @@ CASES = [
         lambda t, c, o: _json(t)["mesh"] == "pp=1,tp=2",
     ),
     ("evaluate --from-megatron no world", ["evaluate", "--from-megatron", "mt_args.txt"], 2, None),
+    # reading a torchtitan config imports torchtitan (tests/test_torchtitan.py, in a process of its
+    # own); these rows are refused before it is imported
+    (
+        "evaluate --from-torchtitan --zero refused",
+        ["evaluate", "--from-torchtitan", "t.py", "--zero", "1"],
+        2,
+        None,
+    ),
+    ("evaluate --config alone", ["evaluate", "--plan", "p3.json", "--config", "x"], 2, None),
     (
         "evaluate --from-megatron --tp refused",
         ["evaluate", "--from-megatron", "mt.sh", "--tp", "2"],
@@ -668,6 +677,21 @@ CASES = [
         ["export", "--plan", "mt.json", "--target", "megatron"],
         0,
         lambda t, c, o: "torchrun --nnodes 1 --nproc-per-node 4 pretrain_gpt.py" in o,
+    ),
+    (
+        "export --target torchtitan --out",
+        ["export", "--plan", "tt.json", "--target", "torchtitan", "--out", "t.py"],
+        0,
+        lambda t, c, o: (
+            "p.data_parallel_shard_degree = 4" in (t / "t.py").read_text()
+            and "+0.000% against the plan" in o
+        ),
+    ),
+    (
+        "export --target torchtitan no --out",
+        ["export", "--plan", "tt.json", "--target", "torchtitan"],
+        2,
+        None,
     ),
     (
         "export --target megatron flat refused",
@@ -1130,6 +1154,29 @@ def plans(tmp_path_factory):
         ["plan", "--model", llama, "--mesh", "4", "--json", tp, "-q"],
         ["evaluate", "--model", GPT, "--tp", "2", "--dp", "2", "--json", str(root / "mt.json")],
         ["export", "--plan", str(root / "mt.json"), "--target", "megatron", "--out", megatron],
+        [
+            "evaluate",
+            "--model",
+            "llama3-8b",
+            "--device",
+            "h100-80g",
+            "--batch",
+            "256",
+            "--tp",
+            "8",
+            "--pp",
+            "2",
+            "--dp",
+            "4",
+            "--micro-batch",
+            "1",
+            "--zero",
+            "3",
+            "--fp32-grads",
+            "--json",
+            str(root / "tt.json"),
+            "-q",
+        ],
     ):
         assert main(argv) == 0, argv
     line = (root / "mt.sh").read_text().splitlines()[-1]
@@ -1148,7 +1195,7 @@ SLOW = {"verify --torch", "run-torch --steps --lr --seed --tolerance"}
 def test_option(case_id, argv, code, check, plans, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "hw.csv").write_text(TABLE)
-    for name in ("flat.json", "p3.json", "tp.json", "llama.json", "mt.json", "mt.sh"):
+    for name in ("flat.json", "p3.json", "tp.json", "llama.json", "mt.json", "mt.sh", "tt.json"):
         (tmp_path / name).write_text((plans / name).read_text())
     (tmp_path / "mt_args.txt").write_text((plans / "mt_args.txt").read_text())
     captured = _spy(

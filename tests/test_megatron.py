@@ -16,7 +16,7 @@ from planner.cost.settings import TrainingSettings
 from planner.engines.megatron import layout_cuts, layout_string, megatron_args
 from planner.engines.megatron_read import read_megatron
 from planner.errors import SettingsError
-from planner.launch import evaluate_megatron, export_megatron, megatron_run
+from planner.launch import evaluate_megatron, export_megatron, launch_run
 
 SMALL = "gpt:layers=4,hidden=512,heads=8,seq=256,vocab=1024"
 # the three cases: (model, mesh, device, batch, pipeline degree, micro-batch count)
@@ -67,7 +67,7 @@ def test_published_plans_round_trip_through_megatron_arguments(published):
         len({b - a for a, b in zip((0, *uneven["pipeline"]["cuts"]), uneven["pipeline"]["cuts"])})
         > 1
     )
-    args = megatron_args(megatron_run(uneven))
+    args = megatron_args(launch_run(uneven))
     layout = args[args.index("--pipeline-model-parallel-layout") + 1]
     assert layout_cuts(layout, 8) == tuple(uneven["pipeline"]["cuts"])
 
@@ -147,7 +147,7 @@ def test_what_megatron_cannot_say_is_refused():
     q = next(op for op in data["operators"] if op["name"] == "h0.attn.q")
     q["strategy"] = {axis: "h" for axis in q["strategy"]}
     with pytest.raises(SettingsError, match="one axis"):
-        megatron_run(data)
+        launch_run(data)
     slower = _given(tp=2, pp=1, dp=4, micro_batch=1)
     slower["iteration_time_s"] *= 0.9  # as an exact stage plan would be: cheaper than Megatron's
     with pytest.raises(SettingsError, match="not Megatron-LM's pattern"):

@@ -202,8 +202,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    if args.from_megatron:
-        return _evaluate_megatron(args)
+    if args.from_megatron or args.from_torchtitan:
+        return _evaluate_launch(args)
+    _refuse(args, ("config",), "only with --from-torchtitan")
     if args.plan:
         _refuse(args, DEGREE_OPTIONS, "not with --plan (the plan file fixes the configuration)")
         return _evaluate_file(args)
@@ -242,12 +243,34 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return _finish_3d(result, args)
 
 
+def _evaluate_launch(args: argparse.Namespace) -> int:
+    """A Megatron-LM line or a torchtitan config costed as given (``planner.launch``)."""
+    source = "--from-megatron" if args.from_megatron else "--from-torchtitan"
+    fixed = ("plan", "model", "mesh", "batch", "seq") + DEGREE_OPTIONS[:1] + DEGREE_OPTIONS[2:]
+    _refuse(args, fixed + tuple(SETTINGS_DEFAULTS), f"not with {source} (the config fixes it)")
+    if args.from_megatron and args.from_torchtitan:
+        raise SettingsError("--from-torchtitan: not with --from-megatron (one config at a time)")
+    if args.from_torchtitan:
+        from planner.launch import evaluate_torchtitan
+
+        result, run = evaluate_torchtitan(
+            args.from_torchtitan,
+            args.config or "planner_plan",
+            args.device or "a100-80g",
+            args.dp,
+            args.memory,
+            args.hardware,
+        )
+        args.model, args.batch = run.model_spec, run.global_batch
+        return _finish_3d(result, args)
+    _refuse(args, ("config",), "only with --from-torchtitan")
+    return _evaluate_megatron(args)
+
+
 def _evaluate_megatron(args: argparse.Namespace) -> int:
     """A Megatron-LM line costed as given (``planner.launch.evaluate_megatron``)."""
     from planner.launch import evaluate_megatron
 
-    fixed = ("plan", "model", "mesh", "batch", "seq") + DEGREE_OPTIONS[:1] + DEGREE_OPTIONS[2:]
-    _refuse(args, fixed + tuple(SETTINGS_DEFAULTS), "not with --from-megatron (its flags fix it)")
     path = args.from_megatron
     try:
         text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")

@@ -21,18 +21,20 @@ def add_export(x: argparse.ArgumentParser) -> None:
     add_plan_source(x)
     x.add_argument(
         "--target",
-        choices=["json", "torch", "jax", "megatron"],
+        choices=["json", "torch", "jax", "megatron", "torchtitan"],
         default="json",
         help="json (default): PartitionSpecs, placements and a Linear plan; torch: a Python file "
         "with a parallelize_module plan and DTensor placements for the nn.Module (then planner "
         "run-torch --plan FILE); jax: a Python file with the PartitionSpecs and a shardings(mesh) "
         "function; megatron: the Megatron-LM launch line of a 3D plan (torchrun pretrain_gpt.py "
-        "and its arguments), checked by costing the line as given",
+        "and its arguments), checked by costing the line as given; torchtitan: a torchtitan 0.3 "
+        "config_registry file (--module FILE --config planner_plan) of a 3D plan of a LLaMA 3 "
+        "model, checked the same way",
     )
     x.add_argument(
         "--out",
-        help="the file to write: the Python file (--target torch or jax), the launch line "
-        "(--target megatron; default: print)",
+        help="the file to write: the Python file (--target torch, jax or torchtitan), the launch "
+        "line (--target megatron; default: print)",
     )
     x.add_argument(
         "--module",

@@ -40,8 +40,8 @@ def cmd_import_torch(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    if args.target == "megatron":
-        return _export_megatron(args)
+    if args.target in ("megatron", "torchtitan"):
+        return _export_launch(args)
     if args.target != "json":
         return _export_file(args)
     for option, value in (("--out", args.out), ("--module", args.module)):
@@ -100,22 +100,48 @@ def _export_file(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _export_megatron(args: argparse.Namespace) -> int:
-    """A 3D plan as a Megatron-LM launch line, refused unless the line costs what the plan does."""
-    from planner.launch import export_megatron
-    from planner.outputs import write_text
-
+def _export_launch(args: argparse.Namespace) -> int:
+    """A 3D plan as a Megatron-LM launch line or a torchtitan config file, refused unless the
+    configuration costs what the plan does."""
+    target = args.target
     for option in ("json", "tensor_axis", "module", "model", "batch", "seq"):
         if getattr(args, option, None) is not None:
             flag = "--" + option.replace("_", "-")
-            raise SettingsError(f"{flag}: not with --target megatron (the plan file fixes it)")
+            raise SettingsError(f"{flag}: not with --target {target} (the plan file fixes it)")
     data = read_plan_file(args.plan)
     if "pipeline" not in data:
         raise SettingsError(
-            "--plan: --target megatron needs a 3D plan (planner plan --pipeline auto, or "
+            f"--plan: --target {target} needs a 3D plan (planner plan --pipeline auto, or "
             "planner evaluate --tp/--pp/--dp --json)"
         )
     checked(args, data, args.plan)
+    if target == "torchtitan":
+        return _export_torchtitan(args, data)
+    return _export_megatron(args, data)
+
+
+def _export_torchtitan(args: argparse.Namespace, data: dict) -> int:
+    from planner.launch import export_torchtitan
+    from planner.outputs import write_text
+
+    if args.out is None:
+        raise SettingsError("--out: --target torchtitan writes a Python config file: name it")
+    export = export_torchtitan(data, title=f"{data.get('model')} on {data.get('mesh')}")
+    write_text(args.out, export.text, "--out")
+    _emit(
+        f"torchtitan config of {args.plan}: {export.run.world_size} GPUs, "
+        f"{export.recosted.pipeline.iteration_time_s:.4f} s per iteration as given "
+        f"({export.gap:+.3%} against the plan) -> {args.out} (--config planner_plan)",
+        args,
+    )
+    return EXIT_OK
+
+
+def _export_megatron(args: argparse.Namespace, data: dict) -> int:
+    """A 3D plan as a Megatron-LM launch line."""
+    from planner.launch import export_megatron
+    from planner.outputs import write_text
+
     export = export_megatron(data)
     text = export.line + "\n"
     said = (

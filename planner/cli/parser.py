@@ -223,6 +223,17 @@ def _add_evaluate(sub) -> None:
         "data-parallel degree from torchrun's world size or --dp",
     )
     e.add_argument(
+        "--from-torchtitan",
+        metavar="FILE",
+        help="a torchtitan 0.3 config_registry file (loaded by torchtitan's config manager: "
+        "needs torchtitan), costed as given; its function is --config's",
+    )
+    e.add_argument(
+        "--config",
+        default=None,
+        help="--from-torchtitan: the config function to call (default planner_plan)",
+    )
+    e.add_argument(
         "--tp", type=positive_int, help="tensor-parallel degree (Megatron pattern, innermost)"
     )
     e.add_argument("--dp", type=positive_int, help="data-parallel degree")

@@ -39,11 +39,10 @@ recompute or ZeRO choices, mixtures of experts) is refused with the field that s
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
-
 from planner.cost.settings import TrainingSettings
+from planner.engines.launch_run import LaunchRun
 from planner.errors import SettingsError
-from planner.zoo import GPTConfig, LlamaConfig
+from planner.zoo import LlamaConfig
 
 SCRIPT = {"gpt": "pretrain_gpt.py", "llama": "pretrain_gpt.py"}
 # Megatron-LM flags whose effect the cost model does not have: a line that sets them is refused
@@ -60,46 +59,12 @@ UNSUPPORTED = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class MegatronRun:
-    """One Megatron-LM configuration: the model, the degrees, the batch and the settings."""
-
-    model: GPTConfig | LlamaConfig
-    tensor_parallel: int
-    pipeline_parallel: int
-    data_parallel: int
-    micro_batch: int
-    global_batch: int
-    settings: TrainingSettings
-    virtual_stages: int = 1  # model chunks per pipeline rank (interleaved 1F1B)
-    cuts: tuple[int, ...] | None = None  # first layer of stages 1..p-1; None: even split
-
-    @property
-    def world_size(self) -> int:
-        return self.tensor_parallel * self.pipeline_parallel * self.data_parallel
-
-    @property
-    def schedule(self) -> str:
-        return "1f1b" if self.virtual_stages == 1 else f"interleaved:{self.virtual_stages}"
-
-    @property
-    def model_spec(self) -> str:
-        """The zoo's parametric spec of the model (``gpt:...`` or ``llama:...``)."""
-        cfg = self.model
-        if isinstance(cfg, LlamaConfig):
-            fields = ("layers", "hidden", "heads", "kv_heads", "ffn", "seq", "vocab")
-            text = ",".join(f"{name}={getattr(cfg, name)}" for name in fields)
-            return f"llama:{text}" + (",attention=explicit" if cfg.attention != "fused" else "")
-        fields = ("layers", "hidden", "heads", "seq", "vocab", "ffn", "dropout")
-        return "gpt:" + ",".join(f"{name}={getattr(cfg, name)}" for name in fields)
-
-
-def megatron_args(run: MegatronRun) -> list[str]:
+def megatron_args(run: LaunchRun) -> list[str]:
     """The Megatron-LM arguments of ``run`` (see the module text), one flag or value per item."""
     return _model_args(run) + _parallel_args(run) + _settings_args(run.settings)
 
 
-def shell_line(run: MegatronRun, gpus_per_node: int) -> str:
+def shell_line(run: LaunchRun, gpus_per_node: int) -> str:
     """A launch line: torchrun over ``world / gpus_per_node`` nodes running pretrain_gpt.py."""
     per_node = min(gpus_per_node, run.world_size)
     if run.world_size % per_node:
@@ -120,7 +85,7 @@ def shell_line(run: MegatronRun, gpus_per_node: int) -> str:
     return shlex.join(launch + megatron_args(run))
 
 
-def _model_args(run: MegatronRun) -> list[str]:
+def _model_args(run: LaunchRun) -> list[str]:
     cfg, tp = run.model, run.tensor_parallel
     if cfg.vocab % tp:
         raise SettingsError(
@@ -150,7 +115,7 @@ def _model_args(run: MegatronRun) -> list[str]:
     return [str(a) for a in args]
 
 
-def _parallel_args(run: MegatronRun) -> list[str]:
+def _parallel_args(run: LaunchRun) -> list[str]:
     args = ["--tensor-model-parallel-size", run.tensor_parallel]
     args += ["--pipeline-model-parallel-size", run.pipeline_parallel]
     args += ["--micro-batch-size", run.micro_batch, "--global-batch-size", run.global_batch]

@@ -1,4 +1,4 @@
-"""A Megatron-LM command line read back into a ``MegatronRun`` (``planner evaluate
+"""A Megatron-LM command line read back into a ``LaunchRun`` (``planner evaluate
 --from-megatron``): the inverse of ``planner.engines.megatron``'s mapping, with Megatron-LM's own
 defaults (megatron-core 0.19 ``megatron/training/arguments.py``) for the flags a line leaves out.
 
@@ -16,7 +16,8 @@ import math
 import shlex
 
 from planner.cost.settings import TrainingSettings
-from planner.engines.megatron import UNSUPPORTED, MegatronRun, layout_cuts
+from planner.engines.launch_run import LaunchRun
+from planner.engines.megatron import UNSUPPORTED, layout_cuts
 from planner.errors import SettingsError
 from planner.zoo import GPTConfig, LlamaConfig
 
@@ -98,7 +99,7 @@ def split_launch(text: str) -> tuple[int | None, list[str]]:
     return world, words[script + 1 :]
 
 
-def read_megatron(text: str, dp: int | None = None) -> tuple[MegatronRun, tuple[str, ...]]:
+def read_megatron(text: str, dp: int | None = None) -> tuple[LaunchRun, tuple[str, ...]]:
     """The run a Megatron-LM line describes and the flags it ignored. Its data-parallel degree is
     ``dp`` when given, else torchrun's world size over tensor x pipeline parallel."""
     world, words = split_launch(text)
@@ -134,7 +135,7 @@ def _bucket_bytes(args, dp: int, grad_bytes: int) -> float:
     return float(elements * grad_bytes)
 
 
-def _run(args, dp: int) -> MegatronRun:
+def _run(args, dp: int) -> LaunchRun:
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
     micro = args.micro_batch_size or 1
     batch = args.global_batch_size or micro * dp
@@ -145,7 +146,7 @@ def _run(args, dp: int) -> MegatronRun:
     cuts = None
     if args.pipeline_model_parallel_layout:
         cuts = layout_cuts(args.pipeline_model_parallel_layout, pp)
-    return MegatronRun(
+    return LaunchRun(
         _model(args, tp),
         tp,
         pp,

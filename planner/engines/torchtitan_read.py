@@ -1,0 +1,155 @@
+"""A torchtitan 0.3 ``config_registry`` file read back into a ``LaunchRun`` (``planner evaluate
+--from-torchtitan``): loaded and validated by torchtitan's own ``ConfigManager``, its degrees
+checked by torchtitan's ``ParallelDims``, then mapped as ``planner.engines.torchtitan`` exports
+(the inverse mapping). Needs torchtitan (and the triton it imports)."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import sys
+from pathlib import Path
+
+from planner.cost.settings import TrainingSettings
+from planner.engines.launch_run import LaunchRun
+from planner.engines.torchtitan import FLAVORS
+from planner.errors import SettingsError
+from planner.zoo import LLAMA_PRESETS
+
+SCHEDULES = {"GPipe": "gpipe", "1F1B": "1f1b", "Interleaved1F1B": "interleaved"}
+
+
+def load_config(path: str, name: str):
+    """The ``Trainer.Config`` that function ``name`` of the file at ``path`` returns, through
+    torchtitan's ConfigManager (which validates it)."""
+    try:
+        from torchtitan.config import ConfigManager
+    except ImportError as exc:
+        raise SettingsError(
+            f"--from-torchtitan: torchtitan does not import here ({exc}); pip install "
+            "torchtitan==0.3.0 triton"
+        ) from None
+    file = Path(path).resolve()
+    if not file.is_file() or file.suffix != ".py":
+        raise SettingsError(f"--from-torchtitan: {path} is not a Python config_registry file")
+    sys.modules.pop(file.stem, None)  # a file read before under the same name is read again
+    with _on_path(str(file.parent)):
+        try:  # imported here first: the config manager would hide why an import failed
+            importlib.import_module(file.stem)
+        except ImportError as exc:
+            raise SettingsError(f"--from-torchtitan: {path} does not import: {exc}") from None
+        try:
+            return ConfigManager().parse_args(["--module", file.stem, "--config", name])
+        except (ValueError, ImportError, AssertionError) as exc:
+            raise SettingsError(f"--from-torchtitan: torchtitan refuses {path}: {exc}") from None
+        except SystemExit:  # tyro prints why and exits
+            raise SettingsError(f"--from-torchtitan: torchtitan refuses {path} (above)") from None
+
+
+@contextlib.contextmanager
+def _on_path(folder: str):
+    sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        sys.path.remove(folder)
+
+
+def read_torchtitan(path: str, name: str = "planner_plan", dp: int | None = None) -> LaunchRun:
+    """The run a torchtitan config describes; ``dp`` for a shard degree of -1 (the rest)."""
+    config = load_config(path, name)
+    p = config.parallelism
+    shard, replicate = p.data_parallel_shard_degree, p.data_parallel_replicate_degree
+    if shard == -1:
+        if dp is None:
+            raise SettingsError(
+                "--dp: the config's data_parallel_shard_degree is -1 (the rest of the world): "
+                "give the data-parallel degree"
+            )
+        shard = dp // replicate
+    if shard > 1 and replicate > 1:
+        raise SettingsError(
+            "--from-torchtitan: HSDP (shard and replicate degrees both > 1) is not modelled yet"
+        )
+    for key in ("context_parallel_degree", "expert_parallel_degree"):
+        if getattr(p, key) != 1:
+            raise SettingsError(f"--from-torchtitan: parallelism.{key} > 1 is not modelled yet")
+    return _run(config, shard, replicate)
+
+
+def _model(config):
+    spec = config.model_spec
+    wanted = f"llama3_{str(spec.flavor).lower()}"
+    preset = next((name for name, fn in FLAVORS.items() if fn == wanted), None)
+    if spec.name != "llama3" or preset is None:
+        raise SettingsError(
+            f"--from-torchtitan: model {spec.name} {spec.flavor} is not a LLaMA 3 8B/70B/405B"
+        )
+    from dataclasses import replace
+
+    return replace(LLAMA_PRESETS[preset], seq=config.training.seq_len)
+
+
+def _run(config, shard: int, replicate: int) -> LaunchRun:
+    p, training = config.parallelism, config.training
+    dp, pp = shard * replicate, p.pipeline_parallel_degree
+    model = _model(config)
+    schedule = SCHEDULES.get(p.pipeline_parallel_schedule) if pp > 1 else "1f1b"
+    if schedule is None:
+        raise SettingsError(
+            f"--from-torchtitan: schedule {p.pipeline_parallel_schedule} is not modelled (GPipe, "
+            "1F1B, Interleaved1F1B)"
+        )
+    parts = p.module_fqns_per_model_part or _default_parts(pp, model.layers)
+    virtual = len(parts) // pp if pp > 1 else 1
+    counts = [sum(m.startswith("layers.") for m in part) for part in parts]
+    cuts = tuple(sum(counts[:k]) for k in range(1, len(counts))) if virtual == 1 else None
+    local = training.local_batch_size
+    micro = p.pipeline_parallel_microbatch_size if pp > 1 else local
+    batch = training.global_batch_size if training.global_batch_size > 0 else local * dp
+    return LaunchRun(
+        model,
+        p.tensor_parallel_degree,
+        pp,
+        dp,
+        micro,
+        batch,
+        _settings(config, shard, pp),
+        virtual,
+        cuts if pp > 1 else None,
+        schedule == "gpipe",
+    )
+
+
+def _default_parts(stages: int, layers: int) -> list[list[str]]:
+    from torchtitan.distributed.pipeline_parallel import _generate_llm_fqn_per_model_part
+
+    return _generate_llm_fqn_per_model_part(stages, layers)
+
+
+def _settings(config, shard: int, pp: int) -> TrainingSettings:
+    from torchtitan.distributed.activation_checkpoint import FullAC
+
+    if config.training.mixed_precision_param != "bfloat16":
+        raise SettingsError(
+            "--from-torchtitan: training.mixed_precision_param other than bfloat16 is not "
+            "modelled (the planner prices bf16 compute with fp32 master weights and gradients)"
+        )
+    ac = config.activation_checkpoint
+    if ac is not None and not isinstance(ac, FullAC.Config):
+        raise SettingsError(
+            f"--from-torchtitan: activation checkpointing {type(ac).__qualname__} is not "
+            "modelled (none or full)"
+        )
+    reshard = config.parallelism.fsdp_reshard_after_forward
+    # torchtitan's 'default' reshards after forward unless pipeline parallelism is on
+    zero3 = reshard == "always" or (reshard == "default" and pp == 1)
+    zero = 0 if shard == 1 else 3 if zero3 else 2
+    sequence_parallel = config.parallelism.enable_sequence_parallel
+    return TrainingSettings(
+        dtype="bf16",
+        zero=zero,
+        recompute="full" if ac is not None else "none",
+        fp32_grads=True,
+        sequence_parallel=bool(sequence_parallel and config.parallelism.tensor_parallel_degree > 1),
+    )

@@ -1,0 +1,176 @@
+"""torchtitan configurations: a 3D plan of a LLaMA 3 model as a torchtitan 0.3 config_registry file
+whose configuration, costed as given, is the plan's iteration time; read back by torchtitan's own
+config manager (when torchtitan is installed: `.ci/run` installs it) to the same time; what
+torchtitan cannot run as the plan costs it is refused."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from importlib.util import find_spec
+
+import pytest
+
+from planner import api3d
+from planner.cost.settings import TrainingSettings
+from planner.engines.torchtitan import model_parts
+from planner.errors import SettingsError
+from planner.launch import export_torchtitan, launch_run
+
+FSDP = TrainingSettings(zero=3, fp32_grads=True)
+# Llama 3 8B on 64 H100s: (degrees and schedule, settings)
+CASES = (
+    (dict(tp=8, pp=2, dp=4, micro_batch=1), FSDP),
+    (
+        dict(tp=8, pp=2, dp=4, micro_batch=1, cuts=(10,)),
+        TrainingSettings(zero=2, fp32_grads=True, recompute="full"),
+    ),
+    (
+        dict(tp=4, pp=4, dp=4, micro_batch=2, schedule="interleaved:2"),
+        TrainingSettings(zero=3, fp32_grads=True, sequence_parallel=True),
+    ),
+    (dict(tp=8, pp=2, dp=4, micro_batch=1, schedule="gpipe"), FSDP),
+    (dict(tp=1, pp=1, dp=64, micro_batch=1), TrainingSettings(fp32_grads=True)),
+)
+needs_torchtitan = pytest.mark.skipif(
+    find_spec("torchtitan") is None, reason="torchtitan not installed"
+)
+
+
+def _plan_file(model: str = "llama3-8b", settings=FSDP, **kw) -> dict:
+    plan = api3d.evaluate_3d(
+        model, "h100-80g", batch=256, settings=settings, fit_required=False, **kw
+    )
+    data = plan.to_dict(timings=False)
+    data["source"] = {"model": model, "batch": 256, "seq": None, "device": "h100-80g"}
+    return data
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_the_config_costs_what_the_plan_costs(case):
+    degrees, settings = CASES[case]
+    export = export_torchtitan(_plan_file(settings=settings, **degrees))
+    assert export.gap == pytest.approx(0, abs=1e-9)
+    assert "config_registry.llama3_8b()" in export.text
+    compile(export.text, "planner_tt.py", "exec")  # a Python file
+
+
+def test_the_stages_are_module_lists_as_torchtitan_names_them():
+    run = launch_run(_plan_file(tp=8, pp=2, dp=4, micro_batch=1, cuts=(10,)))
+    parts = model_parts(run)
+    assert parts[0][:2] == ["tok_embeddings", "layers.0"] and parts[0][-1] == "layers.9"
+    assert parts[1][0] == "layers.10" and parts[1][-2:] == ["norm", "lm_head"]
+    interleaved = launch_run(_plan_file(tp=4, pp=4, dp=4, micro_batch=2, schedule="interleaved:2"))
+    assert len(model_parts(interleaved)) == 8  # p x v parts of 4 layers
+
+
+def test_what_torchtitan_cannot_run_is_refused():
+    refusals = (
+        (dict(settings=TrainingSettings(zero=1, fp32_grads=True)), "ZeRO-1"),
+        (
+            dict(settings=TrainingSettings(zero=3, fp32_grads=True, recompute="selective")),
+            "selective",
+        ),
+        (dict(settings=TrainingSettings(fp32_grads=True)), "FSDP only"),
+        (dict(settings=TrainingSettings(zero=3)), "fp32 gradient"),
+        (
+            dict(model="llama:layers=4,hidden=512,heads=8,kv_heads=2,ffn=1024,seq=256,vocab=1024"),
+            "flavors",
+        ),
+    )
+    for extra, message in refusals:
+        kw = dict(tp=2, pp=2, dp=2, micro_batch=1) | extra
+        with pytest.raises(SettingsError, match=message):
+            export_torchtitan(_plan_file(**kw))
+
+
+READ_BACK = """
+import json, sys
+from torchtitan.distributed.parallel_dims import ParallelDims
+from planner.engines.torchtitan_read import load_config
+from planner.launch import evaluate_torchtitan
+out = []
+for path in sys.argv[1:]:
+    plan, run = evaluate_torchtitan(path, device="h100-80g")
+    dims = ParallelDims.from_config(load_config(path, "planner_plan").parallelism, 64)
+    degrees = [run.tensor_parallel, run.pipeline_parallel, run.data_parallel]
+    out.append([plan.pipeline.iteration_time_s, *degrees, run.schedule, run.settings.zero,
+                dims.dp_shard * dims.dp_replicate])
+print(json.dumps(out))
+"""
+
+
+@needs_torchtitan
+def test_torchtitan_reads_the_configs_back_to_the_same_time(tmp_path):
+    """In a process of its own: importing torchtitan changes torch's global state."""
+    files, expected = [], []
+    for case, (degrees, settings) in enumerate(CASES):
+        data = _plan_file(settings=settings, **degrees)
+        files.append(tmp_path / f"planner_tt_{case}.py")
+        files[-1].write_text(export_torchtitan(data).text)
+        expected.append((data["iteration_time_s"], degrees, settings))
+    done = subprocess.run(
+        [sys.executable, "-c", READ_BACK, *map(str, files)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    for row, (time_s, degrees, settings) in zip(json.loads(done.stdout.splitlines()[-1]), expected):
+        assert row[0] == pytest.approx(time_s, rel=1e-3)
+        assert row[1:4] == [degrees["tp"], degrees["pp"], degrees["dp"]]
+        assert row[4] == degrees.get("schedule", "1f1b") and row[5] == settings.zero
+        assert row[6] == degrees["dp"]  # torchtitan's own degree check for 64 GPUs
+
+
+@pytest.mark.slow  # three planner processes, one importing torchtitan: 16 s
+@needs_torchtitan
+def test_the_cli_writes_and_reads_a_torchtitan_config(tmp_path):
+    plan, config = tmp_path / "p.json", tmp_path / "planner_cli_tt.py"
+    run = [sys.executable, "-m", "planner"]
+    subprocess.run(
+        run
+        + [
+            "evaluate",
+            "--model",
+            "llama3-8b",
+            "--device",
+            "h100-80g",
+            "--batch",
+            "256",
+            "--tp",
+            "8",
+            "--pp",
+            "2",
+            "--dp",
+            "4",
+            "--micro-batch",
+            "1",
+            "--zero",
+            "3",
+            "--fp32-grads",
+            "--json",
+            str(plan),
+            "-q",
+        ],
+        check=True,
+    )
+    subprocess.run(
+        run + ["export", "--plan", str(plan), "--target", "torchtitan", "--out", str(config)],
+        check=True,
+        capture_output=True,
+    )
+    back = subprocess.run(
+        run + ["evaluate", "--from-torchtitan", str(config), "--device", "h100-80g"],
+        capture_output=True,
+        text=True,
+    )
+    assert back.returncode == 0, back.stderr[-2000:]
+    assert "pp=2,dp=4,tp=8" in back.stdout
+    missing = subprocess.run(
+        run + ["evaluate", "--from-torchtitan", str(config), "--config", "nothing"],
+        capture_output=True,
+        text=True,
+    )
+    assert missing.returncode == 2 and "nothing" in missing.stderr
