@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from experiments import tables_memory
+from experiments import tables_grid, tables_memory
 from experiments.common import run
 from pathlib import Path
 
@@ -360,6 +360,7 @@ TABLES = (
     ("LLAMA_TABLE", llama, "llama.csv"),
     ("SAPP_SCALING_TABLE", sapp_scaling, "sapp_scaling.csv"),
     ("HEURISTIC_TABLE", heuristics, "exact_vs_heuristic.csv"),
+    ("GRID_TABLE", tables_grid.exact_grid_sapp, "exact_vs_heuristic.csv"),
     ("PIPELINE_TABLE", pipeline, "pipeline.csv"),
     ("FIDELITY_TABLE", fidelity, "fidelity.csv"),
     ("PORTABILITY_TABLE", portability, "portability.csv"),
