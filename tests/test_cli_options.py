@@ -854,6 +854,59 @@ CASES = [
         ),
     ),
     (
+        "pareto common options",
+        [
+            "pareto",
+            "--model",
+            "mlp",
+            "--mesh",
+            "2x2",
+            "--hardware",
+            "hw.csv",
+            "--device",
+            "tiny",
+            "--memory",
+            "2e9",
+            "--dtype",
+            "fp16",
+            "--optimizer",
+            "sgd",
+            "--zero",
+            "1",
+            "--recompute",
+            "full",
+            "--overlap",
+            "grad",
+            "--bucket-mb",
+            "4",
+            "--fp32-grads",
+            "--sequence-parallel",
+            "--max-points",
+            "2",
+            "--time-limit",
+            "8",
+            "--seed",
+            "3",
+            "--no-timings",
+            "--json",
+            "out.json",
+            "--csv",
+            "out.csv",
+        ],
+        0,
+        lambda t, c, o: (
+            _json(t)["searches"] == 2
+            and (c["time_limit_s"], c["seed"]) == (8.0, 3)
+            and {k: _json(t)["points"][0][k] for k in ("mesh", "device", "memory_limit_bytes")}
+            == {"mesh": "node=2,gpu=2", "device": "tiny", "memory_limit_bytes": 2e9}
+            and _json(t)["points"][0]["settings"]["zero"] == 1
+            and _json(t)["points"][0]["settings"]["bucket_mb"] == 4.0
+            and _json(t)["points"][0]["settings"]["sequence_parallel"] is True
+            and _json(t)["points"][0]["settings"]["dtype"] == "fp16"
+            and "search_time_s" not in _csv(t)
+        ),
+    ),
+    (
         "pipeline common and pipeline options",
         [
             "pipeline",

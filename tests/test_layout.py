@@ -23,7 +23,7 @@ LAYERS = (
     ("planner.plans", "planner.plan_files", "planner.grid"),
     ("planner.pipeline",),
     ("planner.engines",),
-    ("planner.api", "planner.api3d", "planner.runs", "planner.launch"),
+    ("planner.api", "planner.api3d", "planner.runs", "planner.launch", "planner.front"),
     ("planner.show",),
     ("planner.cli", "planner.__main__"),
 )

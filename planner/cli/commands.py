@@ -18,6 +18,7 @@ from planner.plan_files import read_plan_file
 from planner.plans import Plan
 from planner.cli.recost import checked, recost, settings_from_args as _settings
 from planner.cli.engines import cmd_export, cmd_import_torch, cmd_verify
+from planner.cli.front import cmd_pareto
 from planner.cli.training import cmd_run_jax, cmd_run_torch
 from planner.cli.report import emit as _emit, format_3d, format_plan
 from planner.cli.argtypes import EXIT_INFEASIBLE, EXIT_NOT_OPTIMAL, EXIT_OK
@@ -379,5 +380,6 @@ COMMANDS = {
     "plan": cmd_plan,
     "evaluate": cmd_evaluate,
     "compare": cmd_compare,
+    "pareto": cmd_pareto,
     "pipeline": cmd_pipeline,
 }

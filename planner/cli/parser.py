@@ -8,6 +8,7 @@ import logging
 from planner import api
 from planner.cluster.profiles import DEFAULT_HARDWARE_CSV
 from planner.cost.settings import option_default, option_fields, option_name
+from planner.front import MAX_POINTS
 from planner.search.options import flag_fields
 from planner.pipeline.search import METHODS as PIPELINE_METHODS
 from planner.cli.argtypes import (
@@ -207,6 +208,17 @@ def _add_planning(sub) -> None:
         "--devices", type=positive_int, help="device count (mesh node=N/8,gpu=8 unless --mesh)"
     )
     _add_pipeline(pp)
+    f = sub.add_parser(
+        "pareto", help="the exact time-memory front: every plan no other beats in both"
+    )
+    _add_common(f)
+    _add_search_options(f, {"time_limit_s": "; per search"}, only=("time_limit_s", "seed"))
+    f.add_argument(
+        "--max-points",
+        type=positive_int,
+        default=MAX_POINTS,
+        help=f"searches at most (each one front point or fewer; default {MAX_POINTS})",
+    )
 
 
 def _add_evaluate(sub) -> None:

@@ -26,14 +26,9 @@ def _along(values: np.ndarray, ops: tuple[int, ...], dim: dict, counts: list) ->
     return np.asarray(values).reshape(shape)
 
 
-def brute_force(
-    problem: Problem, memory_limit: float = math.inf, max_combinations: int = 20_000_000
-) -> tuple[int, tuple[int, ...]] | None:
-    """Exhaustive minimum over every combination of strategies (dense numpy; small problems only).
-
-    Returns ``(objective, choice)`` with the lexicographically first optimal choice, or None if no
-    combination fits the memory limit.
-    """
+def _dense(problem: Problem, max_combinations: int):
+    """Every combination's integer objective and memory as dense arrays over the operators with
+    more than one strategy (``free``), and each operator's strategy count."""
     counts = [len(t.strategies) for t in problem.ops]
     total_count = int(np.prod(counts, dtype=np.float64))
     if total_count > max_combinations:
@@ -56,11 +51,40 @@ def brute_force(
             total = total + along(np.diagonal(pair).copy(), (e.src,))
         else:
             total = total + along(pair, (e.src, e.dst))
+    return total, memory, free, counts
+
+
+def brute_force(
+    problem: Problem, memory_limit: float = math.inf, max_combinations: int = 20_000_000
+) -> tuple[int, tuple[int, ...]] | None:
+    """Exhaustive minimum over every combination of strategies (dense numpy; small problems only).
+
+    Returns ``(objective, choice)`` with the lexicographically first optimal choice, or None if no
+    combination fits the memory limit.
+    """
+    total, memory, free, counts = _dense(problem, max_combinations)
     if math.isfinite(memory_limit):
         total = np.where(memory <= memory_limit, total, np.iinfo(np.int64).max)
     flat = int(np.argmin(total))
     value = int(total.flat[flat])
     if value == np.iinfo(np.int64).max:
         return None
-    picked = dict(zip(free, (int(i) for i in np.unravel_index(flat, shape_free))))
+    picked = dict(zip(free, (int(i) for i in np.unravel_index(flat, total.shape))))
     return value, tuple(picked.get(i, 0) for i in range(len(counts)))
+
+
+def brute_front(
+    problem: Problem, memory_limit: float = math.inf, max_combinations: int = 20_000_000
+) -> list[tuple[int, int]]:
+    """The exact time-memory front by enumeration: the (objective, memory) pairs no combination
+    fitting ``memory_limit`` beats in both, fastest first."""
+    total, memory, _, _ = _dense(problem, max_combinations)
+    total, memory = total.ravel(), memory.ravel()
+    fits = memory <= memory_limit
+    total, memory = total[fits], memory[fits]
+    order = np.lexsort((memory, total))  # by objective, then memory
+    total, memory = total[order], memory[order]
+    # a point is on the front when it uses less memory than every faster (or as fast) point
+    before = np.concatenate(([np.iinfo(np.int64).max], np.minimum.accumulate(memory)[:-1]))
+    keep = memory < before
+    return list(zip(total[keep].tolist(), memory[keep].tolist()))
