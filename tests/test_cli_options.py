@@ -608,6 +608,13 @@ CASES = [
         lambda t, c, o: _json(t)["mesh"] == "pp=1,tp=2",
     ),
     ("evaluate --from-megatron no world", ["evaluate", "--from-megatron", "mt_args.txt"], 2, None),
+    (
+        "evaluate --from-megatron --compare-best",
+        ["evaluate", "--from-megatron", "mt.sh", "--compare-best"],
+        0,
+        lambda t, c, o: "best Megatron-LM configuration the 3D search finds" in o,
+    ),
+    ("evaluate --compare-best alone", ["evaluate", "--plan", "p3.json", "--compare-best"], 2, None),
     # reading a torchtitan config imports torchtitan (tests/test_torchtitan.py, in a process of its
     # own); these rows are refused before it is imported
     (

@@ -24,6 +24,7 @@ LAYERS = (
     ("planner.pipeline",),
     ("planner.engines",),
     ("planner.api", "planner.api3d", "planner.runs", "planner.launch", "planner.front"),
+    ("planner.launch_gap",),
     ("planner.show",),
     ("planner.cli", "planner.__main__"),
 )

@@ -206,6 +206,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.from_megatron or args.from_torchtitan:
         return _evaluate_launch(args)
     _refuse(args, ("config",), "only with --from-torchtitan")
+    _refuse(args, ("compare_best",), "only with --from-megatron or --from-torchtitan")
     if args.plan:
         _refuse(args, DEGREE_OPTIONS, "not with --plan (the plan file fixes the configuration)")
         return _evaluate_file(args)
@@ -262,10 +263,21 @@ def _evaluate_launch(args: argparse.Namespace) -> int:
             args.memory,
             args.hardware,
         )
+        _best_gap(args, run, result)
         args.model, args.batch = run.model_spec, run.global_batch
         return _finish_3d(result, args)
     _refuse(args, ("config",), "only with --from-torchtitan")
     return _evaluate_megatron(args)
+
+
+def _best_gap(args: argparse.Namespace, run, result) -> None:
+    """--compare-best: the gap to the best Megatron-LM configuration and what closes it."""
+    if not args.compare_best:
+        return
+    from planner.launch_gap import compare_best
+
+    gap = compare_best(run, result, args.device or "a100-80g", args.memory, args.hardware)
+    _emit("\n".join(gap.lines()), args)
 
 
 def _evaluate_megatron(args: argparse.Namespace) -> int:
@@ -282,6 +294,7 @@ def _evaluate_megatron(args: argparse.Namespace) -> int:
     )
     if ignored:
         _emit(f"ignored (no effect on step time or memory): {' '.join(ignored)}", args)
+    _best_gap(args, run, result)
     args.model, args.batch = run.model_spec, run.global_batch
     return _finish_3d(result, args)
 

@@ -221,12 +221,8 @@ def _add_planning(sub) -> None:
     )
 
 
-def _add_evaluate(sub) -> None:
-    e = sub.add_parser(
-        "evaluate", help="cost a given plan: a plan JSON (flat or 3D) or Megatron degrees"
-    )
-    _add_common(e, model_required=False)
-    e.add_argument("--plan", help="plan JSON written by `planner plan --json` (flat or 3D)")
+def _add_launch_sources(e: argparse.ArgumentParser) -> None:
+    """evaluate's engine configurations: a Megatron-LM line or a torchtitan config."""
     e.add_argument(
         "--from-megatron",
         metavar="FILE",
@@ -245,6 +241,21 @@ def _add_evaluate(sub) -> None:
         default=None,
         help="--from-torchtitan: the config function to call (default planner_plan)",
     )
+    e.add_argument(
+        "--compare-best",
+        action="store_true",
+        help="--from-megatron/--from-torchtitan: also search the best Megatron-LM configuration "
+        "on the same GPUs and print the gap and the changes that close it (seconds to minutes)",
+    )
+
+
+def _add_evaluate(sub) -> None:
+    e = sub.add_parser(
+        "evaluate", help="cost a given plan: a plan JSON (flat or 3D) or Megatron degrees"
+    )
+    _add_common(e, model_required=False)
+    e.add_argument("--plan", help="plan JSON written by `planner plan --json` (flat or 3D)")
+    _add_launch_sources(e)
     e.add_argument(
         "--tp", type=positive_int, help="tensor-parallel degree (Megatron pattern, innermost)"
     )
