@@ -1,4 +1,6 @@
-"""The time-memory front: every plan that no other plan beats in both step time and memory per
+"""Several answers: the time-memory front (below) and the k best plans (``top_plans``).
+
+The time-memory front: every plan that no other plan beats in both step time and memory per
 device (``planner pareto``), found by the exact search under a tightening memory limit:
 
     L_0 = the device's memory (or --memory)
@@ -25,7 +27,10 @@ from planner.cost.problem import Problem, build_problem
 from planner.cost.settings import AUTO, TrainingSettings
 from planner.errors import SettingsError
 from planner.ir.graph import Graph
-from planner.plans import Plan
+from planner.plans import Plan, make_plan, strategies_from_choice
+from planner.search.fallback import program_size
+from planner.search.topk import top_k
+from planner.search.whole import MAX_WHOLE_PROGRAM
 from planner.search.options import SEARCH_DEFAULTS
 
 MAX_POINTS = 20
@@ -98,3 +103,50 @@ def _search_memory(problem: Problem, plan: Plan) -> int:
 def _same_time(plan: Plan, after: Plan | None) -> bool:
     """Whether the next point has this one's time (then it dominates: less memory)."""
     return after is not None and after.objective == plan.objective
+
+
+def top_plans(
+    model: str | Graph,
+    mesh: str = "8",
+    device: str | MachineProfile = "a100-80g",
+    k: int = 5,
+    *,
+    batch: int | None = None,
+    seq: int | None = None,
+    memory: float | None = None,
+    settings: TrainingSettings | None = None,
+    time_limit_s: float = SEARCH_DEFAULTS.time_limit_s,
+    seed: int = SEARCH_DEFAULTS.seed,
+    hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV,
+) -> tuple[Plan, ...]:
+    """The ``k`` best distinct plans in increasing cost (``planner.search.topk``: the whole-graph
+    program with a no-good cut per plan; ``time_limit_s`` per plan)."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise SettingsError(f"k: must be a positive integer, got {k!r}")
+    cluster = api.make_cluster(mesh, device, memory, hardware_csv=hardware_csv)
+    problem = api.make_problem(model, cluster, settings, batch, seq)
+    if AUTO in (problem.settings.recompute, problem.settings.zero):
+        raise SettingsError(
+            "--top-k: the whole-graph program costs one recompute mode and ZeRO stage; give "
+            "fixed --recompute and --zero"
+        )
+    size = program_size(problem)
+    if size > MAX_WHOLE_PROGRAM:
+        raise SettingsError(
+            f"--top-k: the whole-graph program would have {size:,} Booleans (more than "
+            f"{MAX_WHOLE_PROGRAM:,}); use a smaller model or mesh"
+        )
+    found = top_k(problem, cluster.memory_limit, k, time_limit_s, seed)
+    return tuple(
+        make_plan(
+            problem,
+            strategies_from_choice(problem, r.choice),
+            method="whole",
+            status=r.status,
+            memory_limit=cluster.memory_limit,
+            search_time_s=r.search_time_s,
+            notes=(f"rank {n + 1} of the {k} best plans (whole-graph program, no-good cuts)",),
+            bound=r.bound,
+        )
+        for n, r in enumerate(found)
+    )

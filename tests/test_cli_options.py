@@ -861,6 +861,36 @@ CASES = [
         ),
     ),
     (
+        "plan --top-k --json --csv",
+        [
+            "plan",
+            "--model",
+            "mlp",
+            "--mesh",
+            "2x2",
+            "--top-k",
+            "3",
+            "--json",
+            "out.json",
+            "--csv",
+            "out.csv",
+            "--no-timings",
+        ],
+        0,
+        lambda t, c, o: (
+            _json(t)["format"] == "planner-top-k/1"
+            and len(_json(t)["plans"]) == 3
+            and list(_csv(t)["rank"]) == [1, 2, 3]
+            and "search_time_s" not in _csv(t)
+        ),
+    ),
+    (
+        "plan --top-k --method dp",
+        ["plan", "--model", "mlp", "--top-k", "2", "--method", "dp"],
+        2,
+        None,
+    ),
+    (
         "pareto common options",
         [
             "pareto",

@@ -16,26 +16,26 @@ from planner.errors import SettingsError
 from planner.front import _search_memory, pareto_front
 from planner.search.brute import brute_front
 
-MLP = "mlp:hidden=64"
+MLP = "mlp:hidden=512"  # batch 1024: its fastest plan shards every operator on 2x2
 GPT = "gpt:layers=2,hidden=256,heads=4,seq=128,vocab=1024"
 
 
 @pytest.mark.parametrize("mesh", ["2x2", "4"])
 def test_the_front_equals_brute_force(mesh):
     cluster = api.make_cluster(mesh, "a100-80g")
-    problem = api.make_problem(MLP, cluster, None, 64)
+    problem = api.make_problem(MLP, cluster, None, 1024)
     expected = brute_front(problem, cluster.memory_limit)
     assert len(expected) >= 3  # a front, not one point: memory and time trade
-    front = pareto_front(MLP, mesh, batch=64, max_points=len(expected) + 10)
+    front = pareto_front(MLP, mesh, batch=1024, max_points=len(expected) + 10)
     assert front.complete
     got = [(p.objective, _search_memory(problem, p)) for p in front.plans]
     assert got == expected
 
 
 def test_a_tighter_limit_starts_the_front_lower():
-    whole = pareto_front(MLP, "2x2", batch=64, max_points=50)
+    whole = pareto_front(MLP, "2x2", batch=1024, max_points=50)
     limit = whole.plans[len(whole.plans) // 2].memory_per_device_bytes
-    part = pareto_front(MLP, "2x2", batch=64, memory=limit, max_points=50)
+    part = pareto_front(MLP, "2x2", batch=1024, memory=limit, max_points=50)
     assert [p.objective for p in part.plans] == [p.objective for p in whole.plans][
         len(whole.plans) // 2 :
     ]
@@ -68,7 +68,7 @@ def test_the_command_writes_the_front(tmp_path):
             "--mesh",
             "2x2",
             "--batch",
-            "64",
+            "1024",
             "--max-points",
             "3",
             "--json",

@@ -18,7 +18,7 @@ from planner.plan_files import read_plan_file
 from planner.plans import Plan
 from planner.cli.recost import checked, recost, settings_from_args as _settings
 from planner.cli.engines import cmd_export, cmd_import_torch, cmd_verify
-from planner.cli.front import cmd_pareto
+from planner.cli.front import cmd_pareto, cmd_top_k
 from planner.cli.training import cmd_run_jax, cmd_run_torch
 from planner.cli.report import emit as _emit, format_3d, format_plan
 from planner.cli.argtypes import EXIT_INFEASIBLE, EXIT_NOT_OPTIMAL, EXIT_OK
@@ -181,6 +181,8 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    if args.top_k is not None:
+        return cmd_top_k(args)
     if args.pipeline == "auto":
         return cmd_pipeline(args)
     _refuse(args, PIPELINE_OPTIONS, "only with --pipeline auto (or `planner pipeline`)")

@@ -7,7 +7,8 @@ import argparse
 from planner.cli.recost import settings_from_args
 from planner.cli.report import emit
 from planner.cli.argtypes import EXIT_INFEASIBLE, EXIT_OK
-from planner.front import pareto_front
+from planner.errors import SettingsError
+from planner.front import pareto_front, top_plans
 from planner.outputs import write_csv, write_json
 
 
@@ -63,3 +64,49 @@ def _table(front) -> str:
         f"{len(front.plans)} front points from {front.searches} searches ({state}: {front.why})"
     )
     return "\n".join(lines)
+
+
+def cmd_top_k(args: argparse.Namespace) -> int:
+    """plan --top-k K: the K best distinct plans (``planner.front.top_plans``)."""
+    if args.pipeline == "auto":
+        raise SettingsError("--top-k: not with --pipeline auto (flat plans only for now)")
+    if args.method not in ("exact", "whole"):
+        raise SettingsError(f"--top-k: an exact search ranks plans, not --method {args.method}")
+    plans = top_plans(
+        args.model,
+        args.mesh or "8",
+        args.device or "a100-80g",
+        args.top_k,
+        batch=args.batch,
+        seq=args.seq,
+        memory=args.memory,
+        settings=settings_from_args(args),
+        time_limit_s=args.time_limit,
+        seed=args.seed,
+        hardware_csv=args.hardware,
+    )
+    timings = not args.no_timings
+    if args.csv is not None:
+        write_csv(
+            args.csv, [{"rank": n + 1, **p.summary_row(timings)} for n, p in enumerate(plans)]
+        )
+    if args.json is not None:
+        data = {"format": "planner-top-k/1", "plans": [p.to_dict(timings=timings) for p in plans]}
+        write_json(args.json, data)
+    lines = [f"{'rank':>4s} {'status':8s} {'objective':>14s} {'step ms':>10s} {'memory GiB':>10s}"]
+    for n, p in enumerate(plans):
+        lines.append(
+            f"{n + 1:4d} {p.status:8s} {p.objective:14,d} {p.estimated_step_time_s * 1e3:10.3f} "
+            f"{p.memory_per_device_bytes / 2**30:10.3f}  {_differs(plans[0], p)}"
+        )
+    emit("\n".join(lines), args)
+    return EXIT_OK if plans else EXIT_INFEASIBLE
+
+
+def _differs(first, plan) -> str:
+    """Which operators take another strategy than in the best plan."""
+    names = [a.name for a, b in zip(first.operators, plan.operators) if a.strategy != b.strategy]
+    if not names:
+        return ""
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return f"differs in {shown}"

@@ -190,6 +190,12 @@ def _add_planning(sub) -> None:
         default="none",
         help="auto: search pipeline degree, cuts and micro-batches too (3D plan); default none",
     )
+    p.add_argument(
+        "--top-k",
+        type=positive_int,
+        help="the K best distinct plans in increasing cost (the whole-graph program with a "
+        "no-good cut per plan; --time-limit per plan); --json and --csv hold all K",
+    )
     _add_pipeline(p)
     c = sub.add_parser("compare", help="compare search methods on one model and cluster")
     _add_common(c)

@@ -225,16 +225,17 @@ def solve(
     for row, s in zip(built.x, start_hint or ()):
         for k, var in row.items():
             built.model.add_hint(var, k == s)
-    solver = _cp_solver(deadline, seed, workers)
+    solver = cp_solver(deadline, seed, workers)
     code = run_interruptible(lambda: solver.solve(built.model), solver.stop_search)
     if solver.status_name(code) == "UNKNOWN" and start_hint is not None:
         # Time-out before CP-SAT reported a solution: the best plan known is the hint itself.
         why = "time limit reached before CP-SAT improved on its hint"
         return hint_result(problem, memory_limit, start_hint, bound, start, built.num_booleans, why)
-    return _solution(problem, memory_limit, built, solver, code, bound, start)
+    return read_solution(problem, memory_limit, built, solver, code, bound, start)
 
 
-def _cp_solver(deadline: float, seed: int, workers: int) -> cp_model.CpSolver:
+def cp_solver(deadline: float, seed: int, workers: int) -> cp_model.CpSolver:
+    """A CP-SAT solver with the planner's parameters, stopping at ``deadline``."""
     from ortools.sat.python import cp_model
 
     solver = cp_model.CpSolver()
@@ -249,7 +250,7 @@ def _cp_solver(deadline: float, seed: int, workers: int) -> cp_model.CpSolver:
     return solver
 
 
-def _solution(
+def read_solution(
     problem: Problem,
     memory_limit: float,
     built: BuiltModel,
