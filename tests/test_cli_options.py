@@ -891,6 +891,13 @@ CASES = [
         None,
     ),
     (
+        "pareto --png",
+        ["pareto", "--model", "mlp", "--mesh", "2x2", "--max-points", "2", "--png", "f.png"],
+        0,
+        lambda t, c, o: (t / "f.png").read_bytes()[:4] == b"\x89PNG",
+    ),
+    ("pareto --svg", ["pareto", "--model", "mlp", "--max-points", "1", "--svg", "f.png"], 2, None),
+    (
         "pareto common options",
         [
             "pareto",

@@ -92,8 +92,9 @@ from planner.engines.torchtitan_read import load_config
 from planner.launch import evaluate_torchtitan
 out = []
 for path in sys.argv[1:]:
-    plan, run = evaluate_torchtitan(path, device="h100-80g")
-    dims = ParallelDims.from_config(load_config(path, "planner_plan").parallelism, 64)
+    plan, run = evaluate_torchtitan(path, device="h100-80g")  # llama3-70b: its own batch
+    world = run.tensor_parallel * run.pipeline_parallel * run.data_parallel
+    dims = ParallelDims.from_config(load_config(path, "planner_plan").parallelism, world)
     degrees = [run.tensor_parallel, run.pipeline_parallel, run.data_parallel]
     out.append([plan.pipeline.iteration_time_s, *degrees, run.schedule, run.settings.zero,
                 dims.dp_shard * dims.dp_replicate])
@@ -110,6 +111,22 @@ def test_torchtitan_reads_the_configs_back_to_the_same_time(tmp_path):
         files.append(tmp_path / f"planner_tt_{case}.py")
         files[-1].write_text(export_torchtitan(data).text)
         expected.append((data["iteration_time_s"], degrees, settings))
+    # Llama 3 70B on 512 H100s, planned by the 3D search (FSDP, Megatron's stage plan)
+    big = api3d.plan_pipeline(
+        "llama3-70b",
+        "node=64,gpu=8",
+        "h100-80g",
+        batch=512,
+        intra="megatron",
+        degrees=[8],
+        counts=[64],
+        settings=FSDP,
+    )
+    data = big.to_dict(timings=False)
+    data["source"] = {"model": "llama3-70b", "batch": 512, "seq": None, "device": "h100-80g"}
+    files.append(tmp_path / "planner_tt_70b.py")
+    files[-1].write_text(export_torchtitan(data).text)
+    expected.append((data["iteration_time_s"], dict(tp=8, pp=8, dp=8), FSDP))
     done = subprocess.run(
         [sys.executable, "-c", READ_BACK, *map(str, files)],
         capture_output=True,
@@ -121,7 +138,7 @@ def test_torchtitan_reads_the_configs_back_to_the_same_time(tmp_path):
         assert row[0] == pytest.approx(time_s, rel=1e-3)
         assert row[1:4] == [degrees["tp"], degrees["pp"], degrees["dp"]]
         assert row[4] == degrees.get("schedule", "1f1b") and row[5] == settings.zero
-        assert row[6] == degrees["dp"]  # torchtitan's own degree check for 64 GPUs
+        assert row[6] == degrees["dp"]  # torchtitan's own degree check for the world size
 
 
 @pytest.mark.slow  # three planner processes, one importing torchtitan: 16 s

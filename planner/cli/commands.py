@@ -13,14 +13,14 @@ from planner import api, api3d
 from planner.errors import SettingsError
 from planner.cluster.mesh import parse_mesh
 from planner.cluster.profiles import SYMBOLIC
-from planner.outputs import write_bytes, write_csv, write_json
+from planner.outputs import write_csv, write_json
 from planner.plan_files import read_plan_file
 from planner.plans import Plan
 from planner.cli.recost import checked, recost, settings_from_args as _settings
 from planner.cli.engines import cmd_export, cmd_import_torch, cmd_verify
 from planner.cli.front import cmd_pareto, cmd_top_k
 from planner.cli.training import cmd_run_jax, cmd_run_torch
-from planner.cli.report import emit as _emit, format_3d, format_plan
+from planner.cli.report import emit as _emit, format_3d, format_plan, write_picture
 from planner.cli.argtypes import EXIT_INFEASIBLE, EXIT_NOT_OPTIMAL, EXIT_OK
 from planner.cli.parser import DEGREE_OPTIONS, PIPELINE_OPTIONS, SETTINGS_DEFAULTS, log
 
@@ -336,7 +336,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         write_csv(args.csv, rows)
     if args.json is not None:
         write_json(args.json, {"source": _source(args), "rows": rows})
-    _write_picture(args, lambda draw: draw.compare_figure(rows))
+    write_picture(args, lambda draw: draw.compare_figure(rows))
     lines = [
         f"{'method':10s} {'status':10s} {'step ms':>10s} {'gap %':>8s} {'mem GiB':>8s} "
         f"{'fits':>5s} {'search s':>9s}"
@@ -362,26 +362,12 @@ def cmd_show(args: argparse.Namespace) -> int:
     kept = {k: data[k] for k in ("source", "search_time_s") if k in data}
     shown = view.view_of({**again, **kept}, args.plan)
     what = ("schedule", "memory", "sharding") if args.what == "all" else (args.what,)
-    _write_picture(args, lambda draw: draw.plan_figure(shown, what))
+    write_picture(args, lambda draw: draw.plan_figure(shown, what))
     if args.text or (args.png is None and args.svg is None):
         _emit(tables.tables(shown, what), args)
     else:
         _emit(f"{', '.join(what)} of {args.plan} -> {args.png or args.svg}", args)
     return EXIT_OK
-
-
-def _write_picture(args: argparse.Namespace, make) -> None:
-    """Draw a figure (``make(draw module)``) into --png or --svg, when one is given."""
-    path, fmt = (args.png, "png") if args.png is not None else (args.svg, "svg")
-    if path is None:
-        return
-    if not str(path).lower().endswith(f".{fmt}") and not str(path).startswith("/dev/"):
-        raise SettingsError(
-            f"--{fmt}: {path!r} does not end in .{fmt} (the file is written as {fmt.upper()})"
-        )
-    from planner.show import draw
-
-    write_bytes(path, draw.figure_bytes(make(draw), fmt), f"--{fmt}")
 
 
 COMMANDS = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from planner.cli.recost import settings_from_args
-from planner.cli.report import emit
+from planner.cli.report import emit, write_picture
 from planner.cli.argtypes import EXIT_INFEASIBLE, EXIT_OK
 from planner.errors import SettingsError
 from planner.front import pareto_front, top_plans
@@ -42,6 +42,8 @@ def cmd_pareto(args: argparse.Namespace) -> int:
                 "points": [p.to_dict(timings=not args.no_timings) for p in front.plans],
             },
         )
+    if front.plans:
+        write_picture(args, lambda draw: draw.front_figure(front.rows()))
     emit(_table(front), args)
     return EXIT_OK if front.plans else EXIT_INFEASIBLE
 

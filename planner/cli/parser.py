@@ -225,6 +225,7 @@ def _add_planning(sub) -> None:
         default=MAX_POINTS,
         help=f"searches at most (each one front point or fewer; default {MAX_POINTS})",
     )
+    add_picture(f, "draw the front (memory per device against step time)")
 
 
 def _add_launch_sources(e: argparse.ArgumentParser) -> None:

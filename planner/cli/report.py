@@ -9,6 +9,8 @@ import re
 import sys
 from collections import Counter
 
+from planner.errors import SettingsError
+from planner.outputs import write_bytes
 from planner.units import bytes_text
 from planner.pipeline.plan3d import Plan3D
 from planner.plans import Plan
@@ -136,3 +138,17 @@ def emit(text: str, args: argparse.Namespace) -> None:
     except BrokenPipeError:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes stdout at exit
+
+
+def write_picture(args: argparse.Namespace, make) -> None:
+    """Draw a figure (``make(draw module)``) into --png or --svg, when one is given."""
+    path, fmt = (args.png, "png") if args.png is not None else (args.svg, "svg")
+    if path is None:
+        return
+    if not str(path).lower().endswith(f".{fmt}") and not str(path).startswith("/dev/"):
+        raise SettingsError(
+            f"--{fmt}: {path!r} does not end in .{fmt} (the file is written as {fmt.upper()})"
+        )
+    from planner.show import draw
+
+    write_bytes(path, draw.figure_bytes(make(draw), fmt), f"--{fmt}")

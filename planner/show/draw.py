@@ -314,3 +314,17 @@ def figure_bytes(fig, fmt: str) -> bytes:
     buffer = io.BytesIO()
     fig.savefig(buffer, format=fmt, dpi=DPI)
     return buffer.getvalue()
+
+
+def front_figure(rows: list[dict]):
+    """The time-memory front: each point's memory per device against its step time, as steps."""
+    fig = _figure_class()(figsize=(WIDTH_IN * 0.6, 3.5), dpi=DPI, layout="constrained")
+    ax = fig.subplots()
+    memory = [r["memory_per_device_bytes"] / 2**30 for r in rows]
+    step = [r["estimated_step_time_s"] * 1e3 for r in rows]
+    ax.step(memory, step, where="post", color=COLOURS["compute"], linewidth=1)
+    ax.plot(memory, step, "o", color=COLOURS["comm"], markersize=3, gid="front:point")
+    ax.set_xlabel("memory per device (GiB)")
+    ax.set_ylabel("step time (ms)")
+    ax.set_title(f"time-memory front: {len(rows)} points", fontsize=9)
+    return fig
