@@ -12,11 +12,12 @@ from planner import api3d
 from planner.cluster.profiles import DEFAULT_HARDWARE_CSV, MachineProfile, get_profile
 from planner.cost.settings import AUTO, TrainingSettings
 from planner.engines.launch_run import LaunchRun
-from planner.engines.megatron import megatron_args, shell_line
+from planner.engines.megatron import shell_line
 from planner.engines.megatron_read import read_megatron
 from planner.engines.torchtitan import config_file
 from planner.errors import SettingsError
 from planner.pipeline.plan3d import Plan3D
+from planner.pipeline.schedule import parse_schedule
 from planner.zoo import model_config
 
 # the exported line re-costed must give the plan's iteration time within this share
@@ -24,18 +25,41 @@ ROUND_TRIP_TOLERANCE = 1e-3
 
 
 @dataclass(frozen=True, slots=True)
-class MegatronExport:
-    """Megatron-LM arguments of a plan, its launch line, and the line re-costed as given."""
+class LaunchExport:
+    """A plan as an engine's launch configuration (``text``: a Megatron-LM line or a torchtitan
+    config file), and that configuration costed as given."""
 
     run: LaunchRun
-    args: tuple[str, ...]
-    line: str
+    text: str
     plan_time_s: float
     recosted: Plan3D
 
     @property
+    def line(self) -> str:
+        """The Megatron-LM launch line (``text`` of a Megatron export)."""
+        return self.text
+
+    @property
     def gap(self) -> float:
         return self.recosted.pipeline.iteration_time_s / self.plan_time_s - 1.0
+
+
+# what a round trip that misses the plan's time says, per engine
+MISSES = {
+    "megatron": "the plan's stage plan is not Megatron-LM's pattern",
+    "torchtitan": "the stage plan is not the tensor-parallel pattern torchtitan applies",
+}
+
+
+def _checked(target: str, export: LaunchExport) -> LaunchExport:
+    """The export, refused when its configuration costed as given misses the plan's time."""
+    if abs(export.gap) > ROUND_TRIP_TOLERANCE:
+        raise SettingsError(
+            f"--target {target}: {MISSES[target]}: its configuration costs "
+            f"{export.recosted.pipeline.iteration_time_s:.4f} s per iteration as given, the plan "
+            f"{export.plan_time_s:.4f} s ({export.gap:+.2%}); plan with --method megatron"
+        )
+    return export
 
 
 def launch_run(data: dict) -> LaunchRun:
@@ -56,8 +80,7 @@ def launch_run(data: dict) -> LaunchRun:
             "--plan: field 'settings': per-layer recompute or ZeRO choices are not exported yet "
             "(one recompute granularity and one optimizer sharding for all layers)"
         )
-    schedule = str(pipe["schedule"])
-    virtual = int(schedule.split(":")[1]) if schedule.startswith("interleaved:") else 1
+    schedule, virtual = parse_schedule(str(pipe["schedule"]))
     if pipe["micro_batch"] % dp:
         raise SettingsError(
             f"--plan: field 'pipeline.micro_batch' ({pipe['micro_batch']}) is not divisible by "
@@ -66,7 +89,7 @@ def launch_run(data: dict) -> LaunchRun:
     cuts = tuple(pipe["cuts"]) if virtual == 1 else None
     micro = pipe["micro_batch"] // dp
     batch = micro * dp * pipe["num_microbatches"]
-    gpipe = schedule == "gpipe" and pipe["stages"] > 1
+    gpipe = schedule == "gpipe" and pipe["stages"] > 1  # one stage: no schedule to launch
     return LaunchRun(cfg, tp, pipe["stages"], dp, micro, batch, settings, virtual, cuts, gpipe)
 
 
@@ -98,9 +121,9 @@ def export_megatron(
     data: dict,
     device: str | MachineProfile | None = None,
     hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV,
-) -> MegatronExport:
-    """The Megatron-LM arguments of a 3D plan, refused unless the arguments, read back and costed
-    as given, give the plan's iteration time (within ``ROUND_TRIP_TOLERANCE``)."""
+) -> LaunchExport:
+    """The Megatron-LM launch line of a 3D plan, refused unless the line, read back and costed as
+    given, gives the plan's iteration time (within ``ROUND_TRIP_TOLERANCE``)."""
     run = launch_run(data)
     if run.gpipe:
         raise SettingsError(
@@ -110,15 +133,7 @@ def export_megatron(
     profile = get_profile(device or data.get("device") or "a100-80g", hardware_csv)
     line = shell_line(run, profile.gpus_per_node)
     recosted, _, _ = evaluate_megatron(line, profile, hardware_csv=hardware_csv)
-    planned = float(data["iteration_time_s"])
-    export = MegatronExport(run, tuple(megatron_args(run)), line, planned, recosted)
-    if abs(export.gap) > ROUND_TRIP_TOLERANCE:
-        raise SettingsError(
-            f"--target megatron: the plan's stage plan is not Megatron-LM's pattern: its "
-            f"arguments cost {recosted.pipeline.iteration_time_s:.4f} s per iteration as given, "
-            f"the plan {planned:.4f} s ({export.gap:+.2%}); plan with --method megatron"
-        )
-    return export
+    return _checked("megatron", LaunchExport(run, line, float(data["iteration_time_s"]), recosted))
 
 
 def evaluate_megatron(
@@ -158,41 +173,21 @@ def recost(
     )
 
 
-@dataclass(frozen=True, slots=True)
-class TorchtitanExport:
-    """A torchtitan config_registry file of a plan, and the configuration costed as given."""
-
-    run: LaunchRun
-    text: str
-    plan_time_s: float
-    recosted: Plan3D
-
-    @property
-    def gap(self) -> float:
-        return self.recosted.pipeline.iteration_time_s / self.plan_time_s - 1.0
-
-
 def export_torchtitan(
     data: dict,
     device: str | MachineProfile | None = None,
     hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV,
     title: str = "",
-) -> TorchtitanExport:
+) -> LaunchExport:
     """The torchtitan 0.3 config file of a 3D plan (``planner.engines.torchtitan``), refused unless
     its configuration costed as given gives the plan's iteration time (``ROUND_TRIP_TOLERANCE``)."""
     run = launch_run(data)
     text = config_file(run, title or f"{data.get('model')} on {data.get('mesh')}")
     profile = get_profile(device or data.get("device") or "a100-80g", hardware_csv)
     recosted = recost(run, profile, hardware_csv=hardware_csv)
-    export = TorchtitanExport(run, text, float(data["iteration_time_s"]), recosted)
-    if abs(export.gap) > ROUND_TRIP_TOLERANCE:
-        raise SettingsError(
-            f"--target torchtitan: the configuration costs "
-            f"{recosted.pipeline.iteration_time_s:.4f} s per iteration as given, the plan "
-            f"{export.plan_time_s:.4f} s ({export.gap:+.2%}): the stage plan is not the "
-            "tensor-parallel pattern torchtitan applies (plan with --method megatron)"
-        )
-    return export
+    return _checked(
+        "torchtitan", LaunchExport(run, text, float(data["iteration_time_s"]), recosted)
+    )
 
 
 def evaluate_torchtitan(

@@ -82,12 +82,10 @@ def compare_best(
 ) -> Gap:
     """The gap of ``run`` (costed as ``given``) to the best Megatron-LM configuration."""
     profile = get_profile(device, hardware_csv) if isinstance(device, str) else device
-    per_node = min(profile.gpus_per_node, run.world_size)
-    if run.world_size % per_node:
-        raise SettingsError(f"--compare-best: {run.world_size} GPUs are not whole nodes")
+    nodes, per_node = run.nodes(profile.gpus_per_node)
     best = api3d.plan_pipeline(
         run.model_spec,
-        f"node={run.world_size // per_node},gpu={per_node}",
+        f"node={nodes},gpu={per_node}",
         profile,
         batch=run.global_batch,
         memory=memory,

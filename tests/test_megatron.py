@@ -159,6 +159,13 @@ def test_what_megatron_cannot_say_is_refused():
         read_megatron(base)
     with pytest.raises(SettingsError, match="--num-layers"):
         read_megatron("--hidden-size 8", dp=1)
+    # a bad value: one line naming the flag (no argparse usage, no ZeroDivisionError)
+    with pytest.raises(SettingsError, match="--tensor-model-parallel-size: needs a positive"):
+        read_megatron(base + " --tensor-model-parallel-size 0", dp=1)
+    with pytest.raises(SettingsError, match="--hidden-dropout"):
+        read_megatron(base + " --hidden-dropout x", dp=1)
+    with pytest.raises(SettingsError, match="cannot split"):
+        read_megatron("torchrun --nnodes 'x pretrain_gpt.py")
 
 
 def test_layout_strings_read_back():

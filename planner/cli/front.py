@@ -1,4 +1,5 @@
-"""``planner pareto``: the exact time-memory front (``planner.front``) as a table, CSV and JSON."""
+"""``planner pareto`` (the exact time-memory front) and ``planner plan --top-k`` (the k best
+plans) from ``planner.front``, as tables, CSV and JSON."""
 
 from __future__ import annotations
 
@@ -12,19 +13,26 @@ from planner.front import pareto_front, top_plans
 from planner.outputs import write_csv, write_json
 
 
+def _problem_options(args: argparse.Namespace) -> dict:
+    """The model, cluster, settings and search options both commands pass on."""
+    return dict(
+        batch=args.batch,
+        seq=args.seq,
+        memory=args.memory,
+        settings=settings_from_args(args),
+        time_limit_s=args.time_limit,
+        seed=args.seed,
+        hardware_csv=args.hardware,
+    )
+
+
 def cmd_pareto(args: argparse.Namespace) -> int:
     front = pareto_front(
         args.model,
         args.mesh or "8",
         args.device or "a100-80g",
-        batch=args.batch,
-        seq=args.seq,
-        memory=args.memory,
-        settings=settings_from_args(args),
         max_points=args.max_points,
-        time_limit_s=args.time_limit,
-        seed=args.seed,
-        hardware_csv=args.hardware,
+        **_problem_options(args),
     )
     rows = front.rows()
     if args.no_timings:
@@ -79,13 +87,7 @@ def cmd_top_k(args: argparse.Namespace) -> int:
         args.mesh or "8",
         args.device or "a100-80g",
         args.top_k,
-        batch=args.batch,
-        seq=args.seq,
-        memory=args.memory,
-        settings=settings_from_args(args),
-        time_limit_s=args.time_limit,
-        seed=args.seed,
-        hardware_csv=args.hardware,
+        **_problem_options(args),
     )
     timings = not args.no_timings
     if args.csv is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.cost.settings import TrainingSettings
+from planner.errors import SettingsError
 from planner.zoo import GPTConfig, LlamaConfig
 
 
@@ -28,6 +29,16 @@ class LaunchRun:
     @property
     def world_size(self) -> int:
         return self.tensor_parallel * self.pipeline_parallel * self.data_parallel
+
+    def nodes(self, gpus_per_node: int) -> tuple[int, int]:
+        """(nodes, GPUs per node) of the world on nodes of ``gpus_per_node``; SettingsError when
+        the world is not whole nodes."""
+        per_node = min(gpus_per_node, self.world_size)
+        if self.world_size % per_node:
+            raise SettingsError(
+                f"--mesh: {self.world_size} devices are not whole nodes of {per_node} GPUs"
+            )
+        return self.world_size // per_node, per_node
 
     @property
     def schedule(self) -> str:

@@ -66,18 +66,14 @@ def megatron_args(run: LaunchRun) -> list[str]:
 
 def shell_line(run: LaunchRun, gpus_per_node: int) -> str:
     """A launch line: torchrun over ``world / gpus_per_node`` nodes running pretrain_gpt.py."""
-    per_node = min(gpus_per_node, run.world_size)
-    if run.world_size % per_node:
-        raise SettingsError(
-            f"--mesh: {run.world_size} devices are not whole nodes of {per_node} GPUs"
-        )
+    nodes, per_node = run.nodes(gpus_per_node)
     # Megatron-LM asks for one CUDA connection beside tensor parallelism (the order of its
     # overlapped collectives), and for more than one beside Megatron-FSDP
     env = ["CUDA_DEVICE_MAX_CONNECTIONS=1"] if run.settings.zero < 2 else []
     launch = env + [
         "torchrun",
         "--nnodes",
-        str(run.world_size // per_node),
+        str(nodes),
         "--nproc-per-node",
         str(per_node),
         "pretrain_gpt.py",

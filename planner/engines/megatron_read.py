@@ -62,17 +62,28 @@ _TEXT_FLAGS = (
     ("data_parallel_sharding_strategy", "optim_grads_params"),
     ("optimizer", "adam"),
     ("pipeline_model_parallel_layout", None),
-    ("attention_dropout", "0.1"),
-    ("hidden_dropout", "0.1"),
     ("tokenizer_type", None),  # read, no effect: the vocabulary size is --vocab-size's
     ("ckpt_format", None),  # read, no effect on a step
 )
 
 
+_FLOAT_FLAGS = (("attention_dropout", 0.1), ("hidden_dropout", 0.1))
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"needs a positive integer, got {text!r}")
+    return int(text)
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="--from-megatron", add_help=False, allow_abbrev=False)
+    p = argparse.ArgumentParser(
+        prog="--from-megatron", add_help=False, allow_abbrev=False, exit_on_error=False
+    )
     for name, default in _INT_FLAGS:
-        p.add_argument("--" + name.replace("_", "-"), type=int, default=default)
+        p.add_argument("--" + name.replace("_", "-"), type=_positive, default=default)
+    for name, default in _FLOAT_FLAGS:
+        p.add_argument("--" + name.replace("_", "-"), type=float, default=default)
     for name in _SWITCHES:
         p.add_argument("--" + name.replace("_", "-"), action="store_true")
     for name, default in _TEXT_FLAGS:
@@ -80,10 +91,21 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _parse(parser: argparse.ArgumentParser, words: list[str]):
+    """``parse_known_args``, a bad value refused in one line naming its flag."""
+    try:
+        return parser.parse_known_args(words)
+    except argparse.ArgumentError as exc:
+        raise SettingsError(f"--from-megatron: {exc}") from None
+
+
 def split_launch(text: str) -> tuple[int | None, list[str]]:
     """(torchrun's world size or None, the Megatron arguments) of a launch line or argument
     file (``#`` comments and line breaks allowed)."""
-    words = shlex.split(text, comments=True)
+    try:
+        words = shlex.split(text, comments=True)
+    except ValueError as exc:  # an unclosed quote
+        raise SettingsError(f"--from-megatron: cannot split the line: {exc}") from None
     while words and "=" in words[0] and not words[0].startswith("-"):
         words.pop(0)  # environment assignments
     if not words or not words[0].endswith("torchrun") and not words[0].endswith(".py"):
@@ -91,10 +113,10 @@ def split_launch(text: str) -> tuple[int | None, list[str]]:
     script = next((k for k, w in enumerate(words) if w.endswith(".py")), None)
     if script is None:
         raise SettingsError("--from-megatron: a torchrun line names no training script (.py)")
-    launch = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    launch.add_argument("--nnodes", type=int, default=1)
-    launch.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1)
-    known, _ = launch.parse_known_args(words[1:script])
+    launch = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    launch.add_argument("--nnodes", type=_positive, default=1)
+    launch.add_argument("--nproc-per-node", "--nproc_per_node", type=_positive, default=1)
+    known, _ = _parse(launch, words[1:script])
     world = known.nnodes * known.nproc_per_node if words[0].endswith("torchrun") else None
     return world, words[script + 1 :]
 
@@ -109,7 +131,7 @@ def read_megatron(text: str, dp: int | None = None) -> tuple[LaunchRun, tuple[st
             f"--from-megatron: {refused[0].split('=')[0]} is not modelled yet (context and "
             "expert parallelism, FP8, offload, recompute modules, first/last-stage layer counts)"
         )
-    args, unknown = _parser().parse_known_args(words)
+    args, unknown = _parse(_parser(), words)
     ignored = tuple(w for w in unknown if w.startswith("--"))
     for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length"):
         if getattr(args, name) is None:
@@ -177,7 +199,7 @@ def _model(args, tp: int) -> GPTConfig | LlamaConfig:
         return LlamaConfig(
             layers, hidden, heads, kv or heads, ffn, args.seq_length, vocab, attention=attention
         )
-    dropout = int(float(args.attention_dropout) > 0 or float(args.hidden_dropout) > 0)
+    dropout = int(args.attention_dropout > 0 or args.hidden_dropout > 0)
     return GPTConfig(layers, hidden, heads, args.seq_length, vocab, ffn, dropout=dropout)
 
 

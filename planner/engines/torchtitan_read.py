@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from planner.cost.settings import TrainingSettings
@@ -85,8 +86,6 @@ def _model(config):
         raise SettingsError(
             f"--from-torchtitan: model {spec.name} {spec.flavor} is not a LLaMA 3 8B/70B/405B"
         )
-    from dataclasses import replace
-
     return replace(LLAMA_PRESETS[preset], seq=config.training.seq_len)
 
 
