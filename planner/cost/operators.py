@@ -77,9 +77,15 @@ def operand_infos(
 
 
 def _operand_infos(graph: Graph, settings: TrainingSettings) -> dict[str, tuple[OperandInfo, ...]]:
+    # per layer under 'auto'; in a model with layers, only the layers re-run: Megatron-LM
+    # checkpoints the transformer layers (megatron/core/transformer/transformer_block.py) and
+    # torchtitan wraps each TransformerBlock (torchtitan/models/llama3/infra/parallelize.py), so
+    # the embedding, the final norm, the head and the loss keep what they save
+    layered = any(op.layer is not None for op in graph.operators)
     mode = {
-        op.name: settings.recompute_at(op.layer) for op in graph.operators
-    }  # per layer under 'auto'
+        op.name: settings.recompute_at(op.layer) if op.layer is not None or not layered else "none"
+        for op in graph.operators
+    }
     core = attention_core(graph) if "selective" in mode.values() else frozenset()
     # the core of the selective layers only
     core = frozenset(

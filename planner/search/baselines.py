@@ -62,7 +62,24 @@ def megatron(problem: Problem, tensor_axis: int = -1) -> tuple[Strategy, ...]:
         return tuple(letter if ax == tensor_axis else batches[i] for ax in range(n))
 
     letters = megatron_letters(problem.graph, lambda i, letter: wish(i, letter) in splittable[i])
+    if problem.settings.sequence_parallel:
+        letters = _sequence_letters(problem.graph, letters, lambda i: wish(i, "s") in splittable[i])
     return tuple(drop_until_valid(problem, i, wish(i, letter)) for i, letter in enumerate(letters))
+
+
+def _sequence_letters(graph, letters, valid) -> tuple[str | None, ...]:
+    """Megatron-LM's sequence parallelism (Korthikanti et al. 2022, section 4.2.2): the operators
+    that tensor parallelism leaves replicated (norms, dropouts, residual adds) split the sequence
+    ``s`` over the tensor-parallel ranks instead, so what they save, and the layer input a full
+    recompute checkpoints, is kept 1/t (megatron/core/tensor_parallel/layers.py gathers it again
+    before a column-parallel GEMM and reduce-scatters after a row-parallel one). Read off the zoo's
+    letters; an imported graph keeps them replicated."""
+    if graph.dim_names != "semantic":
+        return tuple(letters)
+    return tuple(
+        "s" if letter is None and "s" in op.sizes and valid(i) else letter
+        for i, (op, letter) in enumerate(zip(graph.operators, letters))
+    )
 
 
 # ---------------------------------------------------------------- D-Rec's recursion on our cost
