@@ -16,6 +16,7 @@ import time
 
 SCRIPTS = (
     "fidelity",
+    "memory_fidelity",
     "portability",
     "smsg_models",
     "verify",

@@ -69,6 +69,12 @@ SLICES = {
         ("status", "predicted_s"),
         (("rel_error", 0.001), ("value", 0.001)),
     ),
+    "memory_fidelity": Slice(
+        "memory_fidelity.csv",
+        (),
+        ("source", "config"),
+        ("status", "fits", "predicted_gib", "activations_gib", "model_state_gib"),
+    ),
     "smsg_models": Slice(
         "smsg_models.csv",
         ("--devices", "8"),

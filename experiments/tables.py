@@ -351,6 +351,7 @@ def pictures(path: Path) -> str:
 
 TABLES = (
     ("MEMORY_BOUND_TEXT", tables_memory.memory_bound, "memory_bound.csv"),
+    ("MEMORY_FIDELITY_TABLE", tables_memory.memory_fidelity, "memory_fidelity.csv"),
     ("SCALING_LIMITED_TABLE", tables_memory.scaling_limited, "scaling.csv"),
     ("WHOLE_GRAPH_TEXT", tables_memory.whole_graph, "bench_whole_graph.csv"),
     ("REGRESS_3D_TEXT", tables_memory.regress_3d, "bench_regress.csv"),

@@ -114,3 +114,38 @@ def regress_3d(path: Path) -> str:
                 f"({r['wall_s']} s wall)"
             )
     return "; ".join(out) + "."
+
+
+def memory_fidelity(path: Path) -> str:
+    """Published runs: predicted memory of the fullest GPU (its parts and the reserve), the measured
+    peak where reported, and whether the model lets the run fit."""
+    d = pd.read_csv(path)
+    lines = [
+        "| source | configuration | GPUs | tp/pp/dp | recompute | predicted GiB (state + "
+        "activations x in flight + working + reserve) | measured GiB | error | fits |",
+        "| --- | --- | ---: | --- | --- | --- | ---: | ---: | --- |",
+    ]
+    for r in d.itertuples():
+        measured = "" if pd.isna(r.measured_gib) else f"{r.measured_gib:.1f}"
+        if r.status == "NOT_MODELLED":
+            lines.append(
+                f"| {r.source} | {r.config} | {r.gpus} | {r.tp}/{r.pp}/{r.dp} | {r.recompute} | "
+                f"not modelled | {measured} | | |"
+            )
+            continue
+        parts = (
+            f"{r.predicted_gib:.1f} ({r.model_state_gib:.1f} + {r.activations_gib:.1f} x"
+            f"{r.inflight_microbatches:g} + {r.working_gib:.1f} + {r.reserve_gib:.1f})"
+        )
+        error = "" if pd.isna(r.rel_error) else f"{100 * r.rel_error:+.0f}%"
+        lines.append(
+            f"| {r.source} | {r.config} | {r.gpus} | {r.tp}/{r.pp}/{r.dp} | {r.recompute} | "
+            f"{parts} | {measured} | {error} | {'yes' if r.fits else 'no'} |"
+        )
+    costed = d[d["status"] != "NOT_MODELLED"]
+    lines.append("")
+    lines.append(
+        f"{int(costed['fits'].sum())} of {len(costed)} costed runs fit (every one trained); "
+        f"{len(d) - len(costed)} not modelled."
+    )
+    return "\n".join(lines)

@@ -52,7 +52,8 @@ def test_resnet50_large_batch_is_data_parallel():
 
 
 def test_gpt3_6_7b_on_8_a100_40g_shards_parameters():
-    cluster = make_cluster("8", "a100-40g")
+    # the device's whole 40 GB (no reserve): the exact plan needs 37.19 GiB of its 37.25
+    cluster = make_cluster("8", "a100-40g", memory=40e9)
     problem = make_problem("gpt3-6.7b", cluster)
     dp = make_plan(
         problem,

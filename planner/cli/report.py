@@ -111,10 +111,8 @@ def format_3d(result: Plan3D) -> str:
         + ", ".join(f"{a}:{d or '-'}" for a, d in result.tensor_parallel_dims),
         f"search time {result.search_time_s:.2f} s",
         *(f"note: {note}" for note in result.notes),
-        "per stage: time per micro-batch (ms), memory per device (GiB):",
+        *_memory_parts_lines(result),
     ]
-    for k, (t, m) in enumerate(zip(result.stage_times_s, result.stage_memory_bytes)):
-        lines.append(f"  stage {k:3d} {t * 1e3:10.3f} ms {m / GIB:8.2f} GiB")
     if result.candidates:
         lines.append(
             "candidates (stages, stage mesh, sequence parallel, recompute, zero, M, s, GiB, fits):"
@@ -127,6 +125,39 @@ def format_3d(result: Plan3D) -> str:
                 f"{c['max_memory_bytes'] / GIB:8.2f} {c['fits_memory']}"
             )
     return "\n".join(lines)
+
+
+def _memory_parts_lines(result: Plan3D) -> list[str]:
+    """Per stage, its time per micro-batch and its memory per device by part (GiB): model state
+    (weights, gradients, optimizer state), the activations of the micro-batches in flight (their
+    count; of which the loss's logits), one layer's re-run under recompute, a tied copy."""
+    lines = [
+        "per stage: time per micro-batch (ms); memory per device (GiB) = weights + grads + "
+        "optimizer + activations (x micro-batches in flight; of which logits) + recompute "
+        "working set + tied copy"
+    ]
+    details = result.stage_details or [None] * len(result.stage_times_s)
+    for k, (t, m, d) in enumerate(zip(result.stage_times_s, result.stage_memory_bytes, details)):
+        line = f"  stage {k:3d} {t * 1e3:10.3f} ms {m / GIB:8.2f} GiB"
+        if d is not None:
+            line += (
+                f" = {d.params_bytes / GIB:.2f} + {d.grads_bytes / GIB:.2f} + "
+                f"{d.optimizer_bytes / GIB:.2f} + {d.activations_bytes / GIB:.2f} "
+                f"(x{d.inflight_microbatches:g}; {d.logits_bytes / GIB:.2f}) + "
+                f"{d.working_bytes / GIB:.2f} + {d.tied_bytes / GIB:.2f}"
+            )
+        lines.append(line)
+    if result.reserve_bytes:
+        lines.append(
+            f"reserve per device (CUDA context, NCCL buffers, workspaces; not in the figures "
+            f"above): {result.reserve_bytes / GIB:.2f} GiB"
+            + (
+                ", already taken from the device's memory for the budget"
+                if result.memory_limit_bytes
+                else ""
+            )
+        )
+    return lines
 
 
 def emit(text: str, args: argparse.Namespace) -> None:

@@ -30,15 +30,15 @@ def make_cluster(
     hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV,
 ) -> Cluster:
     """A mesh spec (``"2x4"``, ``"node=4,gpu=8"``) or ``Mesh`` on a device, with the memory limit
-    (bytes; None: the device's, inf: none). A ``Cluster`` is returned as it is: its device and
-    memory limit are its own, so another ``device``, a ``memory`` or ``devices`` beside it is
-    refused."""
+    (bytes; None: the device's budget, its memory less its reserve; inf: none). A ``Cluster`` is
+    returned as it is: its device and memory limit are its own, so another ``device``, a
+    ``memory`` or ``devices`` beside it is refused."""
     if isinstance(mesh, Cluster):
         return check_given_cluster(mesh, device, memory, devices)
     profile = device if isinstance(device, MachineProfile) else get_profile(device, hardware_csv)
     mesh_obj = mesh if isinstance(mesh, Mesh) else parse_mesh(str(mesh), profile, devices)
     if memory is None:
-        limit = math.inf if profile.name == "symbolic" else float(profile.memory_bytes)
+        limit = math.inf if profile.name == "symbolic" else float(profile.budget_bytes)
     else:
         limit = checked_limit(memory, "--memory", positive=True)
     return Cluster(mesh_obj, profile, limit)

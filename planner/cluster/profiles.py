@@ -75,6 +75,9 @@ class MachineProfile:
     gemm_efficiency: float = DEFAULT_GEMM_EFFICIENCY
     kernel_launch_s: float = KERNEL_LAUNCH_S
     roofline: bool = True  # False: cost model v1's compute, for ablation
+    # bytes a process holds outside its tensors (CUDA context, NCCL buffers, workspaces): not
+    # derived, subtracted from memory_bytes for the plan's budget (hardware.csv says its sources)
+    reserve_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -107,6 +110,7 @@ class MachineProfile:
             "vector_flops",
             "kernel_launch_s",
             "sm_count",
+            "reserve_bytes",
         ):
             value = getattr(self, name)
             if (
@@ -118,6 +122,10 @@ class MachineProfile:
                 raise ProfileError(
                     f"profile {self.name}: field '{name}' must be a non-negative number"
                 )
+        self._check_kinds()
+
+    def _check_kinds(self) -> None:
+        """Whole numbers, fractions and flags, and a reserve that leaves memory."""
         if not isinstance(self.sm_count, int):
             raise ProfileError(f"profile {self.name}: field 'sm_count' must be a whole number")
         if not isinstance(self.gemm_efficiency, (int, float)) or not 0 < self.gemm_efficiency <= 1:
@@ -126,6 +134,16 @@ class MachineProfile:
             )
         if not isinstance(self.roofline, bool):
             raise ProfileError(f"profile {self.name}: field 'roofline' must be true or false")
+        if self.reserve_bytes >= self.memory_bytes:
+            raise ProfileError(
+                f"profile {self.name}: field 'reserve_bytes' ({self.reserve_bytes:g}) leaves no "
+                f"memory of 'memory_bytes' ({self.memory_bytes:g})"
+            )
+
+    @property
+    def budget_bytes(self) -> float:
+        """The memory a plan may use per device: the device's less its reserve."""
+        return self.memory_bytes - self.reserve_bytes
 
     @property
     def flops_per_second(self) -> float:
@@ -169,6 +187,7 @@ def load_profiles(path: Path | str | None = DEFAULT_HARDWARE_CSV) -> dict[str, M
                 hbm_bandwidth=float(row.get("hbm_bandwidth") or 0),
                 sm_count=int(row.get("sm_count") or 0),
                 vector_flops=float(row.get("fp32_vector_flops") or 0),
+                reserve_bytes=float(row.get("reserve_bytes") or 0),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ProfileError(

@@ -40,6 +40,7 @@ from planner.cost.strategy import (
     shard_factor,
 )
 from planner.ir.graph import Graph, Operator
+from planner.cost.recompute import attention_core, recompute_modes
 from planner.ir.ops import REGISTRY
 
 
@@ -77,15 +78,7 @@ def operand_infos(
 
 
 def _operand_infos(graph: Graph, settings: TrainingSettings) -> dict[str, tuple[OperandInfo, ...]]:
-    # per layer under 'auto'; in a model with layers, only the layers re-run: Megatron-LM
-    # checkpoints the transformer layers (megatron/core/transformer/transformer_block.py) and
-    # torchtitan wraps each TransformerBlock (torchtitan/models/llama3/infra/parallelize.py), so
-    # the embedding, the final norm, the head and the loss keep what they save
-    layered = any(op.layer is not None for op in graph.operators)
-    mode = {
-        op.name: settings.recompute_at(op.layer) if op.layer is not None or not layered else "none"
-        for op in graph.operators
-    }
+    mode = recompute_modes(graph, settings)
     core = attention_core(graph) if "selective" in mode.values() else frozenset()
     # the core of the selective layers only
     core = frozenset(
@@ -127,26 +120,6 @@ def _operand_infos(graph: Graph, settings: TrainingSettings) -> dict[str, tuple[
             )
         infos[op.name] = tuple(row)
     return infos
-
-
-def attention_core(graph: Graph) -> frozenset[str]:
-    """The tensors selective recompute drops (Korthikanti et al. 2022): each softmax's computed
-    input (the attention scores), its output, and what elementwise ops (dropout) make of that
-    output before a contraction reads it. Their producers are re-run in the backward pass."""
-    produced = {o.tensor for op in graph.operators for o in op.outputs}
-    core: set[str] = set()
-    for op in graph.operators:  # graph order is topological
-        category = REGISTRY[op.kind].category
-        if op.kind == "softmax":
-            core.update(
-                o.tensor
-                for o in op.inputs
-                if o.tensor in produced and graph.tensor(o.tensor).role != "param"
-            )
-            core.update(o.tensor for o in op.outputs)
-        elif category == "elementwise" and len(op.inputs) == 1 and op.inputs[0].tensor in core:
-            core.update(o.tensor for o in op.outputs)
-    return frozenset(core)
 
 
 def op_signature(op: Operator, infos: tuple[OperandInfo, ...]) -> tuple:

@@ -93,8 +93,13 @@ def cost_layers(
         if key not in summed:
             summed[key] = sum_records(layer_terms)
         records.append(summed[key])
+    logits = np.zeros(n)
+    for i, record in enumerate(terms.ops):  # the loss's saved softmax, a part of the activations
+        if graph.operators[i].kind == "cross_entropy":
+            logits[layer[i]] += record.memory.activations
     return {
         **_layer_arrays(records, summed, mesh, profile),
+        "logits_memory": logits,
         "out_bytes": out_bytes,
         "working_memory": _working_memory(
             graph, mesh, profile, settings, chosen, terms.ops, layer, n
@@ -281,6 +286,7 @@ def model_chain(
         tied=tied,
         parts=stack("parts"),
         static_parts=columns[0]["static_parts"],
+        logits_memory=stack("logits_memory"),
     )
 
 

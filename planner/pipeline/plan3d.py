@@ -28,6 +28,8 @@ STAGE_FIELDS = (
     "activations_bytes",
     "working_bytes",
     "tied_bytes",
+    "inflight_microbatches",
+    "logits_bytes",
 )
 
 
@@ -57,6 +59,9 @@ class Plan3D:
     tied_sync_s: float = 0.0  # all-reduce of a parameter kept on two stages, per step
     operator_layers: tuple[int | None, ...] = ()  # each operator's layer (None outside the layers)
     notes: tuple[str, ...] = ()  # what the plan leaves undone that its options asked for
+    # the device's memory outside the plan's tensors (CUDA context, NCCL buffers, workspaces),
+    # not in stage_memory_bytes: the default budget is the device's memory less it
+    reserve_bytes: float = 0.0
 
     @property
     def status(self) -> str:
@@ -134,6 +139,7 @@ class Plan3D:
             "bottleneck_s": pipe.bottleneck_s,
             "max_memory_bytes": pipe.max_memory_bytes,
             "memory_limit_bytes": self.memory_limit_bytes,
+            "reserve_bytes": self.reserve_bytes,
             "fits_memory": pipe.fits_memory,
             "pipeline": {
                 "stages": pipe.stages,

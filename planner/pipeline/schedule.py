@@ -89,6 +89,8 @@ class LayerChain:
     # [layers, counts, 6]: time per micro-batch by term (timeline.PARTS)
     parts: np.ndarray | None = None
     static_parts: np.ndarray | None = None  # [layers, 3]: params, grads, optimizer bytes
+    # [layers, counts]: the part of activation_memory that is the loss's saved softmax (logits)
+    logits_memory: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         layers = self.static_memory.shape[0]

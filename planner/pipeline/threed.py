@@ -14,8 +14,7 @@ round(k L / p) .. round((k+1) L / p) - 1 (96 layers on 35 stages: 26 stages of 3
 of 2). When no plan fits, the stage is re-planned with sequence parallelism, then selective and
 full recompute, then ZeRO-1 on top (unless ``escalate`` is off); the best fitting total over p wins.
 
-The micro-batch size b in a 3D plan counts the samples of one micro-batch over the whole stage
-(all its data-parallel replicas); Megatron's per-replica micro-batch is b / dp.
+A 3D plan's micro-batch b counts the samples over the whole stage (Megatron's per replica: b/dp).
 """
 
 from __future__ import annotations
@@ -347,6 +346,7 @@ def assemble(
         stage_details=stage_details(chain, pipe),
         tied_sync_s=float(tied_sync),
         operator_layers=tuple(op.layer for op in graph.operators),
+        reserve_bytes=profile.reserve_bytes,
     )
 
 

@@ -56,6 +56,10 @@ class StageDetail:
     activations_bytes: float
     working_bytes: float
     tied_bytes: float
+    # not added again: the micro-batches whose activations the stage holds at its peak (its
+    # schedule's in-flight count) and the part of activations_bytes that is the loss's logits
+    inflight_microbatches: float = 0.0
+    logits_bytes: float = 0.0
 
     @property
     def time_per_microbatch_s(self) -> float:
@@ -104,7 +108,13 @@ def stage_details(chain: LayerChain, plan: PipelinePlan) -> tuple[StageDetail, .
         start, end = bounds[k], bounds[k + 1]
         parts = chain.parts[start:end, m].sum(axis=0)
         static = chain.static_parts[start:end].sum(axis=0)
-        act = float(ev.inflight(k, m) * chain.activation_memory[start:end, m].sum())
+        inflight = float(ev.inflight(k, m))
+        act = inflight * float(chain.activation_memory[start:end, m].sum())
+        logits = (
+            inflight * float(chain.logits_memory[start:end, m].sum())
+            if chain.logits_memory is not None
+            else 0.0
+        )
         work = (
             float(chain.working_memory[start:end, m].max())
             if chain.working_memory is not None
@@ -127,6 +137,8 @@ def stage_details(chain: LayerChain, plan: PipelinePlan) -> tuple[StageDetail, .
                 act,
                 work,
                 float(tied),
+                inflight,
+                logits,
             )
         )
     return tuple(out)

@@ -8,7 +8,7 @@ import itertools
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from planner.cost.operators import attention_core
+from planner.cost.recompute import attention_core
 from planner.cost.problem import Problem, build_problem
 from planner.cost.settings import AUTO, RECOMPUTE, ZERO_STAGES
 from planner.search.decompose import Segment

@@ -106,8 +106,11 @@ def _attention(gb: GraphBuilder, p: str, x: str, rope: str, cfg: LlamaConfig) ->
     v = gb.op(
         "linear", f"{p}.v_proj", "bsh,had->bsad", [x, gb.param(f"{p}.v_proj.weight", (h, a, d))]
     )
-    q = gb.op("mul", f"{p}.rope_q", "bsagd,sd->bsagd", [q, rope])
-    k = gb.op("mul", f"{p}.rope_k", "bsad,sd->bsad", [k, rope])
+    # the gradient of a product with a constant table needs the table only: autograd saves no
+    # copy of q or k for it (PyTorch's MulBackward0 saves an operand only when the other requires
+    # a gradient; Megatron-LM's fused RoPE and torchtitan's complex product alike)
+    q = gb.op("mul", f"{p}.rope_q", "bsagd,sd->bsagd", [q, rope], saved=[False, True])
+    k = gb.op("mul", f"{p}.rope_k", "bsad,sd->bsad", [k, rope], saved=[False, True])
     if cfg.attention == "fused":
         ctx = gb.op(
             "attention",
@@ -145,11 +148,16 @@ def _swiglu(gb: GraphBuilder, p: str, x: str, lead: str, shapes: tuple[tuple, tu
         f"{lead}h,{own}hf->{lead}f",
         [x, gb.param(f"{p}.up_proj.weight", up_shape)],
     )
+    # SwiGLU as the engines fuse it: the backward pass recomputes silu(gate) from the gate that
+    # silu saves, so the product keeps only the up projection (Megatron-LM's fused bias-SwiGLU,
+    # megatron/core/fusions/fused_bias_swiglu.py, on by default, saves its input alone;
+    # torch.compile recomputes the pointwise silu in torchtitan's blocks)
     act = gb.op(
         "mul",
         f"{p}.swiglu",
         f"{lead}f,{lead}f->{lead}f",
         [gb.op("silu", f"{p}.silu", f"{lead}f->{lead}f", [gate]), up],
+        saved=[False, True],
     )
     return gb.op(
         "einsum" if own else "linear",

@@ -1,0 +1,39 @@
+"""What recompute re-runs: the operators of each layer by its mode, and the attention core that
+selective recompute drops (Korthikanti et al. 2022)."""
+
+from __future__ import annotations
+
+from planner.cost.settings import TrainingSettings
+from planner.ir.graph import Graph
+from planner.ir.ops import REGISTRY
+
+
+def recompute_modes(graph: Graph, settings: TrainingSettings) -> dict[str, str]:
+    """Per operator, its recompute mode (per layer under 'auto'). In a model with layers only the
+    layers re-run: Megatron-LM checkpoints the transformer layers (transformer_block.py) and
+    torchtitan wraps each TransformerBlock, so embedding, final norm, head and loss keep theirs."""
+    layered = any(op.layer is not None for op in graph.operators)
+    return {
+        op.name: settings.recompute_at(op.layer) if op.layer is not None or not layered else "none"
+        for op in graph.operators
+    }
+
+
+def attention_core(graph: Graph) -> frozenset[str]:
+    """The tensors selective recompute drops (Korthikanti et al. 2022): each softmax's computed
+    input (the attention scores), its output, and what elementwise ops (dropout) make of that
+    output before a contraction reads it. Their producers are re-run in the backward pass."""
+    produced = {o.tensor for op in graph.operators for o in op.outputs}
+    core: set[str] = set()
+    for op in graph.operators:  # graph order is topological
+        category = REGISTRY[op.kind].category
+        if op.kind == "softmax":
+            core.update(
+                o.tensor
+                for o in op.inputs
+                if o.tensor in produced and graph.tensor(o.tensor).role != "param"
+            )
+            core.update(o.tensor for o in op.outputs)
+        elif category == "elementwise" and len(op.inputs) == 1 and op.inputs[0].tensor in core:
+            core.update(o.tensor for o in op.outputs)
+    return frozenset(core)
