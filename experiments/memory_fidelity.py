@@ -8,7 +8,7 @@ figure an engine's peak would show), its parts on that stage, the measured peak 
 reports one and the relative error, and whether the model lets the run fit (every run here trained,
 so every row should).
 
-    python -m experiments.memory_fidelity [--out results/memory_fidelity.csv]
+    python -m experiments.memory_fidelity [--smallest] [--out results/memory_fidelity.csv]
 """
 
 from __future__ import annotations
@@ -144,7 +144,8 @@ def plot(rows: list[dict], path: str) -> None:
     x = range(len(rows))
     ax.bar(x, [r["predicted_gib"] for r in rows], label="predicted (parts + reserve)")
     measured = [(i, r["measured_gib"]) for i, r in enumerate(rows) if r["measured_gib"]]
-    ax.scatter(*zip(*measured), color="black", zorder=3, label="measured peak (reserved)")
+    if measured:
+        ax.scatter(*zip(*measured), color="black", zorder=3, label="measured peak (reserved)")
     ax.scatter(
         x,
         [r["device_memory_gb"] * 1e9 / GIB for r in rows],
@@ -164,10 +165,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument(
+        "--smallest", action="store_true", help="Megatron-LM's 1.7B row alone (tests)"
+    )
     add_output_options(parser, "results/memory_fidelity.csv")
     args = parser.parse_args(argv)
     table = results_table(args, ("source", "config"))
-    for ref in published():
+    refs = published()
+    if args.smallest:
+        refs = [r for r in refs if r["config"] == "Table 1 1.7B"]
+    for ref in refs:
         if not table.done(source=ref["source"], config=ref["config"]):
             row = costed(ref)
             print(row, flush=True)

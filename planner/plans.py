@@ -96,6 +96,9 @@ class Plan:
     hidden_s: float | None = 0.0
     # (collective kind, mesh axis, seconds)
     comm_by_kind_axis_s: tuple[tuple[str, str, float], ...] = ()
+    # the device's memory outside the plan's tensors (CUDA context, NCCL buffers, workspaces): not
+    # in memory_per_device_bytes; the default limit is the device's memory less it
+    reserve_bytes: float = 0.0
 
     @property
     def gap_percent(self) -> float | None:
@@ -151,6 +154,7 @@ class Plan:
             "memory_per_device_bytes": self.memory_per_device_bytes,
             "memory_breakdown_bytes": dict(self.memory_breakdown),
             "memory_limit_bytes": self.memory_limit_bytes,
+            "reserve_bytes": self.reserve_bytes,
             "fits_memory": self.fits_memory,
             "mesh": self.mesh,
             "device": self.device,
@@ -282,7 +286,6 @@ def make_plan(
         OpAssignment(t.op.name, t.op.kind, tuple(zip(axes, s)), t.op.layer)
         for t, s in zip(problem.ops, strategies)
     )
-    settings = problem.settings
     return Plan(
         model=problem.graph.name,
         method=method,
@@ -301,12 +304,13 @@ def make_plan(
         memory_limit_bytes=limit_field(memory_limit),
         mesh=problem.mesh.spec,
         device=problem.profile.name,
-        settings=tuple(settings.to_dict().items()),
+        settings=tuple(problem.settings.to_dict().items()),
         operators=ops,
         search_time_s=search_time_s,
         notes=tuple(notes),
         explanation=explanation,
         bound=None if bound is None else int(bound),
+        reserve_bytes=problem.profile.reserve_bytes,
     )
 
 

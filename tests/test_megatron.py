@@ -44,11 +44,20 @@ def _given(model: str = SMALL, device: str = "a100-80g", **kw) -> dict:
 @pytest.fixture(scope="module")
 def published() -> list[dict]:
     """The three published configurations planned by the 3D search with Megatron's stage plan
-    (degree and count pinned; the cuts are CSIMD's: uneven for llama3-70b)."""
+    (degree and count pinned; the cuts are CSIMD's, but llama3-70b's are given uneven: 80 layers
+    as 9, 10, 11 x 5, 6, the layout Megatron-LM writes with --pipeline-model-parallel-layout)."""
     files = []
     for model, mesh, device, batch, stages, count in PUBLISHED:
+        cuts = (9, 19, 30, 41, 52, 63, 74) if model == "llama3-70b" else None
         plan = api3d.plan_pipeline(
-            model, mesh, device, batch=batch, intra="megatron", degrees=[stages], counts=[count]
+            model,
+            mesh,
+            device,
+            batch=batch,
+            intra="megatron",
+            degrees=[stages],
+            counts=[count],
+            cuts=cuts,
         )
         files.append(_plan_file(plan, model, batch, device))
     return files

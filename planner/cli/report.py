@@ -74,7 +74,13 @@ def _memory_line(plan: Plan) -> str:
     scale = {"GiB": GIB, "MiB": 2**20, "KiB": 2**10, "B": 1}[unit]
     mem = ", ".join(f"{k} {v / scale:.2f}" for k, v in plan.memory_breakdown)
     limit = f" of {bytes_text(plan.memory_limit_bytes)}" if plan.memory_limit_bytes else ""
-    return f"memory per device {total}{limit} ({mem} {unit})"
+    reserve = (
+        f"; the device's reserve of {bytes_text(plan.reserve_bytes)} (CUDA context, NCCL "
+        "buffers, workspaces) comes on top"
+        if plan.reserve_bytes
+        else ""
+    )
+    return f"memory per device {total}{limit} ({mem} {unit}{reserve})"
 
 
 def _strategy_lines(plan: Plan) -> list[str]:

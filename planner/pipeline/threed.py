@@ -11,11 +11,10 @@ first and the last layer. The cut search (CSIMD by default) picks cuts and M; th
 the schedule's (1F1B: stage k holds min(p - k, M) micro-batches). Stages need not hold equal
 layer counts: the cut search places every cut, and the ``even`` method gives stage k the layers
 round(k L / p) .. round((k+1) L / p) - 1 (96 layers on 35 stages: 26 stages of 3 layers and 9
-of 2). When no plan fits, the stage is re-planned with sequence parallelism, then selective and
-full recompute, then ZeRO-1 on top (unless ``escalate`` is off); the best fitting total over p wins.
+of 2). Each degree is planned under every combination of sequence parallelism, recompute and ZeRO
+stage at least the given ones (unless ``escalate`` is off); the fastest fitting plan over all wins.
 
-A 3D plan's micro-batch b counts the samples over the whole stage (Megatron's per replica: b/dp).
-"""
+A 3D plan's micro-batch b counts the whole stage's samples (Megatron's per replica: b/dp)."""
 
 from __future__ import annotations
 
@@ -26,7 +25,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from planner.cost.settings import RECOMPUTE, TrainingSettings
+from planner.cost.settings import TrainingSettings
 from planner.errors import InfeasibleError, SettingsError
 from planner.search.exact import solve_exact
 from planner.ir.graph import Graph
@@ -36,6 +35,7 @@ from planner.cluster.profiles import MachineProfile
 from planner.pipeline.layer_costs import layer_of, plan_valid, model_chain
 from planner.pipeline.schedule import Evaluator, LayerChain, PipelinePlan, parse_schedule
 from planner.pipeline.timeline import stage_details
+from planner.pipeline.variants import check_choices, variants as setting_variants
 from planner.pipeline.search import METHODS, given_cuts, stage_breakdown
 from planner.cost.problem import Problem, build_problem
 from planner.pipeline.plan3d import Plan3D
@@ -50,8 +50,8 @@ StagePlanner = Callable[[Problem], tuple[tuple[Strategy, ...], str]]
 class PipelineOptions:
     """What a 3D search chooses and what is pinned: the schedule, the cut search (``method``, one of
     ``planner.pipeline.search.METHODS``), the pipeline degrees and micro-batch counts to try
-    (None: every divisor), fixed ``cuts`` (one degree only), ``escalate`` (add sequence
-    parallelism, recompute and ZeRO-1 when nothing fits) and ``fit_required``."""
+    (None: every divisor), fixed ``cuts`` (one degree only), ``escalate`` (also try sequence
+    parallelism, more recompute and higher ZeRO stages) and ``fit_required``."""
 
     schedule: str = "1f1b"
     method: str = "csimd"
@@ -117,7 +117,7 @@ def plan_pipeline(
     for done, p in enumerate(degrees):
         progress(done, len(degrees), "pipeline degrees")
         sub = stage_mesh(mesh, p)
-        variants = _variants(settings, sub) if o.escalate else [settings]
+        variants = setting_variants(settings, sub) if o.escalate else [settings]
         found, fitting = search.escalated(sub, p, variants, rows)
         first, best = first or found, _faster(best, fitting)
     progress(len(degrees), len(degrees), "pipeline degrees")
@@ -135,7 +135,7 @@ def _search_space(load, batch: int, mesh: Mesh, schedule: str, degrees, counts, 
     outer = mesh.axes[0].size
     chunks = parse_schedule(schedule)[1]  # interleaved:v: every stage holds v chunks of >= 1 layer
     degrees = degrees or [p for p in divisors(outer) if p * chunks <= layers]
-    _check_choices(degrees, counts, outer, layers, batch, cuts, chunks)
+    check_choices(degrees, counts, outer, layers, batch, cuts, chunks)
     return degrees, counts or divisors(batch)
 
 
@@ -176,44 +176,9 @@ def _nothing_fits(rows: list[dict], memory_limit: float) -> InfeasibleError:
     )
 
 
-def _check_choices(
-    degrees, counts, outer: int, layers: int, batch: int, cuts, chunks: int = 1
-) -> None:
-    for p in degrees:
-        if outer % p or p > layers:
-            raise SettingsError(
-                f"--pp: {p} stages must divide the outermost mesh axis ({outer}) and be at most "
-                f"the number of layers ({layers})"
-            )
-        if p * chunks > layers:
-            raise SettingsError(
-                f"--schedule: interleaved:{chunks} on {p} stages needs at least {chunks} layers "
-                f"per stage ({p * chunks} > {layers} layers); choose a smaller v or fewer stages"
-            )
-    if not degrees:
-        raise SettingsError(
-            f"--schedule: interleaved:{chunks} leaves no pipeline degree: it needs at least "
-            f"{chunks} layers per stage ({layers} layers)"
-        )
-    for count in counts or ():
-        if batch % count:
-            raise SettingsError(f"--num-microbatches: {count} does not divide the batch {batch}")
-    if cuts is not None and len(degrees) != 1:
-        raise SettingsError("--cuts: fixed cuts need one pipeline degree (--pp)")
-
-
-def _variants(settings: TrainingSettings, stage: Mesh) -> list[TrainingSettings]:
-    """The memory-saving escalation, cheapest first: sequence parallelism (when the stage mesh can
-    split operators), selective recompute, full recompute, then ZeRO-1 on top."""
-    out = [settings]
-    if not settings.sequence_parallel and stage.num_devices > 1:
-        out.append(replace(settings, sequence_parallel=True))
-    for recompute in ("selective", "full"):
-        if RECOMPUTE.index(settings.recompute) < RECOMPUTE.index(recompute):
-            out.append(replace(out[-1], recompute=recompute))
-    if settings.zero < 1:
-        out.append(replace(out[-1], zero=1))
-    return out
+def reference_count(counts: list[int], p: int) -> int:
+    """The micro-batch count a stage plan is first solved at: the smallest of at least 2p."""
+    return next((c for c in counts if c >= 2 * p), counts[-1])
 
 
 def stage_chain(
@@ -226,9 +191,11 @@ def stage_chain(
     p,
     counts,
     stage_planner: StagePlanner = exact_stage_plan,
+    reference: int | None = None,
 ):
-    """Plan the stage sub-mesh at the reference micro-batch count; the plan's layer chain."""
-    reference = next((c for c in counts if c >= 2 * p), counts[-1])
+    """Plan the stage sub-mesh at the reference micro-batch count (default: the smallest count of
+    at least 2p); the plan's layer chain."""
+    reference = reference or reference_count(counts, p)
     graph = load(batch // reference)
     problem = build_problem(graph, sub, profile, settings)
     chosen, status = stage_planner(problem)
@@ -254,8 +221,21 @@ class DegreeSearch:
     stage_planner: StagePlanner
     cuts: tuple[int, ...] | None
 
-    def degree(self, sub: Mesh, settings: TrainingSettings, p: int) -> Plan3D | None:
-        """The best plan of ``p`` stages on ``sub`` under ``settings`` (None: no stage plan)."""
+    def degree(self, sub: Mesh, settings: TrainingSettings, p: int) -> tuple[Plan3D | None, bool]:
+        """The best plan of ``p`` stages on ``sub`` under ``settings`` (None: no stage plan), and
+        whether it fits with the memory limit not binding. The stage plan is solved at the
+        reference count, then again at the count the cut search picked when that differs (a plan
+        solved for micro-batches of 64 can lose 12% at 128: Llama 3 70B on 64 H100s), and the
+        faster of the two is kept."""
+        plan, free = self._at(sub, settings, p, None)
+        count = plan.pipeline.num_microbatches if plan is not None else 0
+        if plan is not None and plan.fits_memory and count != reference_count(self.counts, p):
+            again, again_free = self._at(sub, settings, p, count)
+            if again is not None and again.fits_memory and _faster(plan, again) is again:
+                return again, again_free
+        return plan, free
+
+    def _at(self, sub: Mesh, settings: TrainingSettings, p: int, reference: int | None) -> tuple:
         found = stage_chain(
             self.load,
             self.mesh,
@@ -266,11 +246,16 @@ class DegreeSearch:
             p,
             self.counts,
             self.stage_planner,
+            reference,
         )
         if found is None or p > found[0].num_layers:
-            return None
+            return None, False
         chain, status, strategies, graph = found
         pipe = self._cuts(chain, p, self.memory_limit)
+        free = pipe.fits_memory and (
+            math.isinf(self.memory_limit)
+            or self._cuts(chain, p, math.inf).iteration_time_s >= pipe.iteration_time_s
+        )
         if (
             pipe.status == "INFEASIBLE"
             and not pipe.fits_memory
@@ -280,21 +265,29 @@ class DegreeSearch:
             fits = pipe.max_memory_bytes <= self.memory_limit
             pipe = replace(pipe, fits_memory=fits, status="INFEASIBLE")
         mesh, profile, limit = self.mesh, self.profile, self.memory_limit
-        return assemble(graph, mesh, sub, profile, settings, chain, pipe, strategies, status, limit)
+        plan = assemble(graph, mesh, sub, profile, settings, chain, pipe, strategies, status, limit)
+        return plan, free
 
     def escalated(self, sub: Mesh, p: int, variants, rows: list) -> tuple:
-        """The plans of ``p`` stages under each variant in turn, up to the first that fits:
-        (the first plan, the fitting one or None); a row per plan is added to ``rows``."""
-        first = None
+        """The plans of ``p`` stages under every variant (``variants.variants``: least recompute
+        first): (the first plan, the fastest that fits or None); a row per plan is added to
+        ``rows``. A variant with more recompute than one of the same sequence parallelism and ZeRO
+        stage that fits without the memory limit binding is skipped: for every stage plan, count
+        and cuts a re-run only adds compute, so it cannot be faster."""
+        first, best, free = None, None, set()
         for variant in variants:
-            candidate = self.degree(sub, variant, p)
+            if (variant.sequence_parallel, variant.zero) in free:
+                continue
+            candidate, unbound = self.degree(sub, variant, p)
             if candidate is None:
                 continue
             first = first or candidate
             rows.append(_candidate_row(p, sub.spec, variant, candidate.pipeline))
             if candidate.pipeline.fits_memory:
-                return first, candidate
-        return first, None
+                best = _faster(best, candidate)
+            if unbound:
+                free.add((variant.sequence_parallel, variant.zero))
+        return first, best
 
     def _cuts(self, chain: LayerChain, p: int, limit: float) -> PipelinePlan:
         if self.cuts is not None:

@@ -1,0 +1,134 @@
+"""The whole-cluster search against the configurations practitioners write, under the planner's own
+cost model, in one run: for each case, `plan --pipeline auto` (the 3D search) and every point of a
+Megatron-style grid costed as given (`planner evaluate --tp --pp --dp`): tensor parallelism over
+the divisors of a node's GPUs, pipeline parallelism over the divisors of the world (at most the
+layers), data parallelism the rest, micro-batch 1 or 2, recompute none/selective/full, ZeRO 0, 1
+(distributed optimizer) or 3 (FSDP), sequence parallelism with tensor parallelism, 1F1B. Prints
+and writes, per case, the search's iteration time, status and wall time, the best fitting grid
+point and the ratio search / grid (<= 1: the search is not beaten by the grid).
+
+  python benchmarks/threed.py [--cases a,b] [--out results/threed.csv]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import planner  # noqa: E402
+from experiments.common import results_table, run  # noqa: E402
+from planner.errors import InfeasibleError, SettingsError  # noqa: E402
+
+# name: (model, device, mesh, batch, seq, layers)
+CASES = {
+    "llama3-8b-8": ("llama3-8b", "h100-80g", "gpu=8", 128, 8192, 32),
+    "gpt3-13b-32": ("gpt3-13b", "a100-80g", "node=4,gpu=8", 256, 2048, 40),
+    "llama3-70b-64": ("llama3-70b", "h100-80g", "node=8,gpu=8", 128, 8192, 80),
+    "llama3-8b-64": ("llama3-8b", "h100-80g", "node=8,gpu=8", 512, 8192, 32),
+}
+GPUS_PER_NODE = 8
+
+
+def grid(world: int, layers: int, batch: int):
+    """The grid's points: (tp, pp, dp, micro-batch, recompute, zero)."""
+    tps = [t for t in (1, 2, 4, 8) if t <= min(world, GPUS_PER_NODE) and world % t == 0]
+    for tp, pp, mb, recompute, zero in itertools.product(
+        tps, range(1, layers + 1), (1, 2), ("none", "selective", "full"), (0, 1, 3)
+    ):
+        dp, rest = divmod(world, tp * pp)
+        if rest == 0 and batch % (dp * mb) == 0:
+            yield tp, pp, dp, mb, recompute, zero
+
+
+def best_grid_point(model, device, world, batch, seq, layers) -> tuple[float, str, int]:
+    """The fastest fitting grid point: (iteration s, its flags, points costed)."""
+    best, flags, costed = float("inf"), "", 0
+    for tp, pp, dp, mb, recompute, zero in grid(world, layers, batch):
+        settings = planner.TrainingSettings(
+            recompute=recompute, zero=zero, sequence_parallel=tp > 1
+        )
+        try:
+            plan = planner.evaluate_3d(
+                model,
+                device,
+                tp=tp,
+                pp=pp,
+                dp=dp,
+                micro_batch=mb,
+                batch=batch,
+                seq=seq,
+                settings=settings,
+            )
+        except (InfeasibleError, SettingsError):
+            continue
+        costed += 1
+        if plan.pipeline.iteration_time_s < best:
+            best = plan.pipeline.iteration_time_s
+            flags = (
+                f"--tp {tp} --pp {pp} --dp {dp} --micro-batch {mb} --recompute {recompute} "
+                f"--zero {zero}" + (" --sequence-parallel" if tp > 1 else "")
+            )
+    return best, flags, costed
+
+
+def run_case(name: str) -> dict:
+    model, device, mesh, batch, seq, layers = CASES[name]
+    start = time.perf_counter()
+    searched = planner.plan_pipeline(model, mesh, device, batch=batch, seq=seq)
+    search_wall = time.perf_counter() - start
+    world = planner.make_cluster(mesh, device).mesh.num_devices
+    start = time.perf_counter()
+    grid_time, flags, costed = best_grid_point(model, device, world, batch, seq, layers)
+    pipe, s = searched.pipeline, searched.settings
+    return {
+        "case": name,
+        "model": model,
+        "mesh": mesh,
+        "device": device,
+        "batch": batch,
+        "search_status": searched.status,
+        "search_iteration_s": pipe.iteration_time_s,
+        "search_wall_s": search_wall,
+        "search_config": f"{pipe.stages} stages x {searched.stage_mesh}, M={pipe.num_microbatches}"
+        f", recompute {s.recompute}, zero {s.zero}, sp {s.sequence_parallel}",
+        "grid_best_s": grid_time,
+        "grid_best_flags": flags,
+        "grid_points_fitting": costed,
+        "grid_wall_s": time.perf_counter() - start,
+        "ratio": pipe.iteration_time_s / grid_time,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--out", default="results/threed.csv")
+    parser.add_argument("--resume", action="store_true")
+    args = parser.parse_args(argv)
+    args.plot = False
+    names = args.cases.split(",")
+    for name in names:
+        if name not in CASES:
+            raise SettingsError(f"--cases: unknown case {name!r} (known: {', '.join(CASES)})")
+    table = results_table(args, ("case",))
+    for name in names:
+        if not table.done(case=name):
+            row = run_case(name)
+            print(
+                f"{name}: search {row['search_iteration_s']:.3f} s ({row['search_status']}, "
+                f"{row['search_wall_s']:.1f} s wall), grid best {row['grid_best_s']:.3f} s "
+                f"({row['grid_best_flags']}), ratio {row['ratio']:.3f}",
+                flush=True,
+            )
+            table.add([row])
+    table.finish()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run(main))

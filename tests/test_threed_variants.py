@@ -1,0 +1,73 @@
+"""The 3D search's settings menu: every combination of sequence parallelism, recompute and ZeRO
+stage (at least the given ones) per pipeline degree, the fastest that fits kept
+(planner/pipeline/variants.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from planner.api3d import plan_pipeline
+from planner.cluster.mesh import parse_mesh
+from planner.cluster.profiles import get_profile
+from planner.cost.settings import TrainingSettings
+from planner.errors import InfeasibleError
+from planner.pipeline.variants import variants
+
+MODEL = "gpt:layers=4,hidden=256,heads=4,seq=128,vocab=1024"
+MESH = "node=2,gpu=2"
+
+
+def _pinned(settings: TrainingSettings, degree: int, memory: float) -> float:
+    """The iteration time of one variant at one degree (inf when it does not fit)."""
+    try:
+        plan = plan_pipeline(
+            MODEL,
+            MESH,
+            "a100-80g",
+            batch=16,
+            memory=memory,
+            settings=settings,
+            degrees=[degree],
+            escalate=False,
+        )
+    except InfeasibleError:
+        return math.inf
+    return plan.pipeline.iteration_time_s
+
+
+def test_the_menu_holds_every_combination_at_least_the_given_settings():
+    stage = parse_mesh("4", get_profile("a100-80g"))
+    menu = variants(TrainingSettings(), stage)
+    assert len(menu) == 2 * 3 * 4 and len(set(menu)) == 24
+    assert menu[0] == TrainingSettings()
+    given = TrainingSettings(recompute="selective", zero=2, sequence_parallel=True)
+    narrower = variants(given, stage)
+    assert {(v.recompute, v.zero) for v in narrower} == {
+        (r, z) for r in ("selective", "full") for z in (2, 3)
+    }
+    assert all(v.sequence_parallel for v in narrower)
+    single = parse_mesh("1", get_profile("a100-80g"))
+    assert not any(v.sequence_parallel for v in variants(TrainingSettings(), single))
+
+
+# memory limits: none binding, then tight enough that recompute or ZeRO must help
+@pytest.mark.parametrize("memory", [math.inf, 45e6, 30e6])
+def test_auto_is_the_fastest_fitting_variant_at_any_degree(memory):
+    """`plan --pipeline auto` equals the minimum, over degrees and every variant of the menu, of
+    the pinned searches' fitting iteration times. With the limit at 45 MB full recompute beats no
+    recompute at degree 1 (its activations fit in fewer micro-batches), so no variant may be
+    skipped because a cheaper-looking one fits."""
+    stage_meshes = {1: "4", 2: "2"}
+    times = {
+        (degree, v): _pinned(v, degree, memory)
+        for degree, stage in stage_meshes.items()
+        for v in variants(TrainingSettings(), parse_mesh(stage, get_profile("a100-80g")))
+    }
+    if memory == 45e6:
+        assert times[(1, TrainingSettings(recompute="full"))] < times[(1, TrainingSettings())]
+    best = min(times.values())
+    assert math.isfinite(best)
+    auto = plan_pipeline(MODEL, MESH, "a100-80g", batch=16, memory=memory, degrees=[1, 2])
+    assert auto.pipeline.iteration_time_s == pytest.approx(best, rel=1e-12)
