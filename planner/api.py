@@ -24,7 +24,7 @@ from planner.cluster.mesh import Mesh
 from planner.cluster.profiles import DEFAULT_HARDWARE_CSV, MachineProfile
 from planner.grid import megatron_grid
 from planner.plans import Plan, failed, make_plan, strategies_from_choice, strategies_from_mapping
-from planner.cost.problem import Problem, build_problem
+from planner.cost.problem import Problem, build_problem, rebuilt
 from planner.search.layer_modes import refuse_auto_without_layers
 from planner.search.exact import solve_exact
 from planner.search.reduce import Progress
@@ -68,12 +68,24 @@ def make_problem(
     settings: TrainingSettings | None = None,
     batch: int | None = None,
     seq: int | None = None,
+    num_microbatches: int = 1,
 ) -> Problem:
+    """The model costed on the cluster; with ``num_microbatches`` > 1 the graph is one
+    micro-batch (the batch / M) of a step that accumulates M of them."""
+    graph = resolve_model(model, batch, seq)
+    count = num_microbatches
+    if count != 1:
+        if type(count) is not int or count < 1 or graph.batch_size % count:
+            raise SettingsError(
+                f"--num-microbatches: {count!r} is not a divisor of the batch {graph.batch_size}"
+            )
+        graph = resolve_model(model, graph.batch_size // count, seq)
     return build_problem(
-        resolve_model(model, batch, seq),
+        graph,
         cluster.mesh,
         cluster.profile,
         settings or TrainingSettings(),
+        num_microbatches=num_microbatches,
     )
 
 
@@ -93,18 +105,24 @@ def plan(
     jobs: int = SEARCH_DEFAULTS.jobs,
     progress: Progress | None = None,
     fixed: Mapping[str, Mapping[str, str | None]] | None = None,
+    num_microbatches: int = 1,
 ) -> Plan:
     """Plan a model on a cluster with one search method (see ``METHODS``).
 
     ``time_limit_s`` counts from this call: loading the model, costing, the search and the plan
     report; ``search_time_s`` of the result counts costing and search only. ``fixed={op: {mesh
     axis: dim or None}}`` pins those operators to the given strategies (an axis left out
-    replicates); the exact methods then find the best plan of the rest (``search.restrict``)."""
+    replicates); the exact methods then find the best plan of the rest (``search.restrict``).
+    ``num_microbatches``: micro-batches a step accumulates (``accumulation.plan_counts``: all)."""
     begun = time.perf_counter()
     cluster = make_cluster(mesh, device, memory, hardware_csv=hardware_csv)
     graph = resolve_model(model, batch, seq)
     start = time.perf_counter()  # search time: costing every strategy and edge, then the search
-    problem = make_problem(graph, cluster, settings)
+    problem = (
+        make_problem(graph, cluster, settings)
+        if num_microbatches == 1
+        else make_problem(model, cluster, settings, batch, seq, num_microbatches)
+    )
     if fixed:
         problem = _pin(problem, fixed, method)
     # the plan report takes time too
@@ -161,13 +179,7 @@ def plan_problem(
                 f"--{option} for --method {method}"
             )
     if method == "zero":
-        problem = build_problem(
-            problem.graph,
-            problem.mesh,
-            problem.profile,
-            replace(problem.settings, zero=3),
-            problem.unit_s,
-        )
+        problem = rebuilt(problem, replace(problem.settings, zero=3))
     if method not in HEURISTICS:
         raise SettingsError(f"--method: unknown method {method!r} (known: {', '.join(METHODS)})")
     strategies = HEURISTICS[method](problem)
@@ -247,7 +259,7 @@ def _per_layer_problem(problem: Problem, result, memory_limit: float) -> Problem
     settings = replace(
         problem.settings, layer_recompute=result.layer_recompute, layer_zero=result.layer_zero
     )
-    problem = build_problem(problem.graph, problem.mesh, problem.profile, settings, problem.unit_s)
+    problem = rebuilt(problem, settings)
     if problem.objective(result.choice) != result.objective or (
         problem.memory(result.choice) > memory_limit
     ):
@@ -290,14 +302,16 @@ def evaluate(
     memory: float | None = None,
     settings: TrainingSettings | None = None,
     hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV,
+    num_microbatches: int = 1,
 ) -> Plan:
     """Cost a user plan: an ``{op: {axis: dim}}`` assignment on ``mesh``, or Megatron degrees ``tp``
-    x ``dp`` (then the mesh is ``dp=D,tp=T`` and ``mesh`` must not be given, as on the CLI)."""
+    x ``dp`` (then the mesh is ``dp=D,tp=T`` and ``mesh`` must not be given, as on the CLI), for a
+    step of ``num_microbatches`` micro-batches."""
     if assignment is None:
         tp, dp = tp or 1, dp or 1
     mesh = _evaluated_mesh(mesh, assignment, tp, dp, pp)
     cluster = make_cluster(mesh, device, memory, hardware_csv=hardware_csv)
-    problem = make_problem(model, cluster, settings, batch, seq)
+    problem = make_problem(model, cluster, settings, batch, seq, num_microbatches)
     # (a given plan needs no batch size)
     if assignment is None and problem.graph.batch_size % (dp or 1):
         raise SettingsError(

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from planner import api
 from planner.cluster.profiles import DEFAULT_HARDWARE_CSV, MachineProfile
-from planner.cost.problem import Problem, build_problem
+from planner.cost.problem import Problem, rebuilt
 from planner.cost.settings import AUTO, TrainingSettings
 from planner.errors import SettingsError
 from planner.ir.graph import Graph
@@ -93,9 +93,7 @@ def _search_memory(problem: Problem, plan: Plan) -> int:
     per-layer settings it was found with."""
     if AUTO in (problem.settings.recompute, problem.settings.zero):
         settings = TrainingSettings.from_dict(dict(plan.settings))
-        problem = build_problem(
-            problem.graph, problem.mesh, problem.profile, settings, problem.unit_s
-        )
+        problem = rebuilt(problem, settings)
     strategies = [tuple(dim for _, dim in op.strategy) for op in plan.operators]
     return sum(int(t.memory[t.strategies.index(s)]) for t, s in zip(problem.ops, strategies))
 

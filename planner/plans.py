@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol, Sequence, runtime_checkable
 
-from planner.cost.records import CostRecord, breakdown, seconds, sum_records
+from planner.cost.records import CostRecord, accumulated, breakdown, seconds, sum_records
 from planner.cost.terms import plan_terms
 from planner.errors import PlannerError
 from planner.cost.problem import Problem
@@ -99,6 +99,7 @@ class Plan:
     # the device's memory outside the plan's tensors (CUDA context, NCCL buffers, workspaces): not
     # in memory_per_device_bytes; the default limit is the device's memory less it
     reserve_bytes: float = 0.0
+    num_microbatches: int = 1  # micro-batches a step accumulates (gradient accumulation)
 
     @property
     def gap_percent(self) -> float | None:
@@ -155,6 +156,7 @@ class Plan:
             "memory_breakdown_bytes": dict(self.memory_breakdown),
             "memory_limit_bytes": self.memory_limit_bytes,
             "reserve_bytes": self.reserve_bytes,
+            "num_microbatches": self.num_microbatches,
             "fits_memory": self.fits_memory,
             "mesh": self.mesh,
             "device": self.device,
@@ -229,7 +231,8 @@ def strategies_from_choice(problem: Problem, choice: Sequence[int]) -> tuple[Str
 
 
 def integer_objective(problem: Problem, strategies: Sequence[Strategy]) -> tuple[int, CostRecord]:
-    """The integer objective (each term rounded once, as in the problem) and the summed record."""
+    """The integer objective (each term rounded once, as in the problem) and the summed record,
+    both for a step of the problem's micro-batches."""
     known = []
     for table, strategy in zip(problem.ops, strategies):
         # a strategy pruned as dominated (or given by a user) is costed afresh by the walk
@@ -241,16 +244,17 @@ def integer_objective(problem: Problem, strategies: Sequence[Strategy]) -> tuple
     terms = plan_terms(
         problem.graph, problem.mesh, problem.profile, problem.settings, strategies, known
     )
-    records = terms.records()
+    records, passes = terms.records(), problem.num_microbatches
     units: dict[int, int] = {}  # identical terms share one record object
     objective = 0
     for record in records:
         if id(record) not in units:
+            step = accumulated(record, passes)
             units[id(record)] = int(
-                round(seconds(record, problem.mesh, problem.profile) / problem.unit_s)
+                round(seconds(step, problem.mesh, problem.profile) / problem.unit_s)
             )
         objective += units[id(record)]
-    return objective, sum_records(records)
+    return objective, accumulated(sum_records(records), passes)
 
 
 def _memory_parts(mem) -> tuple[tuple[str, float], ...]:
@@ -311,6 +315,7 @@ def make_plan(
         explanation=explanation,
         bound=None if bound is None else int(bound),
         reserve_bytes=problem.profile.reserve_bytes,
+        num_microbatches=problem.num_microbatches,
     )
 
 

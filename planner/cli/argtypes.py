@@ -103,6 +103,11 @@ seed = number(int, lambda v: 0 <= v < 2**31, "an integer in 0..2^31-1")
 positive_int = number(int, lambda v: 1 <= v < 2**40, "a positive integer below 2^40")
 
 
+def count_or_auto(text: str) -> int | str:
+    """A micro-batch count, or ``auto`` (search every divisor of the batch)."""
+    return "auto" if text == "auto" else positive_int(text)
+
+
 seconds = number(float, lambda v: 0 < v < float("inf"), "a positive finite number of seconds")
 
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from planner import api, api3d
+from planner import accumulation, api, api3d
 from planner.errors import SettingsError
 from planner.cluster.mesh import parse_mesh
 from planner.cluster.profiles import SYMBOLIC
@@ -172,7 +172,7 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         seed=args.seed,
         jobs=_jobs(args),
         degrees=[args.pp] if args.pp else None,
-        counts=[args.num_microbatches] if args.num_microbatches else None,
+        counts=[args.num_microbatches] if args.num_microbatches not in (None, "auto") else None,
         cuts=args.cuts,
         hardware_csv=args.hardware,
         progress=progress_bar(args),
@@ -185,11 +185,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return cmd_top_k(args)
     if args.pipeline == "auto":
         return cmd_pipeline(args)
-    _refuse(args, PIPELINE_OPTIONS, "only with --pipeline auto (or `planner pipeline`)")
-    plan = api.plan(
+    flat = tuple(name for name in PIPELINE_OPTIONS if name != "num_microbatches")
+    _refuse(args, flat, "only with --pipeline auto (or `planner pipeline`)")
+    count = args.num_microbatches or 1
+    search = accumulation.plan_counts if count == "auto" else api.plan
+    plan = search(
         args.model,
         args.mesh or "8",
         args.device or "a100-80g",
+        **({} if count == "auto" else {"num_microbatches": count}),
         method=args.method,
         batch=args.batch,
         seq=args.seq,

@@ -82,6 +82,8 @@ def cmd_top_k(args: argparse.Namespace) -> int:
         raise SettingsError("--top-k: not with --pipeline auto (flat plans only for now)")
     if args.method not in ("exact", "whole"):
         raise SettingsError(f"--top-k: an exact search ranks plans, not --method {args.method}")
+    if args.num_microbatches is not None:
+        raise SettingsError("--num-microbatches: not with --top-k (it ranks one-micro-batch plans)")
     plans = top_plans(
         args.model,
         args.mesh or "8",

@@ -16,6 +16,7 @@ from planner.cli.argtypes import (
     add_logging,
     add_picture,
     byte_size,
+    count_or_auto,
     cut_list,
     non_negative,
     positive_int,
@@ -133,8 +134,10 @@ def _add_pipeline(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--num-microbatches",
-        type=positive_int,
-        help="micro-batch count (default: search every divisor)",
+        type=count_or_auto,
+        help="micro-batch count, or auto: every divisor of the batch (with a pipeline the "
+        "default is auto; a flat plan accumulates gradients over the micro-batches and its "
+        "default is 1)",
     )
     p.add_argument(
         "--pipeline-method",

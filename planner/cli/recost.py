@@ -89,10 +89,14 @@ def recost(args: argparse.Namespace, data: dict, path: str):
             where=f"--plan {path}",
         )
     assignment = {o["name"]: o["strategy"] for o in data["operators"]}
+    count = data.get("num_microbatches", 1)
+    if type(count) is not int or count < 1:
+        raise SettingsError(f"--plan: {path}: field 'num_microbatches' must be a positive integer")
     return api.evaluate(
         model,
         data["mesh"],
         device,
+        num_microbatches=count,
         assignment=assignment,
         batch=batch,
         seq=seq,

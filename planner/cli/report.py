@@ -56,6 +56,11 @@ def format_plan(plan: Plan) -> str:
             "communication: "
             + ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in plan.comm_by_kind_s if v)
         )
+    if plan.num_microbatches > 1:
+        lines.append(
+            f"gradient accumulation: {plan.num_microbatches} micro-batches a step (passes "
+            "repeated, gradient sync and optimizer step once; memory of one micro-batch)"
+        )
     lines.append(_memory_line(plan))
     lines.append(f"search time {plan.search_time_s:.2f} s")
     for field, what in (("layer_recompute", "recompute"), ("layer_zero", "ZeRO stage")):

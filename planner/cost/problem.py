@@ -29,7 +29,7 @@ from planner.cost.operators import (
     operand_infos,
     output_layouts,
 )
-from planner.cost.records import CostRecord, sum_records, seconds
+from planner.cost.records import CostRecord, accumulated, sum_records, seconds
 from planner.cost.settings import TrainingSettings
 from planner.cost.terms import plan_terms
 from planner.errors import SettingsError
@@ -60,6 +60,9 @@ class Problem:
     ties: tuple[EdgeTable, ...] = ()
     # (owner op, layouts of its tied parameters) a conditioned copy is pinned to
     conditions: tuple = ()
+    # micro-batches a step accumulates (the graph is one micro-batch): the passes' costs repeat,
+    # the gradient sync and optimizer step do not (``records.accumulated``)
+    num_microbatches: int = 1
 
     @property
     def all_edges(self) -> tuple[EdgeTable, ...]:
@@ -95,7 +98,8 @@ class Problem:
         return sum(int(t.memory[c]) for t, c in zip(self.ops, choice))
 
     def record(self, choice: Sequence[int]) -> CostRecord:
-        """The symbolic cost record of a whole plan (for breakdowns)."""
+        """The symbolic cost record of a whole plan, a step of all its micro-batches (for
+        breakdowns)."""
         strategies = [t.strategies[c] for t, c in zip(self.ops, choice)]
         terms = plan_terms(
             self.graph,
@@ -105,7 +109,7 @@ class Problem:
             strategies,
             [t.records[c] for t, c in zip(self.ops, choice)],
         )
-        return sum_records(terms.records())
+        return accumulated(sum_records(terms.records()), self.num_microbatches)
 
 
 def _build_op_table(
@@ -115,6 +119,7 @@ def _build_op_table(
     profile: MachineProfile,
     settings: TrainingSettings,
     unit_s: float,
+    passes: int = 1,
 ) -> OpTable:
     candidates = []
     for strategy in enumerate_strategies(op, mesh):
@@ -123,7 +128,7 @@ def _build_op_table(
         candidates.append(
             (
                 signature,
-                to_units(seconds(record, mesh, profile), unit_s),
+                to_units(seconds(accumulated(record, passes), mesh, profile), unit_s),
                 to_bytes(record.memory.total),
                 strategy,
                 record,
@@ -208,12 +213,26 @@ def build_problem(
     profile: MachineProfile,
     settings: TrainingSettings | None = None,
     unit_s: float = DEFAULT_UNIT_S,
+    num_microbatches: int = 1,
 ) -> Problem:
-    """Enumerate and cost every operator strategy and every edge layout pair."""
+    """Enumerate and cost every operator strategy and every edge layout pair; ``graph`` is one
+    micro-batch of a step that accumulates ``num_microbatches`` of them."""
     check_size(graph, mesh)
     settings = settings or TrainingSettings()
     with _no_cycle_collection():
-        return _build(graph, mesh, profile, settings, unit_s)
+        return _build(graph, mesh, profile, settings, unit_s, num_microbatches)
+
+
+def rebuilt(problem: Problem, settings: TrainingSettings) -> Problem:
+    """The same graph, cluster, unit and micro-batch count under other settings."""
+    return build_problem(
+        problem.graph,
+        problem.mesh,
+        problem.profile,
+        settings,
+        problem.unit_s,
+        problem.num_microbatches,
+    )
 
 
 @contextlib.contextmanager
@@ -231,7 +250,12 @@ def _no_cycle_collection():
 
 
 def _build(
-    graph: Graph, mesh: Mesh, profile: MachineProfile, settings: TrainingSettings, unit_s: float
+    graph: Graph,
+    mesh: Mesh,
+    profile: MachineProfile,
+    settings: TrainingSettings,
+    unit_s: float,
+    passes: int,
 ) -> Problem:
     infos = operand_infos(graph, settings)
     op_cache: dict[tuple, OpTable] = {}
@@ -239,7 +263,9 @@ def _build(
     for op in graph.operators:
         key = op_signature(op, infos[op.name])
         if key not in op_cache:
-            op_cache[key] = _build_op_table(op, infos[op.name], mesh, profile, settings, unit_s)
+            op_cache[key] = _build_op_table(
+                op, infos[op.name], mesh, profile, settings, unit_s, passes
+            )
         cached = op_cache[key]
         tables.append(
             OpTable(
@@ -253,7 +279,7 @@ def _build(
                 cached.records,
             )
         )
-    edges = build_edges(graph, tables, mesh, profile, unit_s)
+    edges = build_edges(graph, tables, mesh, profile, unit_s, passes)
     return Problem(
         graph,
         tuple(tables),
@@ -262,5 +288,6 @@ def _build(
         profile,
         settings,
         unit_s,
-        ties=build_ties(graph, tables, mesh, unit_s),
+        ties=build_ties(graph, tables, mesh, unit_s, passes),
+        num_microbatches=passes,
     )

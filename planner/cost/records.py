@@ -9,7 +9,7 @@ so a plan's time is the sum of its terms and the integer program stays linear.""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from planner.cluster.mesh import Mesh
 from planner.cluster.profiles import MachineProfile
@@ -80,6 +80,37 @@ def sum_records(records: "list[CostRecord] | tuple[CostRecord, ...]") -> CostRec
         comm.extend(r.comm)
         memory = memory + r.memory
     return CostRecord(comm=merge_comm(tuple(comm)), memory=memory, **totals)
+
+
+PER_PASS = ("fwd", "bwd")  # the phases a micro-batch repeats; grad and opt run once a step
+
+
+def accumulated(record: CostRecord, num_microbatches: int) -> CostRecord:
+    """A step of ``num_microbatches`` micro-batches (gradient accumulation) from the record of
+    one: the passes' FLOPs, compute, re-runs, hidden seconds and collectives repeat, the
+    gradient sync and optimizer step (and the sync hidden behind the last backward pass) run once,
+    and memory is one micro-batch's (they run one after another)::
+
+        time(M) = M (fwd_s + bwd_s - hidden_s + comm_fwd + comm_bwd) + opt_s + comm_grad
+                  + comm_opt - hidden_sync_s"""
+    if num_microbatches == 1:
+        return record
+    m = num_microbatches
+    return CostRecord(
+        record.fwd_flops * m,
+        record.bwd_flops * m,
+        tuple(
+            replace(c, nbytes=c.nbytes * m, count=c.count * m) if c.phase in PER_PASS else c
+            for c in record.comm
+        ),
+        record.memory,
+        record.fwd_s * m,
+        record.bwd_s * m,
+        record.opt_s,
+        record.hidden_s * m,
+        record.hidden_sync_s,
+        record.rerun_s * m,
+    )
 
 
 _ADDITIVE = (

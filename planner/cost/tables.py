@@ -81,8 +81,15 @@ def layout_index(layouts: Sequence[Layout]) -> tuple[tuple[Layout, ...], np.ndar
 
 
 def build_edges(
-    graph: Graph, tables: list[OpTable], mesh: Mesh, profile: MachineProfile, unit_s: float
+    graph: Graph,
+    tables: list[OpTable],
+    mesh: Mesh,
+    profile: MachineProfile,
+    unit_s: float,
+    passes: int = 1,
 ) -> tuple[EdgeTable, ...]:
+    """One table per edge: the redistribution of its tensor in each pass (forward and backward,
+    ``passes`` micro-batches a step)."""
     position = {t.op.name: i for i, t in enumerate(tables)}
     out_slot = {
         o.tensor: (position[t.op.name], k) for t in tables for k, o in enumerate(t.op.outputs)
@@ -107,19 +114,24 @@ def build_edges(
             dst_layouts, dst_index = indexed(table.in_layouts, slot)
             key = (info.shape, info.elem_bytes, info.edge_grad, src_layouts, dst_layouts)
             if key not in matrix_cache:
-                matrix_cache[key] = _edge_matrix(info, src_layouts, dst_layouts, mesh, unit_s)
+                matrix_cache[key] = _edge_matrix(
+                    info, src_layouts, dst_layouts, mesh, unit_s, passes
+                )
             ends = (src, src_slot, dst, slot, src_layouts, dst_layouts)
             edges.append(EdgeTable(operand.tensor, *ends, matrix_cache[key], src_index, dst_index))
     return tuple(edges)
 
 
-def _edge_matrix(info: OperandInfo, src_layouts, dst_layouts, mesh: Mesh, unit_s: float):
+def _edge_matrix(
+    info: OperandInfo, src_layouts, dst_layouts, mesh: Mesh, unit_s: float, passes: int = 1
+):
     """Redistribution cost (integer units) of a tensor from each producer to each reader layout."""
     return np.array(
         [
             [
                 to_units(
-                    edge_seconds(info.shape, info.elem_bytes, a, b, mesh, info.edge_grad), unit_s
+                    edge_seconds(info.shape, info.elem_bytes, a, b, mesh, info.edge_grad) * passes,
+                    unit_s,
                 )
                 for b in dst_layouts
             ]
@@ -130,7 +142,7 @@ def _edge_matrix(info: OperandInfo, src_layouts, dst_layouts, mesh: Mesh, unit_s
 
 
 def build_ties(
-    graph: Graph, tables: list[OpTable], mesh: Mesh, unit_s: float
+    graph: Graph, tables: list[OpTable], mesh: Mesh, unit_s: float, passes: int = 1
 ) -> tuple[EdgeTable, ...]:
     """One edge table per tied read: owner's forward layout of the parameter -> the reader's."""
     infos = {t.op.name: t.inputs for t in tables}
@@ -147,7 +159,9 @@ def build_ties(
         cost = np.array(
             [
                 [
-                    to_units(edge_seconds(info.shape, info.elem_bytes, a, b, mesh, True), unit_s)
+                    to_units(
+                        edge_seconds(info.shape, info.elem_bytes, a, b, mesh, True) * passes, unit_s
+                    )
                     for b in dst_layouts
                 ]
                 for a in src_layouts

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from planner.cost.recompute import attention_core
-from planner.cost.problem import Problem, build_problem
+from planner.cost.problem import Problem, rebuilt
 from planner.cost.settings import AUTO, RECOMPUTE, ZERO_STAGES
 from planner.search.decompose import Segment
 from planner.search.ties import conditioned
@@ -56,13 +56,7 @@ def layer_options(
     built = built if built is not None else {}
     for mode in modes[1:]:
         if mode not in built:
-            built[mode] = build_problem(
-                graph,
-                problem.mesh,
-                problem.profile,
-                pinned_settings(settings, layers, mode),
-                problem.unit_s,
-            )
+            built[mode] = rebuilt(problem, pinned_settings(settings, layers, mode))
     variants = tuple(built[mode] for mode in modes[1:])
     # a problem conditioned on tied layouts: its variants are conditioned alike
     if problem.conditions:
