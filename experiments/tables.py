@@ -362,6 +362,7 @@ TABLES = (
     ("SAPP_SCALING_TABLE", sapp_scaling, "sapp_scaling.csv"),
     ("HEURISTIC_TABLE", heuristics, "exact_vs_heuristic.csv"),
     ("GRID_TABLE", tables_grid.exact_grid_sapp, "exact_vs_heuristic.csv"),
+    ("THREED_TABLE", tables_grid.threed, "threed.csv"),
     ("PIPELINE_TABLE", pipeline, "pipeline.csv"),
     ("FIDELITY_TABLE", fidelity, "fidelity.csv"),
     ("PORTABILITY_TABLE", portability, "portability.csv"),

@@ -29,3 +29,20 @@ def exact_grid_sapp(path: Path) -> str:
         for r in table.itertuples(index=False)
     ]
     return "\n".join(lines)
+
+
+def threed(path: Path) -> str:
+    """benchmarks/threed.py: the 3D search beside the best point of a Megatron-style grid."""
+    d = pd.read_csv(path)
+    lines = [
+        "| case | `plan --pipeline auto` (s) | its configuration | search wall (s) | best grid "
+        "point (s) | its flags | search / grid |",
+        "| --- | ---: | --- | ---: | ---: | --- | ---: |",
+    ]
+    for r in d.itertuples():
+        lines.append(
+            f"| {r.case} | {r.search_iteration_s:.3f} | {r.search_config} | "
+            f"{r.search_wall_s:.1f} | {r.grid_best_s:.3f} | `{r.grid_best_flags}` | "
+            f"{r.ratio:.3f} |"
+        )
+    return "\n".join(lines)
