@@ -284,8 +284,7 @@ def make_plan(
     objective, record = integer_objective(problem, strategies)
     notes = tuple(notes) + _unused_mesh_note(problem, strategies, status == "OPTIMAL")
     times = breakdown(record, problem.mesh, problem.profile)
-    mem = record.memory
-    axes = problem.mesh.names
+    mem, axes = record.memory, problem.mesh.names
     ops = tuple(
         OpAssignment(t.op.name, t.op.kind, tuple(zip(axes, s)), t.op.layer)
         for t, s in zip(problem.ops, strategies)

@@ -332,8 +332,10 @@ CASES = [
     (
         "plan --num-microbatches without pipeline",
         ["plan", "--model", "mlp", "--num-microbatches", "2"],
-        2,
-        None,
+        0,
+        lambda tmp, cap, out: (
+            "gradient accumulation: 2 micro-batches" in out and cap["graph_batch"] == 4096 // 2
+        ),
     ),
     (
         "plan --pipeline-method without pipeline",
@@ -1324,8 +1326,8 @@ def _spy(monkeypatch, force_feasible: bool) -> dict:
             else found
         )
 
-    def make_problem(graph, cluster, settings=None, batch=None, seq=None):
-        problem = real_make_problem(graph, cluster, settings, batch, seq)
+    def make_problem(graph, cluster, settings=None, batch=None, seq=None, num_microbatches=1):
+        problem = real_make_problem(graph, cluster, settings, batch, seq, num_microbatches)
         captured.update(
             graph_batch=problem.graph.tensors[0].shape[0],
             graph_seq=problem.graph.tensors[0].shape[1]
