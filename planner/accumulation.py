@@ -19,11 +19,8 @@ from dataclasses import replace
 
 from planner import api
 from planner.errors import SettingsError
+from planner.pipeline.threed import divisors
 from planner.plans import Plan
-
-
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def plan_counts(model, mesh="8", device="a100-80g", *, batch=None, seq=None, **options) -> Plan:
