@@ -100,8 +100,8 @@ def plan_pipeline(
     hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV,
     progress: Progress | None = None,
 ) -> Plan3D:
-    """3D plan: pipeline degree over the outermost mesh axis, ``intra`` plans per stage, ``method``
-    cuts.
+    """3D plan: pipeline degree over the outer part of the mesh, ``intra`` plans per stage,
+    ``method`` cuts.
 
     ``mesh`` defaults to ``node=devices/gpus_per_node,gpu=gpus_per_node`` for the profile;
     ``degrees``, ``counts`` (micro-batch counts) and ``cuts`` pin parts of the search."""
@@ -115,7 +115,14 @@ def plan_pipeline(
     load = model_loader(model, seq)
     global_batch = _global_batch(model, batch, seq)
     options = threed.PipelineOptions(
-        schedule, method, _tuple(degrees), _tuple(counts), cuts, escalate, fit_required
+        schedule,
+        method,
+        _tuple(degrees),
+        _tuple(counts),
+        cuts,
+        escalate,
+        fit_required,
+        tensor_meshes=escalate and intra == "exact",
     )
     planner = stage_planner(intra, time_limit_s, seed, jobs)
     return threed.plan_pipeline(
@@ -246,7 +253,7 @@ def layer_chain(
     hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV,
 ) -> StageChain:
     """The layer chain of a model (a spec or a ``Graph``) for ``stages`` pipeline stages over the
-    outermost mesh axis: the exact intra-operator plan on the stage sub-mesh, re-costed at every
+    outer part of the mesh: the exact intra-operator plan on the stage sub-mesh, re-costed at every
     micro-batch count that divides the batch (see ``planner.pipeline.threed``).
     ``StageChain.cost(cuts, num_microbatches)`` costs given cuts and a count on it."""
     cluster = make_cluster(mesh, device, float("inf"), hardware_csv=hardware_csv)
@@ -291,7 +298,8 @@ def evaluate_3d_file(
         raise SettingsError(
             f"{where}: num_microbatches {count} does not divide the batch {global_batch}"
         )
-    sub = threed.stage_mesh(cluster.mesh, stages)
+    stage_spec = data["pipeline"].get("stage_mesh")
+    sub = threed.stage_mesh(cluster.mesh, stages, stage_spec)
     settings = settings or TrainingSettings()
     refuse_auto(settings, "a 3D plan file fixes one recompute mode")
     problem = build_problem(load(global_batch // count), sub, cluster.profile, settings)
@@ -312,6 +320,7 @@ def evaluate_3d_file(
         schedule,
         strategies,
         str(data.get("intra_method", "given")),
+        stage_spec,
     )
 
 

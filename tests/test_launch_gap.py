@@ -21,7 +21,8 @@ def test_the_changes_each_lower_the_time_towards_the_best():
     given, run, _ = evaluate_megatron(LINE)
     gap = compare_best(run, given)
     assert gap.percent > 0  # a hand-written line with needless recompute on 8 GPUs
-    assert gap.changes and gap.changes[0].group == "recompute"  # full recompute is pure cost
+    # full recompute is pure cost on these GPUs: one of the changes lifts it
+    assert "recompute" in {c.group for c in gap.changes}
     times = [given.pipeline.iteration_time_s] + [c.iteration_time_s for c in gap.changes]
     assert times == sorted(times, reverse=True) and len(set(times)) == len(times)
     # the last time is the given line with every listed change applied, costed as given

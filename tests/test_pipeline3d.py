@@ -97,7 +97,8 @@ def test_search_reaches_every_divisor_degree_and_count():
     result = plan_pipeline(
         "gpt:layers=12,hidden=128,heads=4,seq=32,vocab=256", "node=6,gpu=2", "a100-80g", batch=12
     )
-    assert {c["stages"] for c in result.candidates} == {1, 2, 3, 6}  # 3 and 6 are not powers of two
+    # 3 and 6 are not powers of two; 12 takes the node axis and both GPUs of each node
+    assert {c["stages"] for c in result.candidates} == {1, 2, 3, 6, 12}
     counts = [c for c in range(1, 13) if 12 % c == 0]
     from planner.api3d import layer_chain
 

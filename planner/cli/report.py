@@ -126,11 +126,12 @@ def format_3d(result: Plan3D) -> str:
     ]
     if result.candidates:
         lines.append(
-            "candidates (stages, stage mesh, sequence parallel, recompute, zero, M, s, GiB, fits):"
+            "candidates (stages, stage mesh, stage plan, sequence parallel, recompute, zero, M, s, "
+            "GiB, fits):"
         )
         for c in result.candidates:
             lines.append(
-                f"  {c['stages']:4d} {c['stage_mesh']:18s} "
+                f"  {c['stages']:4d} {c['stage_mesh']:18s} {c.get('stage_plan', '-'):8s} "
                 f"{'sp' if c['sequence_parallel'] else '-':2s} {c['recompute']:9s} {c['zero']} "
                 f"{c['num_microbatches']:5d} {c['iteration_time_s']:10.3f} "
                 f"{c['max_memory_bytes'] / GIB:8.2f} {c['fits_memory']}"

@@ -63,6 +63,8 @@ class Problem:
     # micro-batches a step accumulates (the graph is one micro-batch): the passes' costs repeat,
     # the gradient sync and optimizer step do not (``records.accumulated``)
     num_microbatches: int = 1
+    # the edge matrices built so far, shared with the problems ``rebuilt`` from this one
+    edge_matrices: dict = field(default_factory=dict, repr=False)
 
     @property
     def all_edges(self) -> tuple[EdgeTable, ...]:
@@ -214,17 +216,33 @@ def build_problem(
     settings: TrainingSettings | None = None,
     unit_s: float = DEFAULT_UNIT_S,
     num_microbatches: int = 1,
+    edge_matrices: dict | None = None,
 ) -> Problem:
     """Enumerate and cost every operator strategy and every edge layout pair; ``graph`` is one
-    micro-batch of a step that accumulates ``num_microbatches`` of them."""
+    micro-batch of a step that accumulates ``num_microbatches`` of them. ``edge_matrices``: the
+    redistribution matrices of earlier builds to reuse (``tables.build_edges``); the problem keeps
+    the dict, filled, as its ``edge_matrices``."""
     check_size(graph, mesh)
     settings = settings or TrainingSettings()
+    matrices = {} if edge_matrices is None else edge_matrices
     with _no_cycle_collection():
-        return _build(graph, mesh, profile, settings, unit_s, num_microbatches)
+        return _build(graph, mesh, profile, settings, unit_s, num_microbatches, matrices)
+
+
+def skeleton(
+    graph: Graph, mesh: Mesh, profile: MachineProfile, settings: TrainingSettings
+) -> Problem:
+    """The problem's operators, mesh and settings without costed tables (no strategy, no edge):
+    for the hand-written plans that read only those (``baselines.megatron``), where costing every
+    strategy of every operator would be wasted."""
+    empty = np.zeros(0, dtype=np.int64)
+    tables = tuple(OpTable(op, (), (), empty, empty, (), ()) for op in graph.operators)
+    return Problem(graph, tables, (), mesh, profile, settings, DEFAULT_UNIT_S)
 
 
 def rebuilt(problem: Problem, settings: TrainingSettings) -> Problem:
-    """The same graph, cluster, unit and micro-batch count under other settings."""
+    """The same graph, cluster, unit and micro-batch count under other settings (its edge
+    matrices reused: redistribution does not depend on the settings)."""
     return build_problem(
         problem.graph,
         problem.mesh,
@@ -232,6 +250,7 @@ def rebuilt(problem: Problem, settings: TrainingSettings) -> Problem:
         settings,
         problem.unit_s,
         problem.num_microbatches,
+        problem.edge_matrices,
     )
 
 
@@ -256,6 +275,7 @@ def _build(
     settings: TrainingSettings,
     unit_s: float,
     passes: int,
+    matrices: dict,
 ) -> Problem:
     infos = operand_infos(graph, settings)
     op_cache: dict[tuple, OpTable] = {}
@@ -279,7 +299,7 @@ def _build(
                 cached.records,
             )
         )
-    edges = build_edges(graph, tables, mesh, profile, unit_s, passes)
+    edges = build_edges(graph, tables, mesh, profile, unit_s, passes, matrices)
     return Problem(
         graph,
         tuple(tables),
@@ -290,4 +310,5 @@ def _build(
         unit_s,
         ties=build_ties(graph, tables, mesh, unit_s, passes),
         num_microbatches=passes,
+        edge_matrices=matrices,
     )

@@ -87,14 +87,17 @@ def build_edges(
     profile: MachineProfile,
     unit_s: float,
     passes: int = 1,
+    matrix_cache: dict | None = None,
 ) -> tuple[EdgeTable, ...]:
     """One table per edge: the redistribution of its tensor in each pass (forward and backward,
-    ``passes`` micro-batches a step)."""
+    ``passes`` micro-batches a step). ``matrix_cache`` keeps the matrices for the next build on
+    the same mesh (another setting's problem: redistribution does not depend on the settings);
+    its keys hold the mesh, unit and passes, so one cache may serve several meshes."""
     position = {t.op.name: i for i, t in enumerate(tables)}
     out_slot = {
         o.tensor: (position[t.op.name], k) for t in tables for k, o in enumerate(t.op.outputs)
     }
-    matrix_cache: dict[tuple, np.ndarray] = {}
+    matrix_cache = {} if matrix_cache is None else matrix_cache
     index_cache: dict[tuple, tuple] = {}
 
     def indexed(layouts: tuple, slot: int) -> tuple:
@@ -112,7 +115,16 @@ def build_edges(
             info = table.inputs[slot]
             src_layouts, src_index = indexed(tables[src].out_layouts, src_slot)
             dst_layouts, dst_index = indexed(table.in_layouts, slot)
-            key = (info.shape, info.elem_bytes, info.edge_grad, src_layouts, dst_layouts)
+            key = (
+                mesh,
+                unit_s,
+                passes,
+                info.shape,
+                info.elem_bytes,
+                info.edge_grad,
+                src_layouts,
+                dst_layouts,
+            )
             if key not in matrix_cache:
                 matrix_cache[key] = _edge_matrix(
                     info, src_layouts, dst_layouts, mesh, unit_s, passes

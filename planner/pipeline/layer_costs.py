@@ -255,14 +255,23 @@ def model_chain(
     settings: TrainingSettings,
     strategies: dict[str, Strategy],
     link: MeshAxis,
+    columns_cache: dict | None = None,
 ) -> LayerChain | None:
-    """The layer chain of a fixed intra-operator plan re-costed at every micro-batch count."""
+    """The layer chain of a fixed intra-operator plan re-costed at every micro-batch count.
+    ``columns_cache``: the per-count costs of earlier chains of a search, by (micro-batch size,
+    mesh, settings, plan), reused (a stage plan solved again at another reference count is often
+    the same plan)."""
     columns, kept = [], []
+    cache = {} if columns_cache is None else columns_cache
+    plan = tuple(strategies.values())
     for count in counts:
         graph = load(batch // count)
         # a split that no longer divides the micro-batch: skip
         if plan_valid(graph, mesh, strategies):
-            columns.append(cost_layers(graph, mesh, profile, settings, strategies))
+            key = (batch // count, mesh, profile, settings, plan)
+            if key not in cache:
+                cache[key] = cost_layers(graph, mesh, profile, settings, strategies)
+            columns.append(cache[key])
             kept.append(count)
     if not columns:
         return None

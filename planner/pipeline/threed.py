@@ -1,12 +1,14 @@
-"""3D plans: pipeline stages over the outermost mesh axis, intra-operator plans inside each stage.
+"""3D plans: pipeline stages over the outer part of the mesh, intra-operator plans in each stage.
 
-For each pipeline degree p dividing the outermost axis (every divisor, at most the number of
-layers), the stage sub-mesh is the mesh with that axis divided by p. The intra-operator plan is
-solved once per p on the stage sub-mesh (by the exact search, or by the method the caller
-passes) at a reference micro-batch count M_ref = the smallest divisor of the batch >= 2p, then
-that plan is re-costed at every candidate micro-batch count M (every divisor of the batch for
-which the plan still divides the micro-batch b = batch / M), which gives the layer chain (costs
-stay symbolic: nothing is measured). Operators outside layers (embedding, head, loss) join the
+For each pipeline degree p that is an outer part of the mesh (whole outer axes times a divisor of
+the next: 1, 2, 4, 8, 16, 32, 64 on node=8,gpu=8; at most the number of layers), the stage meshes
+are the mesh less that part and its tensor-parallel factorings (``planner.pipeline.stage_meshes``).
+The intra-operator plan is solved once per p and stage mesh (by the exact search, or by the method
+the caller passes; Megatron-LM's pattern on a tensor-parallel factoring) at a reference micro-batch
+count M_ref = the smallest divisor of the batch >= 2p, then that plan is re-costed at every
+candidate micro-batch count M (every divisor of the batch for which the plan still divides the
+micro-batch b = batch / M), which gives the layer chain (costs stay symbolic: nothing is
+measured). Operators outside layers (embedding, head, loss) join the
 first and the last layer. The cut search (CSIMD by default) picks cuts and M; the memory check is
 the schedule's (1F1B: stage k holds min(p - k, M) micro-batches). Stages need not hold equal
 layer counts: the cut search places every cut, and the ``even`` method gives stage k the layers
@@ -22,7 +24,7 @@ import bisect
 import functools
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from planner.cost.settings import TrainingSettings
@@ -37,8 +39,13 @@ from planner.pipeline.schedule import Evaluator, LayerChain, PipelinePlan, parse
 from planner.pipeline.timeline import stage_details
 from planner.pipeline.variants import check_choices, variants as setting_variants
 from planner.pipeline.search import METHODS, given_cuts, stage_breakdown
-from planner.cost.problem import Problem, build_problem
+from planner.cost.problem import Problem, build_problem, skeleton
 from planner.pipeline.plan3d import Plan3D
+from planner.pipeline.stage_meshes import (
+    candidates as stage_candidates,
+    pipeline_degrees,
+    stage_mesh,
+)
 from planner.units import bytes_text
 from planner.cost.strategy import Strategy
 
@@ -60,15 +67,7 @@ class PipelineOptions:
     cuts: tuple[int, ...] | None = None
     escalate: bool = True
     fit_required: bool = True
-
-
-def stage_mesh(mesh: Mesh, stages: int) -> Mesh:
-    outer = mesh.axes[0]
-    if outer.size % stages:
-        raise SettingsError(
-            f"--pipeline: {stages} stages do not divide mesh axis {outer.name} ({outer.size})"
-        )
-    return mesh.sub_mesh((outer.size // stages,) + mesh.shape[1:])
+    tensor_meshes: bool = True
 
 
 def exact_stage_plan(problem: Problem) -> tuple[tuple[Strategy, ...], str]:
@@ -111,20 +110,35 @@ def plan_pipeline(
         counts,
         stage_planner,
         o.cuts,
+        intra_method=intra_method,
     )
     best, first, rows = None, None, []
     progress = progress or (lambda done, total, what: None)
     for done, p in enumerate(degrees):
         progress(done, len(degrees), "pipeline degrees")
-        sub = stage_mesh(mesh, p)
-        variants = setting_variants(settings, sub) if o.escalate else [settings]
-        found, fitting = search.escalated(sub, p, variants, rows)
-        first, best = first or found, _faster(best, fitting)
+        relaxed = False
+        for candidate in stage_candidates(mesh, p, o.tensor_meshes):
+            if candidate.tensor_axis is not None and relaxed:
+                break  # memory does not bind at this degree: see stage_meshes
+            sub = candidate.mesh
+            variants = setting_variants(settings, sub) if o.escalate else [settings]
+            if candidate.tensor_axis is not None:
+                # Megatron-LM's stage plan runs tensor parallelism with sequence parallelism
+                variants = [v for v in variants if v.sequence_parallel] or variants
+            planned = replace(
+                search,
+                stage_planner=candidate.planner(stage_planner),
+                costed=candidate.tensor_axis is None,
+                intra_method=intra_method if candidate.tensor_axis is None else "megatron",
+            )
+            found, fitting, unbound = planned.escalated(sub, p, variants, rows)
+            first, best = first or found, _faster(best, fitting)
+            relaxed = relaxed or (candidate.tensor_axis is None and unbound)
     progress(len(degrees), len(degrees), "pipeline degrees")
     best = best or (None if o.fit_required else first)
     if best is None:
         raise _nothing_fits(rows, memory_limit)
-    best = replace(best, intra_method=intra_method, candidates=tuple(rows))
+    best = replace(best, candidates=tuple(rows))
     return replace(best, search_time_s=time.perf_counter() - start)
 
 
@@ -132,10 +146,10 @@ def _search_space(load, batch: int, mesh: Mesh, schedule: str, degrees, counts, 
     """The pipeline degrees (every divisor of the outer axis that leaves each stage's chunks a
     layer) and micro-batch counts (every divisor of the batch) to search, unless given."""
     layers = max(layer_of(load(batch))) + 1
-    outer = mesh.axes[0].size
+    known = pipeline_degrees(mesh)
     chunks = parse_schedule(schedule)[1]  # interleaved:v: every stage holds v chunks of >= 1 layer
-    degrees = degrees or [p for p in divisors(outer) if p * chunks <= layers]
-    check_choices(degrees, counts, outer, layers, batch, cuts, chunks)
+    degrees = degrees or [p for p in known if p * chunks <= layers]
+    check_choices(degrees, counts, known, layers, batch, cuts, chunks)
     return degrees, counts or divisors(batch)
 
 
@@ -147,11 +161,12 @@ def _faster(best: Plan3D | None, candidate: Plan3D | None) -> Plan3D | None:
     return best
 
 
-def _candidate_row(stages: int, stage_mesh: str, variant: TrainingSettings, pipe) -> dict:
+def _candidate_row(stages: int, stage_mesh: str, stage_plan: str, variant, pipe) -> dict:
     """One row of the candidates a 3D search compared (``Plan3D.candidates``)."""
     return {
         "stages": stages,
         "stage_mesh": stage_mesh,
+        "stage_plan": stage_plan,
         "sequence_parallel": variant.sequence_parallel,
         "recompute": variant.recompute,
         "zero": variant.zero,
@@ -192,15 +207,26 @@ def stage_chain(
     counts,
     stage_planner: StagePlanner = exact_stage_plan,
     reference: int | None = None,
+    edge_matrices: dict | None = None,
+    costed: bool = True,
+    columns_cache: dict | None = None,
 ):
     """Plan the stage sub-mesh at the reference micro-batch count (default: the smallest count of
-    at least 2p); the plan's layer chain."""
+    at least 2p); the plan's layer chain. ``edge_matrices``: a search's cache of redistribution
+    matrices (``build_problem``), shared by its settings variants; ``costed`` off: the planner
+    reads only the problem's skeleton (Megatron's pattern)."""
     reference = reference or reference_count(counts, p)
     graph = load(batch // reference)
-    problem = build_problem(graph, sub, profile, settings)
+    problem = (
+        build_problem(graph, sub, profile, settings, edge_matrices=edge_matrices)
+        if costed
+        else skeleton(graph, sub, profile, settings)
+    )
     chosen, status = stage_planner(problem)
     strategies = {t.op.name: s for t, s in zip(problem.ops, chosen)}
-    chain = model_chain(load, batch, counts, sub, profile, settings, strategies, mesh.axes[0])
+    chain = model_chain(
+        load, batch, counts, sub, profile, settings, strategies, mesh.axes[0], columns_cache
+    )
     return None if chain is None else (chain, status, strategies, graph)
 
 
@@ -220,6 +246,14 @@ class DegreeSearch:
     counts: list[int]
     stage_planner: StagePlanner
     cuts: tuple[int, ...] | None
+    # redistribution matrices built so far: the settings variants of a degree share them
+    edge_matrices: dict = field(default_factory=dict)
+    # whether the stage planner needs the costed problem (Megatron's pattern does not)
+    costed: bool = True
+    # per-count layer costs built so far (``layer_costs.model_chain``)
+    columns_cache: dict = field(default_factory=dict)
+    # the stage planner's name, as plans and candidate rows report it
+    intra_method: str = "exact"
 
     def degree(self, sub: Mesh, settings: TrainingSettings, p: int) -> tuple[Plan3D | None, bool]:
         """The best plan of ``p`` stages on ``sub`` under ``settings`` (None: no stage plan), and
@@ -247,6 +281,9 @@ class DegreeSearch:
             self.counts,
             self.stage_planner,
             reference,
+            self.edge_matrices,
+            self.costed,
+            self.columns_cache,
         )
         if found is None or p > found[0].num_layers:
             return None, False
@@ -265,16 +302,29 @@ class DegreeSearch:
             fits = pipe.max_memory_bytes <= self.memory_limit
             pipe = replace(pipe, fits_memory=fits, status="INFEASIBLE")
         mesh, profile, limit = self.mesh, self.profile, self.memory_limit
-        plan = assemble(graph, mesh, sub, profile, settings, chain, pipe, strategies, status, limit)
+        plan = assemble(
+            graph,
+            mesh,
+            sub,
+            profile,
+            settings,
+            chain,
+            pipe,
+            strategies,
+            status,
+            limit,
+            self.intra_method,
+        )
         return plan, free
 
     def escalated(self, sub: Mesh, p: int, variants, rows: list) -> tuple:
         """The plans of ``p`` stages under every variant (``variants.variants``: least recompute
-        first): (the first plan, the fastest that fits or None); a row per plan is added to
-        ``rows``. A variant with more recompute than one of the same sequence parallelism and ZeRO
-        stage that fits without the memory limit binding is skipped: for every stage plan, count
-        and cuts a re-run only adds compute, so it cannot be faster."""
-        first, best, free = None, None, set()
+        first): (the first plan, the fastest that fits or None, whether a variant of the least
+        recompute fits with the memory limit not binding); a row per plan is added to ``rows``. A
+        variant with more recompute than one of the same sequence parallelism and ZeRO stage that
+        fits without the memory limit binding is skipped: for every stage plan, count and cuts a
+        re-run only adds compute, so it cannot be faster."""
+        first, best, free, relaxed = None, None, set(), False
         for variant in variants:
             if (variant.sequence_parallel, variant.zero) in free:
                 continue
@@ -282,12 +332,13 @@ class DegreeSearch:
             if candidate is None:
                 continue
             first = first or candidate
-            rows.append(_candidate_row(p, sub.spec, variant, candidate.pipeline))
+            rows.append(_candidate_row(p, sub.spec, self.intra_method, variant, candidate.pipeline))
             if candidate.pipeline.fits_memory:
                 best = _faster(best, candidate)
             if unbound:
                 free.add((variant.sequence_parallel, variant.zero))
-        return first, best
+                relaxed = relaxed or variant.recompute == variants[0].recompute
+        return first, best, relaxed
 
     def _cuts(self, chain: LayerChain, p: int, limit: float) -> PipelinePlan:
         if self.cuts is not None:
@@ -356,14 +407,16 @@ def recost(
     schedule: str,
     strategies: dict[str, Strategy],
     intra_method: str = "given",
+    stage_spec: str | None = None,
 ) -> Plan3D:
-    """Cost a fixed 3D plan (a plan JSON read back): same chain and evaluator as the search."""
+    """Cost a fixed 3D plan (a plan JSON read back): same chain and evaluator as the search;
+    ``stage_spec``: the plan's stage mesh when it is not the physical one."""
     parse_schedule(schedule)  # a malformed schedule is refused before the model is built
     if batch % num_microbatches:
         raise SettingsError(
             f"--num-microbatches: {num_microbatches} does not divide the batch {batch}"
         )
-    sub = stage_mesh(mesh, stages)
+    sub = stage_mesh(mesh, stages, stage_spec)
     graph = load(batch // num_microbatches)
     if not plan_valid(graph, sub, strategies):
         raise SettingsError(

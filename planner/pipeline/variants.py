@@ -36,15 +36,17 @@ def variants(settings: TrainingSettings, stage: Mesh) -> list[TrainingSettings]:
 
 
 def check_choices(
-    degrees, counts, outer: int, layers: int, batch: int, cuts, chunks: int = 1
+    degrees, counts, known: list[int], layers: int, batch: int, cuts, chunks: int = 1
 ) -> None:
-    """The pinned pipeline degrees, micro-batch counts and cuts against the mesh, the layers and
-    the batch (one line naming the option when they do not fit together)."""
+    """The pinned pipeline degrees, micro-batch counts and cuts against the mesh (``known``: its
+    pipeline degrees), the layers and the batch (one line naming the option when they do not fit
+    together)."""
     for p in degrees:
-        if outer % p or p > layers:
+        if p not in known or p > layers:
             raise SettingsError(
-                f"--pp: {p} stages must divide the outermost mesh axis ({outer}) and be at most "
-                f"the number of layers ({layers})"
+                f"--pp: {p} stages must be an outer part of the mesh (whole outer axes times a "
+                f"divisor of the next: {', '.join(map(str, known))}) and at most the number of "
+                f"layers ({layers})"
             )
         if p * chunks > layers:
             raise SettingsError(

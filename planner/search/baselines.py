@@ -27,17 +27,24 @@ from planner.cost.strategy import (
 from planner.search.roles import batch_letters, megatron_letters
 
 
+def is_strategy(op, strategy: Strategy, mesh: Mesh) -> bool:
+    """Whether ``strategy`` is one of ``enumerate_strategies(op, mesh)``, without listing them."""
+    dims = splittable_dims(op)
+    return all(
+        dim is None or (axis.size > 1 and dim in dims) for axis, dim in zip(mesh.axes, strategy)
+    ) and divides(op.sizes, strategy, mesh)
+
+
 def drop_until_valid(problem: Problem, op_index: int, wanted: tuple[str | None, ...]) -> Strategy:
     """The wanted per-axis dims, dropping (to None) any axis whose wish is not valid for the op."""
-    table = problem.ops[op_index]
-    valid = set(enumerate_strategies(table.op, problem.mesh))
+    op, mesh = problem.ops[op_index].op, problem.mesh
     strategy = tuple(wanted)
-    if strategy in valid:
+    if is_strategy(op, strategy, mesh):
         return strategy
     for ax in range(len(strategy)):  # drop wishes one axis at a time, innermost first
         ax = len(strategy) - 1 - ax
         strategy = strategy[:ax] + (None,) + strategy[ax + 1 :]
-        if strategy in valid:
+        if is_strategy(op, strategy, mesh):
             return strategy
     return tuple(None for _ in strategy)
 
@@ -56,14 +63,16 @@ def megatron(problem: Problem, tensor_axis: int = -1) -> tuple[Strategy, ...]:
     n = len(problem.mesh.axes)
     tensor_axis %= n
     batches = batch_letters(problem.graph)
-    splittable = [set(enumerate_strategies(t.op, problem.mesh)) for t in problem.ops]
+    ops, mesh = [t.op for t in problem.ops], problem.mesh
 
     def wish(i: int, letter: str | None) -> tuple[str | None, ...]:
         return tuple(letter if ax == tensor_axis else batches[i] for ax in range(n))
 
-    letters = megatron_letters(problem.graph, lambda i, letter: wish(i, letter) in splittable[i])
+    letters = megatron_letters(problem.graph, lambda i, d: is_strategy(ops[i], wish(i, d), mesh))
     if problem.settings.sequence_parallel:
-        letters = _sequence_letters(problem.graph, letters, lambda i: wish(i, "s") in splittable[i])
+        letters = _sequence_letters(
+            problem.graph, letters, lambda i: is_strategy(ops[i], wish(i, "s"), mesh)
+        )
     return tuple(drop_until_valid(problem, i, wish(i, letter)) for i, letter in enumerate(letters))
 
 

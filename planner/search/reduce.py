@@ -14,7 +14,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -64,7 +64,9 @@ class Workers:
         self.pool = None
         if self.size > 1:
             context = multiprocessing.get_context("forkserver")
-            self.pool = context.Pool(self.size, initializer=_init_worker, initargs=(problem,))
+            # the shared edge-matrix cache stays here: workers only read the problem's own edges
+            sent = replace(problem, edge_matrices={})
+            self.pool = context.Pool(self.size, initializer=_init_worker, initargs=(sent,))
 
     def __enter__(self) -> "Workers":
         return self
