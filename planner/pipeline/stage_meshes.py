@@ -5,19 +5,21 @@
                    the t axis is named ``tp`` and both keep the innermost axis's link (t = r: the
                    innermost axis itself, no factoring)
 
-    candidates(p) = { (physical(p), the search's own stage planner) }
+    candidates(p) = { (physical(p), the search's own stage planner),
+                      (physical(p), data parallelism on every axis) }
                   + { (tensor(p, t), Megatron-LM's stage plan with tensor parallelism on the t axis
                        and data parallelism on the others)  : t | r, t > 1 }
 
 The search's own planner (the exact intra-operator search without a memory limit) picks the
 fastest stage plan, so it rarely splits model dims when data parallelism is faster; tensor
 parallelism pays where memory binds (it shards weights and, with sequence parallelism, the
-activations), which only the pipeline's memory check sees. The tensor candidates give that check
+activations), which only the pipeline's memory check sees, and a faster plan may hold more memory
+than plain data parallelism. The other candidates give that check
 the configurations practitioners run inside a node (tensor parallelism 2 or 4 beside data
-parallelism 4 or 2 on 8 GPUs), each costed by the same chain and evaluator. The 3D search tries
-them only at the degrees where the physical candidate needs more recompute than the given one to
-fit (where memory does not bind there, tensor parallelism only adds communication): a pruning
-rule of the heuristic search, not a proof.
+parallelism 4 or 2 on 8 GPUs, FSDP), each costed by the same chain and evaluator. The 3D search
+tries them only at the degrees where the search's own stage plan needs more recompute than the
+given one to fit (where memory does not bind there, the time-optimal stage plan is the one to
+beat): a pruning rule of the heuristic search, not a proof.
 """
 
 from __future__ import annotations
@@ -27,23 +29,29 @@ from typing import Callable
 
 from planner.cluster.mesh import Mesh, MeshAxis
 from planner.errors import SettingsError
-from planner.search.baselines import megatron
+from planner.search.baselines import data_parallel, megatron
 
 TENSOR_AXIS = "tp"
 
 
+SEARCH, DATA, TENSOR = "search", "dp", "megatron"
+
+
 @dataclass(frozen=True, slots=True)
 class StageMesh:
-    """A stage mesh and the axis its Megatron stage plan puts tensor parallelism on (None: the
-    search's own stage planner decides every axis)."""
+    """A stage mesh and its stage plan: ``search`` (the search's own planner), ``dp`` (data
+    parallelism on every axis) or ``megatron`` (tensor parallelism on ``tensor_axis``)."""
 
     mesh: Mesh
+    plan: str = SEARCH
     tensor_axis: int | None = None
 
     def planner(self, default: Callable) -> Callable:
-        """The stage planner of this candidate: ``default`` or Megatron's on the tensor axis."""
-        if self.tensor_axis is None:
+        """The stage planner of this candidate (``default``: the search's own)."""
+        if self.plan == SEARCH:
             return default
+        if self.plan == DATA:
+            return lambda problem: (data_parallel(problem), "HEURISTIC")
         axis = self.tensor_axis
         return lambda problem: (megatron(problem, axis), "HEURISTIC")
 
@@ -86,21 +94,23 @@ def tensor_stage_mesh(sub: Mesh, degree: int) -> StageMesh:
     if inner.size % degree or degree < 2:
         raise SettingsError(f"--tp: {degree} does not divide stage mesh axis {inner.name}")
     if degree == inner.size:
-        return StageMesh(sub, len(sub.axes) - 1)
+        return StageMesh(sub, TENSOR, len(sub.axes) - 1)
     name = TENSOR_AXIS if TENSOR_AXIS not in sub.names else f"{inner.name}_tp"
     axes = sub.axes[:-1] + (
         MeshAxis(inner.name, inner.size // degree, inner.bandwidth, inner.latency),
         MeshAxis(name, degree, inner.bandwidth, inner.latency),
     )
-    return StageMesh(Mesh(axes), len(axes) - 1)
+    return StageMesh(Mesh(axes), TENSOR, len(axes) - 1)
 
 
 def candidates(mesh: Mesh, stages: int, tensor: bool = True) -> list[StageMesh]:
-    """The physical stage mesh, then (``tensor``) every tensor-parallel factoring of its innermost
-    axis, smallest degree first."""
+    """The physical stage mesh under the search's planner, then (``tensor``) under data
+    parallelism and every tensor-parallel factoring of its innermost axis, smallest degree
+    first."""
     sub = physical_stage_mesh(mesh, stages)
     found = [StageMesh(sub)]
-    if tensor:
+    if tensor and sub.num_devices > 1:
+        found.append(StageMesh(sub, DATA))
         size = sub.axes[-1].size
         found += [tensor_stage_mesh(sub, t) for t in range(2, size + 1) if size % t == 0]
     return found

@@ -42,6 +42,7 @@ from planner.pipeline.search import METHODS, given_cuts, stage_breakdown
 from planner.cost.problem import Problem, build_problem, skeleton
 from planner.pipeline.plan3d import Plan3D
 from planner.pipeline.stage_meshes import (
+    SEARCH,
     candidates as stage_candidates,
     pipeline_degrees,
     stage_mesh,
@@ -118,7 +119,8 @@ def plan_pipeline(
         progress(done, len(degrees), "pipeline degrees")
         relaxed = False
         for candidate in stage_candidates(mesh, p, o.tensor_meshes):
-            if candidate.tensor_axis is not None and relaxed:
+            own = candidate.plan == SEARCH
+            if not own and relaxed:
                 break  # memory does not bind at this degree: see stage_meshes
             sub = candidate.mesh
             variants = setting_variants(settings, sub) if o.escalate else [settings]
@@ -128,12 +130,12 @@ def plan_pipeline(
             planned = replace(
                 search,
                 stage_planner=candidate.planner(stage_planner),
-                costed=candidate.tensor_axis is None,
-                intra_method=intra_method if candidate.tensor_axis is None else "megatron",
+                costed=own,
+                intra_method=intra_method if own else candidate.plan,
             )
             found, fitting, unbound = planned.escalated(sub, p, variants, rows)
             first, best = first or found, _faster(best, fitting)
-            relaxed = relaxed or (candidate.tensor_axis is None and unbound)
+            relaxed = relaxed or (own and unbound)
     progress(len(degrees), len(degrees), "pipeline degrees")
     best = best or (None if o.fit_required else first)
     if best is None:
@@ -341,9 +343,19 @@ class DegreeSearch:
         return first, best, relaxed
 
     def _cuts(self, chain: LayerChain, p: int, limit: float) -> PipelinePlan:
+        """The cut search's plan, or the even split where that fits and is faster (a heuristic
+        cut search must not lose to the cuts a practitioner writes by hand)."""
         if self.cuts is not None:
             return given_cuts(chain, p, self.schedule, limit, self.cuts)
-        return METHODS[self.method](chain, p, self.schedule, limit)
+        found = METHODS[self.method](chain, p, self.schedule, limit)
+        if p == 1 or self.method == "even":
+            return found
+        even = METHODS["even"](chain, p, self.schedule, limit)
+        if even.fits_memory and (
+            not found.fits_memory or even.iteration_time_s < found.iteration_time_s
+        ):
+            return even
+        return found
 
 
 def assemble(
