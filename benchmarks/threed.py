@@ -3,7 +3,8 @@ cost model, in one run: for each case, `plan --pipeline auto` (the 3D search) an
 Megatron-style grid costed as given (`planner evaluate --tp --pp --dp`): tensor parallelism over
 the divisors of a node's GPUs, pipeline parallelism over the divisors of the world (at most the
 layers), data parallelism the rest, micro-batch 1 or 2, recompute none/selective/full, ZeRO 0, 1
-(distributed optimizer) or 3 (FSDP), sequence parallelism with tensor parallelism, 1F1B. Prints
+(distributed optimizer), 2 or 3 (FSDP), sequence parallelism with tensor parallelism, 1F1B
+(``planner.grid3d``). Prints
 and writes, per case, the search's iteration time, status and wall time, the best fitting grid
 point and the ratio search / grid (<= 1: the search is not beaten by the grid).
 
@@ -13,7 +14,6 @@ point and the ratio search / grid (<= 1: the search is not beaten by the grid).
 from __future__ import annotations
 
 import argparse
-import itertools
 import sys
 import time
 from pathlib import Path
@@ -22,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import planner  # noqa: E402
 from experiments.common import results_table, run  # noqa: E402
-from planner.errors import InfeasibleError, SettingsError  # noqa: E402
+from planner.errors import SettingsError  # noqa: E402
+from planner.grid3d import grid_best, grid_points  # noqa: E402
 
 # name: (model, device, mesh, batch, seq, layers)
 CASES = {
@@ -34,46 +35,14 @@ CASES = {
 GPUS_PER_NODE = 8
 
 
-def grid(world: int, layers: int, batch: int):
-    """The grid's points: (tp, pp, dp, micro-batch, recompute, zero)."""
-    tps = [t for t in (1, 2, 4, 8) if t <= min(world, GPUS_PER_NODE) and world % t == 0]
-    for tp, pp, mb, recompute, zero in itertools.product(
-        tps, range(1, layers + 1), (1, 2), ("none", "selective", "full"), (0, 1, 3)
-    ):
-        dp, rest = divmod(world, tp * pp)
-        if rest == 0 and batch % (dp * mb) == 0:
-            yield tp, pp, dp, mb, recompute, zero
-
-
 def best_grid_point(model, device, world, batch, seq, layers) -> tuple[float, str, int]:
-    """The fastest fitting grid point: (iteration s, its flags, points costed)."""
-    best, flags, costed = float("inf"), "", 0
-    for tp, pp, dp, mb, recompute, zero in grid(world, layers, batch):
-        settings = planner.TrainingSettings(
-            recompute=recompute, zero=zero, sequence_parallel=tp > 1
-        )
-        try:
-            plan = planner.evaluate_3d(
-                model,
-                device,
-                tp=tp,
-                pp=pp,
-                dp=dp,
-                micro_batch=mb,
-                batch=batch,
-                seq=seq,
-                settings=settings,
-            )
-        except (InfeasibleError, SettingsError):
-            continue
-        costed += 1
-        if plan.pipeline.iteration_time_s < best:
-            best = plan.pipeline.iteration_time_s
-            flags = (
-                f"--tp {tp} --pp {pp} --dp {dp} --micro-batch {mb} --recompute {recompute} "
-                f"--zero {zero}" + (" --sequence-parallel" if tp > 1 else "")
-            )
-    return best, flags, costed
+    """The fastest fitting point of ``planner.grid3d``'s grid: (iteration s, its flags, points
+    that fit)."""
+    points = grid_points(world, GPUS_PER_NODE, layers, batch)
+    best, point, fitting = grid_best(model, device, points, batch, seq)
+    if best is None:
+        return float("inf"), "", fitting
+    return best.pipeline.iteration_time_s, point.flags, fitting
 
 
 def run_case(name: str) -> dict:

@@ -18,7 +18,7 @@ from planner.cost.settings import AUTO, TrainingSettings
 from planner.errors import InfeasibleError, SettingsError
 from planner.ir.graph import Graph
 from planner.ir.rebatch import rebatched
-from planner.pipeline import threed
+from planner.pipeline import degree_search, threed
 from planner.pipeline.search import METHODS as PIPELINE_METHODS
 from planner.pipeline.plan3d import Plan3D, replicated_linears
 from planner.pipeline.stage_chain import StageChain
@@ -114,16 +114,9 @@ def plan_pipeline(
     cluster = make_cluster(mesh, profile, memory, devices)
     load = model_loader(model, seq)
     global_batch = _global_batch(model, batch, seq)
-    options = threed.PipelineOptions(
-        schedule,
-        method,
-        _tuple(degrees),
-        _tuple(counts),
-        cuts,
-        escalate,
-        fit_required,
-        tensor_meshes=escalate and intra == "exact",
-    )
+    tensor = escalate and intra == "exact"  # other stage planners are the user's choice
+    pinned = (_tuple(degrees), _tuple(counts), cuts, escalate, fit_required, tensor)
+    options = threed.PipelineOptions(schedule, method, *pinned)
     planner = stage_planner(intra, time_limit_s, seed, jobs)
     return threed.plan_pipeline(
         load, cluster, global_batch, settings, options, planner, intra, progress
@@ -260,7 +253,7 @@ def layer_chain(
     load = model_loader(model, seq)
     global_batch = _global_batch(model, batch, seq)
     sub = threed.stage_mesh(cluster.mesh, stages)
-    found = threed.stage_chain(
+    found = degree_search.stage_chain(
         load,
         cluster.mesh,
         sub,

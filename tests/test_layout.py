@@ -30,6 +30,7 @@ LAYERS = (
         "planner.launch",
         "planner.front",
         "planner.accumulation",
+        "planner.grid3d",
     ),
     ("planner.launch_gap",),
     ("planner.show",),

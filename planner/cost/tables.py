@@ -98,6 +98,7 @@ def build_edges(
         o.tensor: (position[t.op.name], k) for t in tables for k, o in enumerate(t.op.outputs)
     }
     matrix_cache = {} if matrix_cache is None else matrix_cache
+    where = (mesh, unit_s, passes)
     index_cache: dict[tuple, tuple] = {}
 
     def indexed(layouts: tuple, slot: int) -> tuple:
@@ -115,16 +116,7 @@ def build_edges(
             info = table.inputs[slot]
             src_layouts, src_index = indexed(tables[src].out_layouts, src_slot)
             dst_layouts, dst_index = indexed(table.in_layouts, slot)
-            key = (
-                mesh,
-                unit_s,
-                passes,
-                info.shape,
-                info.elem_bytes,
-                info.edge_grad,
-                src_layouts,
-                dst_layouts,
-            )
+            key = (*where, info.shape, info.elem_bytes, info.edge_grad, src_layouts, dst_layouts)
             if key not in matrix_cache:
                 matrix_cache[key] = _edge_matrix(
                     info, src_layouts, dst_layouts, mesh, unit_s, passes

@@ -258,9 +258,7 @@ def model_chain(
     columns_cache: dict | None = None,
 ) -> LayerChain | None:
     """The layer chain of a fixed intra-operator plan re-costed at every micro-batch count.
-    ``columns_cache``: the per-count costs of earlier chains of a search, by (micro-batch size,
-    mesh, settings, plan), reused (a stage plan solved again at another reference count is often
-    the same plan)."""
+    ``columns_cache``: a search's per-count costs by (micro-batch size, mesh, settings, plan)."""
     columns, kept = [], []
     cache = {} if columns_cache is None else columns_cache
     plan = tuple(strategies.values())
