@@ -188,8 +188,8 @@ def test_the_budget_is_the_device_memory_less_its_reserve(tmp_path):
 def test_evaluate_prints_and_writes_the_memory_parts_per_stage(tmp_path):
     """torchtitan's Llama 3 70B run (FSDP 32 x TP 8, local batch 16, full checkpointing, sequence
     parallel): each layer keeps its input sequence-sharded (2 s b h / t), 80 layers of one
-    micro-batch in flight, the loss's fp32 softmax on the vocabulary shard; the parts add up to
-    the stage's memory and the JSON carries them."""
+    micro-batch in flight, the loss's fp32 softmax on the vocabulary shard and its backward
+    buffers; the parts add up to the stage's memory and the JSON carries them."""
     import json
     import subprocess
 
@@ -212,6 +212,11 @@ def test_evaluate_prints_and_writes_the_memory_parts_per_stage(tmp_path):
     # the 80 sharded checkpoints are the bulk of what is kept; the rest is the head's part
     checkpoints = 80 * tokens * h / t * 2
     assert checkpoints < stage["activations_bytes"] < checkpoints + 1.1 * stage["logits_bytes"]
+    # the working set is the loss's backward (PyTorch's nll_loss_backward and
+    # _log_softmax_backward_data: two more fp32 buffers of the kept size), larger here than one
+    # layer's re-run (about 34 s b h / t bytes, 4.2 GiB)
+    assert stage["working_bytes"] == pytest.approx(2 * stage["logits_bytes"])
+    assert stage["working_bytes"] > 34 * tokens * h / t
     parts = ("params", "grads", "optimizer", "activations", "working", "tied")
     assert sum(stage[f"{p}_bytes"] for p in parts) == pytest.approx(stage["memory_bytes"])
     assert stage["memory_bytes"] < 78e9  # it trained: it fits

@@ -142,11 +142,12 @@ def format_3d(result: Plan3D) -> str:
 def _memory_parts_lines(result: Plan3D) -> list[str]:
     """Per stage, its time per micro-batch and its memory per device by part (GiB): model state
     (weights, gradients, optimizer state), the activations of the micro-batches in flight (their
-    count; of which the loss's logits), one layer's re-run under recompute, a tied copy."""
+    count; of which the loss's logits), the working set (one layer's re-run under recompute or
+    the loss's backward buffers), a tied copy."""
     lines = [
         "per stage: time per micro-batch (ms); memory per device (GiB) = weights + grads + "
-        "optimizer + activations (x micro-batches in flight; of which logits) + recompute "
-        "working set + tied copy"
+        "optimizer + activations (x micro-batches in flight; of which logits) + working set "
+        "(a layer's re-run or the loss's backward) + tied copy"
     ]
     details = result.stage_details or [None] * len(result.stage_times_s)
     for k, (t, m, d) in enumerate(zip(result.stage_times_s, result.stage_memory_bytes, details)):

@@ -140,13 +140,16 @@ def _working_memory(
     layer: list[int],
     n: int,
 ) -> np.ndarray:
-    """Per layer, the activations its re-run materialises again under recompute (what it would
-    keep without recompute less what it keeps): Megatron's working set of one layer."""
-    working = np.zeros(n)
+    """Per layer, the transient bytes on top of what it keeps at its peak: under recompute, the
+    activations its re-run materialises again (what it would keep without recompute less what it
+    keeps: Megatron's working set of one layer); at the loss, the backward pass's buffers.
+    The larger of the two, as they do not coexist."""
+    working = _loss_backward_bytes(graph, records, layer, n)
     if settings.recompute == "none":
         return working
     plain = replace(settings, recompute="none")
     infos = operand_infos(graph, plain)
+    rerun = np.zeros(n)
     kept: dict[tuple, float] = {}  # identical layers cost once
     for i, (op, signature) in enumerate(zip(graph.operators, signature_ids(graph, plain))):
         key = (signature, chosen[i])
@@ -154,8 +157,26 @@ def _working_memory(
             kept[key] = op_cost(
                 op, chosen[i], mesh, plain, infos[op.name], profile
             ).memory.activations
-        working[layer[i]] += kept[key] - records[i].memory.activations
-    return working
+        rerun[layer[i]] += kept[key] - records[i].memory.activations
+    return np.maximum(working, rerun)
+
+
+# The backward pass of the loss holds two more buffers the size of its saved fp32 softmax: the
+# dense gradient of the log-probabilities (nll_loss_backward) and the gradient of the logits
+# (_log_softmax_backward_data allocates its grad_input) beside the saved log-probabilities
+# (PyTorch aten/src/ATen/native/{LossNLL,SoftMax}.cpp; torchtitan's cross_entropy_loss and
+# DTensor's loss_parallel run these ops on the vocabulary shard). Megatron-LM's fused
+# vocab-parallel cross-entropy updates the saved softmax in place, so this over-counts it.
+LOSS_BACKWARD_BUFFERS = 2
+
+
+def _loss_backward_bytes(graph: Graph, records, layer: list[int], n: int) -> np.ndarray:
+    """Per layer, the loss's backward buffers beyond its saved softmax (a part of activations)."""
+    out = np.zeros(n)
+    for i, op in enumerate(graph.operators):
+        if op.kind == "cross_entropy":
+            out[layer[i]] += LOSS_BACKWARD_BUFFERS * records[i].memory.activations
+    return out
 
 
 def _tied_parameters(

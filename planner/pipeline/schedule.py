@@ -83,7 +83,7 @@ class LayerChain:
     link_bandwidth: float
     link_latency: float
     names: tuple[str, ...] = ()
-    working_memory: np.ndarray | None = None  # extra bytes while one layer re-runs (recompute)
+    working_memory: np.ndarray | None = None  # transient bytes of one layer (re-run, loss backward)
     # (owner layer, reader layer, bytes, sync s)
     tied: tuple[tuple[int, int, float, float], ...] = ()
     # [layers, counts, 6]: time per micro-batch by term (timeline.PARTS)
