@@ -25,6 +25,49 @@ def test_mesh_specs(a100):
     assert [a.bandwidth for a in three.axes] == [25e9, 25e9, 300e9]
 
 
+def test_one_axis_mesh_larger_than_a_node_is_split_into_its_levels(a100):
+    """`--mesh 16` on 8-GPU nodes is node=2,gpu=8 (not one ring at one GPU's NIC)."""
+    flat, levels = parse_mesh("16", a100), parse_mesh("node=2,gpu=8", a100)
+    assert flat == levels
+    # not a whole number of nodes, or a named axis: kept as given
+    assert parse_mesh("12", a100).shape == (12,)
+    assert parse_mesh("dp=16", a100).shape == (16,)
+
+
+def test_axis_spanning_nodes_costs_as_its_two_levels():
+    """dp=128 beside tp=1 on 8-GPU H100 nodes spans 16 nodes with 8 members in each: a 1 GiB
+    all-reduce over it costs what the hierarchical all-reduce over node=16,gpu=8 costs
+    (reduce-scatter over NVLink, the 1/8 shard all-reduced across nodes at each GPU's NIC,
+    all-gather over NVLink), hand-computed; dp=16 beside tp=8 has one member per node: one NIC."""
+    from planner.cost.collectives import collective_seconds, hierarchical_all_reduce
+
+    h100 = get_profile("h100-80g")
+    wide = parse_mesh("pp=1,dp=128,tp=1", h100).axes[1]
+    assert parse_mesh("pp=1,dp=16,tp=8", h100).axes[1].bandwidth == 50e9
+    assert parse_mesh("dp=3,tp=4", h100).axes[0].bandwidth == 50e9  # 2 a node does not divide 3
+    gib, nv, nic = 2**30, 450e9, 50e9
+    by_hand = (
+        2 * (7 * 2e-6 + 7 / 8 * gib / nv)  # reduce-scatter and all-gather over NVLink
+        + 2 * 15 * 8e-6
+        + 2 * 15 / 16 * gib / 8 / nic  # the shard across 16 nodes
+    )
+    flat = collective_seconds("all_reduce", 128, wide.bandwidth, wide.latency, gib)
+    assert flat == pytest.approx(by_hand, rel=1e-9)
+    levels = parse_mesh("node=16,gpu=8", h100)
+    hierarchical = sum(
+        collective_seconds(
+            c.kind,
+            levels.axes[c.axis].size,
+            levels.axes[c.axis].bandwidth,
+            levels.axes[c.axis].latency,
+            c.nbytes,
+        )
+        for c in hierarchical_all_reduce("grad", [0, 1], gib, levels.shape)
+    )
+    assert flat == pytest.approx(hierarchical, rel=1e-9)
+    assert flat < 0.25 * collective_seconds("all_reduce", 128, nic, 8e-6, gib)
+
+
 @pytest.mark.parametrize("spec", ["", "8y", "0", "a=8,8", "x=2,x=2", "-2"])
 def test_bad_mesh_specs(spec, a100):
     with pytest.raises(MeshError, match="--mesh"):
