@@ -2,14 +2,16 @@
 changes that close most of the gap (``planner evaluate --from-megatron/--from-torchtitan
 --compare-best``).
 
-    best    = the 3D search with Megatron-LM's stage plan on node=W/g,gpu=g (W the world size,
-              g GPUs per node), the same model, global batch and schedule: the best configuration
-              Megatron-LM can launch (degrees, cuts, micro-batches, recompute, ZeRO-1, sequence
-              parallelism), each candidate costed by the same model as the user's
-    changes = greedily, the change group (degrees and cuts, micro-batch, recompute, ZeRO stage,
-              sequence parallelism) that, moved from the user's value to the best's, lowers the
-              iteration time most while the configuration still fits; until no move lowers it
-              (the 3D search is HEURISTIC: the changes may end below its best)
+    searched = the 3D search with Megatron-LM's stage plan on node=W/g,gpu=g (W the world size,
+               g GPUs per node), the same model, global batch and schedule: the best
+               configuration Megatron-LM can launch (degrees, cuts, micro-batches, recompute,
+               ZeRO-1, sequence parallelism), each candidate costed by the same model as the user's
+    best     = the faster of searched and the given configuration where the given one fits (the
+               3D search is HEURISTIC: a best the given line beats is never reported)
+    changes  = greedily, the change group (degrees and cuts, micro-batch, recompute, ZeRO stage,
+               sequence parallelism) that, moved from the user's value to the best's, lowers the
+               iteration time most while the configuration still fits; until no move lowers it.
+               A given line that does not fit: the first change is the fastest that makes it fit
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 from planner import api3d
 from planner.cluster.profiles import DEFAULT_HARDWARE_CSV, MachineProfile, get_profile
 from planner.engines.launch_run import LaunchRun
-from planner.engines.megatron import even_cuts
+from planner.engines.megatron import even_cuts, shell_line
 from planner.errors import SettingsError
 from planner.launch import launch_run, recost
 from planner.pipeline.plan3d import Plan3D
@@ -45,6 +47,12 @@ class Gap:
     given: Plan3D
     best: Plan3D
     changes: tuple[Change, ...]
+    searched: Plan3D  # the 3D search's answer (``best`` unless the given line is faster)
+    best_line: str = ""  # the best configuration as a Megatron-LM launch line
+
+    @property
+    def best_is_given(self) -> bool:
+        return self.best is self.given
 
     @property
     def percent(self) -> float:
@@ -55,11 +63,19 @@ class Gap:
 
     def lines(self) -> list[str]:
         best = self.best.pipeline
+        if self.best_is_given:
+            searched = self.searched.pipeline.iteration_time_s
+            return [
+                f"the given configuration is the fastest found: {best.iteration_time_s:.3f} s per "
+                f"iteration; the 3D search's best Megatron-LM configuration on these GPUs takes "
+                f"{searched:.3f} s ({100 * (searched / best.iteration_time_s - 1):+.1f}%)"
+            ]
+        fits = "" if self.given.fits_memory else " and does not fit (the first change fits it)"
         out = [
             f"best Megatron-LM configuration the 3D search finds on these GPUs: "
             f"{best.iteration_time_s:.3f} s per iteration ({best.stages} stages of "
             f"{self.best.stage_mesh}, {best.num_microbatches} micro-batches); the given one takes "
-            f"{self.percent:+.1f}%; the changes that lower the time, best first:"
+            f"{self.percent:+.1f}%{fits}; the changes that lower the time, best first:"
         ]
         start = self.given.pipeline.iteration_time_s
         for change in self.changes:
@@ -70,6 +86,8 @@ class Gap:
             )
         if not self.changes:
             out.append("  none: no single change towards it lowers the time")
+        if self.best_line:
+            out.append(f"the best as a launch line: {self.best_line}")
         return out
 
 
@@ -83,7 +101,7 @@ def compare_best(
     """The gap of ``run`` (costed as ``given``) to the best Megatron-LM configuration."""
     profile = get_profile(device, hardware_csv) if isinstance(device, str) else device
     nodes, per_node = run.nodes(profile.gpus_per_node)
-    best = api3d.plan_pipeline(
+    searched = api3d.plan_pipeline(
         run.model_spec,
         f"node={nodes},gpu={per_node}",
         profile,
@@ -95,17 +113,23 @@ def compare_best(
         intra="megatron",
         hardware_csv=hardware_csv,
     )
-    data = best.to_dict(timings=False)
+    faster = given.pipeline.iteration_time_s < searched.pipeline.iteration_time_s
+    if given.fits_memory and faster:
+        return Gap(given, given, (), searched)
+    data = searched.to_dict(timings=False)
     data["source"] = {"model": run.model_spec, "seq": None}
     target = launch_run(data)
-    return Gap(given, best, _changes(run, target, profile, memory, hardware_csv))
+    changes = _changes(run, target, profile, memory, hardware_csv)
+    return Gap(given, searched, changes, searched, shell_line(target, per_node))
 
 
 def _changes(run: LaunchRun, target: LaunchRun, device, memory, hardware_csv) -> tuple:
     """Greedy: each step moves the group whose move lowers the time most (and still fits)."""
     left = [g for g in GROUPS if _value(run, g) != _value(target, g)]
     current, changes = run, []
-    start = recost(run, device, memory, hardware_csv).pipeline.iteration_time_s
+    given = recost(run, device, memory, hardware_csv)
+    # a line that does not fit: any change that makes it fit is advice, the fastest first
+    start = given.pipeline.iteration_time_s if given.fits_memory else float("inf")
     while left:
         trials = []
         for group in left:

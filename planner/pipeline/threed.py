@@ -127,8 +127,10 @@ def _degree(search: DegreeSearch, p: int, settings, o: PipelineOptions, rows: li
     first, best, relaxed = None, None, False
     for candidate in stage_candidates(search.mesh, p, o.tensor_meshes):
         own = candidate.plan == SEARCH
-        if not own and relaxed:
-            break  # memory does not bind at this degree: see stage_meshes
+        if not own and relaxed and search.intra_method == "exact":
+            # memory does not bind at this degree (see stage_meshes); a fixed pattern's plan is
+            # not the fastest on its stage mesh, so beside it every candidate is tried
+            break
         sub = candidate.mesh
         variants = setting_variants(settings, sub) if o.escalate else [settings]
         if candidate.tensor_axis is not None:
