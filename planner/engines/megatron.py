@@ -27,7 +27,8 @@ Every flag is Megatron-LM's own (``megatron/training/arguments.py`` in megatron-
               --data-parallel-sharding-strategy optim_grads / optim_grads_params); overlap grad
               or full: --overlap-grad-reduce (and --overlap-param-gather beside a sharded
               optimizer with full); bf16 / fp16: --bf16 / --fp16, with --grad-reduce-in-bf16
-              unless fp32_grads (Megatron keeps fp32 main gradients for bf16 by default);
+              under bf16 unless fp32_grads (Megatron keeps fp32 main gradients for bf16 by
+              default) and --accumulate-allreduce-grads-in-fp32 under fp16 with fp32_grads;
               --optimizer adam / sgd
     vocab     Megatron pads the vocabulary to a multiple of --make-vocab-size-divisible-by x t;
               the export picks the divisor that pads nothing, the reader applies the padding
@@ -47,15 +48,12 @@ from planner.zoo import LlamaConfig
 SCRIPT = {"gpt": "pretrain_gpt.py", "llama": "pretrain_gpt.py"}
 # Megatron-LM flags whose effect the cost model does not have: a line that sets them is refused
 UNSUPPORTED = (
-    "--context-parallel-size",
-    "--expert-model-parallel-size",
     "--num-experts",
     "--fp8-format",
     "--cpu-offloading",
     "--recompute-modules",
     "--decoder-first-pipeline-num-layers",
     "--decoder-last-pipeline-num-layers",
-    "--num-layers-per-virtual-pipeline-stage",
 )
 
 
@@ -143,8 +141,11 @@ def _settings_args(settings: TrainingSettings) -> list[str]:
             args.append("--overlap-param-gather")
     if settings.dtype != "fp32":
         args.append(f"--{settings.dtype}")
-        if not settings.fp32_grads:
+        # Megatron-LM's gradient buffer: fp32 under bf16 unless told, fp16 under fp16 unless told
+        if settings.dtype == "bf16" and not settings.fp32_grads:
             args.append("--grad-reduce-in-bf16")
+        elif settings.dtype == "fp16" and settings.fp32_grads:
+            args.append("--accumulate-allreduce-grads-in-fp32")
     # Megatron's bucket is counted in parameters (gradient elements)
     bucket = round(settings.bucket_bytes / settings.grad_bytes)
     args += ["--ddp-bucket-size", str(bucket)] if bucket else []

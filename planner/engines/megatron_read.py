@@ -4,9 +4,11 @@ defaults (megatron-core 0.19 ``megatron/training/arguments.py``) for the flags a
 
 A line may start with environment assignments and a ``torchrun`` launch (its ``--nnodes`` and
 ``--nproc-per-node`` give the world size); the Megatron arguments follow the script. Flags that
-change the run in a way the cost model does not price (``megatron.UNSUPPORTED``) are refused;
-other flags (learning rate, data paths, logging) do not change a step's time or memory and are
-listed as ignored.
+change the run in a way the cost model does not price (``megatron.UNSUPPORTED``, or a parallel
+degree above 1 for context and expert parallelism) are refused; flags proven not to change a
+step (``megatron_flags.INERT``: learning rate, data paths, logging) are listed as ignored; any
+other flag is refused with its name. Older spellings (``--checkpoint-activations``) are read as
+today's (``megatron_flags.LEGACY``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import shlex
 from planner.cost.settings import TrainingSettings
 from planner.engines.launch_run import LaunchRun
 from planner.engines.megatron import UNSUPPORTED, layout_cuts
+from planner.engines.megatron_flags import modern_words, split_unknown
 from planner.errors import SettingsError
 from planner.zoo import GPTConfig, LlamaConfig
 
@@ -38,6 +41,9 @@ _INT_FLAGS = (
     ("recompute_num_layers", None),
     ("ddp_bucket_size", None),
     ("max_position_embeddings", None),  # read, no effect: positions are seq-length's
+    ("context_parallel_size", 1),  # 1 only: context parallelism is not modelled
+    ("expert_model_parallel_size", 1),  # 1 only: no experts
+    ("num_layers_per_virtual_pipeline_stage", None),
 )
 _SWITCHES = (
     "swiglu",
@@ -52,6 +58,7 @@ _SWITCHES = (
     "bf16",
     "fp16",
     "grad_reduce_in_bf16",
+    "accumulate_allreduce_grads_in_fp32",
 )
 _TEXT_FLAGS = (
     ("normalization", "LayerNorm"),
@@ -62,7 +69,8 @@ _TEXT_FLAGS = (
     ("data_parallel_sharding_strategy", "optim_grads_params"),
     ("optimizer", "adam"),
     ("pipeline_model_parallel_layout", None),
-    ("tokenizer_type", None),  # read, no effect: the vocabulary size is --vocab-size's
+    ("tokenizer_type", None),  # the vocabulary where --vocab-size is not given
+    ("tokenizer_model", None),
     ("ckpt_format", None),  # read, no effect on a step
 )
 
@@ -125,6 +133,7 @@ def read_megatron(text: str, dp: int | None = None) -> tuple[LaunchRun, tuple[st
     """The run a Megatron-LM line describes and the flags it ignored. Its data-parallel degree is
     ``dp`` when given, else torchrun's world size over tensor x pipeline parallel."""
     world, words = split_launch(text)
+    words = modern_words(words)
     refused = [w for w in words if w.split("=")[0] in UNSUPPORTED]
     if refused:
         raise SettingsError(
@@ -132,7 +141,18 @@ def read_megatron(text: str, dp: int | None = None) -> tuple[LaunchRun, tuple[st
             "expert parallelism, FP8, offload, recompute modules, first/last-stage layer counts)"
         )
     args, unknown = _parse(_parser(), words)
-    ignored = tuple(w for w in unknown if w.startswith("--"))
+    flag, ignored = split_unknown(unknown)
+    if flag is not None:
+        raise SettingsError(
+            f"--from-megatron: {flag} is not read by the planner and may change the step: "
+            "remove it to cost the line without it (a typo? see Megatron-LM's arguments.py)"
+        )
+    for name in ("context_parallel_size", "expert_model_parallel_size"):
+        if getattr(args, name) != 1:
+            raise SettingsError(
+                f"--from-megatron: --{name.replace('_', '-')} {getattr(args, name)} is not "
+                "modelled yet (only 1)"
+            )
     for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length"):
         if getattr(args, name) is None:
             raise SettingsError(f"--from-megatron: --{name.replace('_', '-')} is required")
@@ -169,22 +189,30 @@ def _run(args, dp: int) -> LaunchRun:
     if args.pipeline_model_parallel_layout:
         cuts = layout_cuts(args.pipeline_model_parallel_layout, pp)
     return LaunchRun(
-        _model(args, tp),
-        tp,
-        pp,
-        dp,
-        micro,
-        batch,
-        _settings(args, dp),
-        args.num_virtual_stages_per_pipeline_rank or 1,
-        cuts,
+        _model(args, tp), tp, pp, dp, micro, batch, _settings(args, dp), _virtual_stages(args), cuts
     )
+
+
+def _virtual_stages(args) -> int:
+    """Megatron-LM's virtual stages per rank: --num-virtual-stages-per-pipeline-rank, or layers /
+    pp / --num-layers-per-virtual-pipeline-stage (arguments.py's conversion, which asserts the
+    division)."""
+    per_stage = args.num_layers_per_virtual_pipeline_stage
+    if per_stage is None:
+        return args.num_virtual_stages_per_pipeline_rank or 1
+    pp = args.pipeline_model_parallel_size
+    if args.num_layers % (pp * per_stage):
+        raise SettingsError(
+            f"--num-layers-per-virtual-pipeline-stage: {per_stage} x pp {pp} does not divide "
+            f"--num-layers {args.num_layers}"
+        )
+    return args.num_layers // pp // per_stage
 
 
 def _model(args, tp: int) -> GPTConfig | LlamaConfig:
     """The zoo model of the line; the vocabulary padded as Megatron pads it."""
     step = args.make_vocab_size_divisible_by * tp
-    vocab = math.ceil((args.vocab_size or 50257) / step) * step
+    vocab = math.ceil(_vocabulary(args) / step) * step
     ffn = args.ffn_hidden_size or 4 * args.hidden_size
     layers, hidden, heads = args.num_layers, args.hidden_size, args.num_attention_heads
     if args.swiglu or args.normalization == "RMSNorm" or args.position_embedding_type == "rope":
@@ -201,6 +229,31 @@ def _model(args, tp: int) -> GPTConfig | LlamaConfig:
         )
     dropout = int(args.attention_dropout > 0 or args.hidden_dropout > 0)
     return GPTConfig(layers, hidden, heads, args.seq_length, vocab, ffn, dropout=dropout)
+
+
+# tokenizers whose vocabulary is fixed (Megatron-LM's megatron/training/tokenizer): GPT-2's BPE
+# (50,257), LLaMA 2's SentencePiece model (32,000); HuggingFace models of the zoo by name
+TOKENIZER_VOCAB = {"GPT2BPETokenizer": 50257, "Llama2Tokenizer": 32000}
+MODEL_VOCAB = (("llama-3", 128256), ("llama3", 128256), ("llama-2", 32000), ("gpt2", 50257))
+
+
+def _vocabulary(args) -> int:
+    """The unpadded vocabulary: --vocab-size, else the tokenizer's where it is known (a line with
+    no --tokenizer-type is read with GPT-2's, the default of the 2020-2022 scripts); otherwise the
+    line is refused."""
+    if args.vocab_size:
+        return args.vocab_size
+    kind = args.tokenizer_type or "GPT2BPETokenizer"
+    if kind in TOKENIZER_VOCAB:
+        return TOKENIZER_VOCAB[kind]
+    name = (args.tokenizer_model or "").lower()
+    known = [size for key, size in MODEL_VOCAB if key in name]
+    if kind == "HuggingFaceTokenizer" and known:
+        return known[0]
+    raise SettingsError(
+        f"--vocab-size: give it (the vocabulary of --tokenizer-type {kind} "
+        f"{args.tokenizer_model or ''} is not known to the planner)"
+    )
 
 
 def _settings(args, dp: int) -> TrainingSettings:
@@ -221,7 +274,12 @@ def _settings(args, dp: int) -> TrainingSettings:
     # Megatron-LM overlaps sequence parallelism's backward gathers by itself: 'full'
     overlap = "full" if args.overlap_grad_reduce else "none"
     dtype = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
-    fp32_grads = dtype != "fp32" and not args.grad_reduce_in_bf16
+    # Megatron-LM reduces gradients in fp32 under bf16 (arguments.py sets
+    # accumulate_allreduce_grads_in_fp32 for bf16) unless --grad-reduce-in-bf16; under fp16 only
+    # when --accumulate-allreduce-grads-in-fp32 is given
+    fp32_grads = (dtype == "bf16" and not args.grad_reduce_in_bf16) or (
+        dtype == "fp16" and args.accumulate_allreduce_grads_in_fp32
+    )
     grad_bytes = 4 if fp32_grads or dtype == "fp32" else 2
     return TrainingSettings(
         dtype=dtype,

@@ -1,0 +1,119 @@
+"""Megatron-LM lines as their authors wrote them: older recompute flags read as today's, parallel
+degrees of 1 accepted, the virtual-stage size converted, fp16 gradient buffers, and every flag
+either priced, refused by name, or on the list of flags proven inert
+(planner/engines/megatron_flags.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.engines.megatron_flags import INERT, LEGACY
+from planner.engines.megatron_read import read_megatron
+from planner.errors import SettingsError
+
+BASE = (
+    "torchrun --nnodes 1 --nproc-per-node 8 pretrain_gpt.py --num-layers 8 --hidden-size 512 "
+    "--num-attention-heads 8 --seq-length 256 --vocab-size 1024 --micro-batch-size 1 "
+    "--global-batch-size 16 "
+)
+
+
+@pytest.mark.parametrize(
+    "flags, recompute",
+    [
+        # Megatron-LM 2021 (the SC'21 scripts): full recompute of every layer
+        ("--checkpoint-activations", "full"),
+        ("--checkpoint-activations --checkpoint-num-layers 1", "full"),
+        (
+            "--checkpoint-activations --activations-checkpoint-method uniform "
+            "--activations-checkpoint-num-layers 1",
+            "full",
+        ),
+        # Megatron-LM 2022 (Korthikanti et al.): selective recompute
+        ("--recompute-activations", "selective"),
+        ("--recompute-granularity full --recompute-method uniform", "full"),
+    ],
+)
+def test_older_recompute_flags_are_read_as_todays(flags, recompute):
+    run, ignored = read_megatron(BASE + "--bf16 " + flags)
+    assert run.settings.recompute == recompute and ignored == ()
+
+
+def test_parallel_degrees_of_one_are_accepted_and_larger_ones_refused():
+    run, _ = read_megatron(BASE + "--context-parallel-size 1 --expert-model-parallel-size 1")
+    assert run.data_parallel == 8
+    for flag in ("--context-parallel-size", "--expert-model-parallel-size"):
+        with pytest.raises(SettingsError, match=f"{flag} 2 is not modelled"):
+            read_megatron(BASE + f"{flag} 2")
+
+
+def test_layers_per_virtual_stage_convert_to_virtual_stages():
+    """Megatron-LM: virtual stages = layers / pp / --num-layers-per-virtual-pipeline-stage."""
+    run, _ = read_megatron(
+        BASE + "--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2"
+    )
+    assert run.schedule == "interleaved:2"
+    with pytest.raises(SettingsError, match="--num-layers-per-virtual-pipeline-stage"):
+        read_megatron(
+            BASE + "--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 3"
+        )
+
+
+def test_fp16_keeps_fp16_gradient_buffers_unless_told():
+    """arguments.py turns accumulate_allreduce_grads_in_fp32 on for bf16 only."""
+    assert not read_megatron(BASE + "--fp16")[0].settings.fp32_grads
+    told = read_megatron(BASE + "--fp16 --accumulate-allreduce-grads-in-fp32")[0]
+    assert told.settings.fp32_grads and told.settings.dtype == "fp16"
+    assert read_megatron(BASE + "--bf16")[0].settings.fp32_grads
+    assert not read_megatron(BASE + "--bf16 --grad-reduce-in-bf16")[0].settings.fp32_grads
+
+
+@pytest.mark.parametrize(
+    "flag", ["--tensor-model-parallel-sizes 8", "--use-flash-attn", "--no-masked-softmax-fusion"]
+)
+def test_a_flag_that_is_neither_priced_nor_inert_is_refused_by_name(flag):
+    with pytest.raises(SettingsError, match=flag.split()[0]):
+        read_megatron(BASE + flag)
+
+
+def test_inert_flags_are_listed_as_ignored():
+    run, ignored = read_megatron(
+        BASE + "--lr 3e-4 --data-path /d --split 949,50,1 --log-interval 10 --seed 7 "
+        "--weight-decay=0.1"
+    )
+    assert ignored == (
+        "--lr",
+        "--data-path",
+        "--split",
+        "--log-interval",
+        "--seed",
+        "--weight-decay",
+    )
+    assert set(ignored) <= INERT and not set(LEGACY) & INERT
+
+
+NO_VOCAB = BASE.replace("--vocab-size 1024 ", "")
+
+
+@pytest.mark.parametrize(
+    "flags, vocab",
+    [
+        ("", 50304),  # no tokenizer given: GPT-2's 50,257, padded to 128
+        ("--tokenizer-type GPT2BPETokenizer --vocab-file v.json --merge-file m.txt", 50304),
+        ("--tokenizer-type Llama2Tokenizer --tokenizer-model /t/tokenizer.model", 32000),
+        ("--tokenizer-type HuggingFaceTokenizer --tokenizer-model meta-llama/Llama-3.1-8B", 128256),
+        ("--tokenizer-type NullTokenizer --vocab-size 1000", 1024),
+    ],
+)
+def test_the_vocabulary_comes_from_the_tokenizer(flags, vocab):
+    run, _ = read_megatron(NO_VOCAB + flags)
+    assert run.model.vocab == vocab
+
+
+@pytest.mark.parametrize(
+    "flags",
+    ["--tokenizer-type NullTokenizer", "--tokenizer-type HuggingFaceTokenizer --tokenizer-model x"],
+)
+def test_an_unknown_vocabulary_is_refused(flags):
+    with pytest.raises(SettingsError, match="--vocab-size: give it"):
+        read_megatron(NO_VOCAB + flags)
