@@ -50,6 +50,8 @@ INERT = frozenset(
         "--end-weight-decay", "--weight-decay-incr-style", "--clip-grad", "--adam-beta1",
         "--adam-beta2", "--adam-eps", "--sgd-momentum", "--loss-scale", "--initial-loss-scale",
         "--min-loss-scale", "--loss-scale-window", "--hysteresis",
+        # the first iterations' smaller batches: the steady step is --global-batch-size's
+        "--rampup-batch-size",
         # seeds, initialisation, process groups
         "--seed", "--init-method-std", "--init-method-xavier-uniform", "--use-cpu-initialization",
         "--distributed-backend", "--distributed-timeout-minutes", "--local-rank", "--local_rank",

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import shlex
 
 from planner.cost.settings import TrainingSettings
 from planner.engines.launch_run import LaunchRun
 from planner.engines.megatron import UNSUPPORTED, layout_cuts
 from planner.engines.megatron_flags import modern_words, split_unknown
+from planner.engines.shell_script import launch_text, unset_variable
 from planner.errors import SettingsError
 from planner.zoo import GPTConfig, LlamaConfig
 
@@ -79,6 +81,11 @@ _FLOAT_FLAGS = (("attention_dropout", 0.1), ("hidden_dropout", 0.1))
 
 
 def _positive(text: str) -> int:
+    variable = unset_variable(text)
+    if variable:
+        raise argparse.ArgumentTypeError(
+            f"set {variable} in the script (it is read from the environment)"
+        )
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"needs a positive integer, got {text!r}")
     return int(text)
@@ -108,25 +115,42 @@ def _parse(parser: argparse.ArgumentParser, words: list[str]):
 
 
 def split_launch(text: str) -> tuple[int | None, list[str]]:
-    """(torchrun's world size or None, the Megatron arguments) of a launch line or argument
-    file (``#`` comments and line breaks allowed)."""
+    """(the launcher's world size or None, the Megatron arguments) of a launch script, line or
+    argument file (``#`` comments and line breaks allowed; a script's variables expanded:
+    ``shell_script.launch_text``). The world size is torchrun's (also ``python -m
+    torch.distributed.run`` / ``launch``) ``--nnodes x --nproc-per-node`` or DeepSpeed's
+    ``--num_nodes x --num_gpus``; None for other launchers (srun, python)."""
+    text = launch_text(text)
     try:
         words = shlex.split(text, comments=True)
     except ValueError as exc:  # an unclosed quote
         raise SettingsError(f"--from-megatron: cannot split the line: {exc}") from None
     while words and "=" in words[0] and not words[0].startswith("-"):
         words.pop(0)  # environment assignments
-    if not words or not words[0].endswith("torchrun") and not words[0].endswith(".py"):
-        return None, words
     script = next((k for k, w in enumerate(words) if w.endswith(".py")), None)
     if script is None:
-        raise SettingsError("--from-megatron: a torchrun line names no training script (.py)")
-    launch = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
-    launch.add_argument("--nnodes", type=_positive, default=1)
-    launch.add_argument("--nproc-per-node", "--nproc_per_node", type=_positive, default=1)
-    known, _ = _parse(launch, words[1:script])
-    world = known.nnodes * known.nproc_per_node if words[0].endswith("torchrun") else None
-    return world, words[script + 1 :]
+        if words and words[0].endswith("torchrun"):
+            raise SettingsError("--from-megatron: a torchrun line names no training script (.py)")
+        return None, words
+    return _world(words[:script]), words[script + 1 :]
+
+
+def _world(launcher: list[str]) -> int | None:
+    """The world size a launcher's words start (see ``split_launch``)."""
+    torch_run = bool(launcher) and (
+        launcher[0].endswith("torchrun")
+        or any(w in ("torch.distributed.run", "torch.distributed.launch") for w in launcher)
+    )
+    deepspeed = bool(launcher) and launcher[0].endswith("deepspeed")
+    if not (torch_run or deepspeed):
+        return None
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    nodes, gpus = ("--num_nodes", "--num_gpus") if deepspeed else ("--nnodes", "--nproc-per-node")
+    for flag, dest in ((nodes, "nodes"), (gpus, "gpus")):
+        spellings = {flag, "--" + flag[2:].replace("_", "-"), "--" + flag[2:].replace("-", "_")}
+        parser.add_argument(*sorted(spellings), dest=dest, type=_positive, default=1)
+    known, _ = _parse(parser, launcher[1:])
+    return known.nodes * known.gpus
 
 
 def read_megatron(text: str, dp: int | None = None) -> tuple[LaunchRun, tuple[str, ...]]:
@@ -165,9 +189,15 @@ def read_megatron(text: str, dp: int | None = None) -> tuple[LaunchRun, tuple[st
     if dp is None and world % (tp * pp):
         raise SettingsError(
             f"--from-megatron: the world size {world} is not divisible by tensor x pipeline "
-            f"parallel {tp} x {pp}"
+            f"parallel {tp} x {pp}{_node_hint(text)}"
         )
     return _run(args, dp or world // (tp * pp)), ignored
+
+
+def _node_hint(text: str) -> str:
+    """Where a script sets its node count through a variable: set it (or give --dp)."""
+    found = re.search(r"--(?:nnodes|num_nodes|num-nodes)[ =]+\$\{?([A-Za-z_]\w*)", text)
+    return f": set {found.group(1)} in the script (or give --dp)" if found else ""
 
 
 def _bucket_bytes(args, dp: int, grad_bytes: int) -> float:
