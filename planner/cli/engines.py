@@ -139,6 +139,7 @@ def _export_torchtitan(args: argparse.Namespace, data: dict) -> int:
 
 def _export_megatron(args: argparse.Namespace, data: dict) -> int:
     """A 3D plan as a Megatron-LM launch line."""
+    from planner.engines.megatron import PLACEHOLDER_NOTE
     from planner.launch import export_megatron
     from planner.outputs import write_text
 
@@ -147,13 +148,13 @@ def _export_megatron(args: argparse.Namespace, data: dict) -> int:
     said = (
         f"# Megatron-LM launch of {args.plan}: {export.run.world_size} GPUs, "
         f"{export.recosted.pipeline.iteration_time_s:.4f} s per iteration as given "
-        f"({export.gap:+.3%} against the plan)"
+        f"({export.gap:+.3%} against the plan)\n{PLACEHOLDER_NOTE}"
     )
     if args.out is None:
         _emit(said + "\n" + export.line, args)
         return EXIT_OK
     write_text(args.out, said + "\n" + text, "--out")
-    _emit(f"{said[2:]} -> {args.out}", args)
+    _emit(f"{said.splitlines()[0][2:]} -> {args.out}", args)
     return EXIT_OK
 
 

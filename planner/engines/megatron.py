@@ -57,9 +57,21 @@ UNSUPPORTED = (
 )
 
 
+# what a line needs to start that a plan does not decide: synthetic data, an iteration count and
+# a learning rate, each inert for a step's cost (megatron_flags.INERT); PLACEHOLDER_NOTE says so
+PLACEHOLDERS = ("--mock-data", "--train-iters", "100", "--lr", "1.0e-4")
+PLACEHOLDER_NOTE = (
+    "# placeholders: --mock-data (synthetic tokens: give --data-path and your tokenizer), "
+    "--train-iters 100 and --lr 1.0e-4 (your schedule); none changes the step costed here"
+)
+
+
 def megatron_args(run: LaunchRun) -> list[str]:
-    """The Megatron-LM arguments of ``run`` (see the module text), one flag or value per item."""
-    return _model_args(run) + _parallel_args(run) + _settings_args(run.settings)
+    """The Megatron-LM arguments of ``run`` (see the module text), one flag or value per item,
+    with the placeholders a line needs to start (``PLACEHOLDERS``)."""
+    return (
+        _model_args(run) + _parallel_args(run) + _settings_args(run.settings) + list(PLACEHOLDERS)
+    )
 
 
 def shell_line(run: LaunchRun, gpus_per_node: int) -> str:
