@@ -116,7 +116,7 @@ def plan_pipeline(
     global_batch = _global_batch(model, batch, seq)
     # Megatron-LM's stage plan at every tensor degree of a node (tp = 1 is data parallelism);
     # other stage planners are the user's choice
-    tensor = escalate and intra in ("exact", "megatron")
+    tensor = escalate and intra in ("exact", "megatron", "megatron-grid")
     pinned = (_tuple(degrees), _tuple(counts), cuts, escalate, fit_required, tensor)
     options = threed.PipelineOptions(schedule, method, *pinned)
     planner = stage_planner(intra, time_limit_s, seed, jobs)

@@ -167,3 +167,36 @@ def test_one_worker_pool_serves_every_price_step(monkeypatch):
     one, _ = exact.solve_exact(problem, limit, jobs=1, time_limit_s=120)
     assert len(steps) > 5 and pools == [2]
     assert two.objective == one.objective and two.status == one.status == "OPTIMAL"
+
+
+def test_zero_collectives_run_inner_axis_first_and_equal_the_flat_axis():
+    """ZeRO-3 on node=16,gpu=8: the gradient is reduce-scattered over NVLink first and only its
+    1/8 shard crosses the nodes (the gathers mirror it), so a parameter's collectives cost what
+    they cost on the flat dp=128 axis of `evaluate --dp 128` (axis_link), to rounding."""
+    from planner.cost.collectives import collective_seconds
+    from planner.cost.operators import _sharded_param_comm
+
+    h100 = get_profile("h100-80g")
+    levels, flat = parse_mesh("node=16,gpu=8", h100), parse_mesh("dp=128", h100)
+    nbytes, grad_nbytes = 2 * 2**28, 4 * 2**28
+    comm = _sharded_param_comm(3, [0, 1], nbytes, grad_nbytes, levels.shape)
+    assert [(c.kind, c.axis, c.nbytes) for c in comm[:2]] == [
+        ("reduce_scatter", 1, grad_nbytes),
+        ("all_gather", 1, nbytes),
+    ]
+    assert comm[3].axis == 0 and comm[3].nbytes == grad_nbytes / 8
+
+    def total(mesh, collectives):
+        return sum(
+            collective_seconds(
+                c.kind,
+                mesh.axes[c.axis].size,
+                mesh.axes[c.axis].bandwidth,
+                mesh.axes[c.axis].latency,
+                c.nbytes,
+            )
+            for c in collectives
+        )
+
+    one_axis = _sharded_param_comm(3, [0], nbytes, grad_nbytes, flat.shape)
+    assert total(levels, comm) == pytest.approx(total(flat, one_axis), rel=1e-9)

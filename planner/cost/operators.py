@@ -303,10 +303,14 @@ def bucket_share(tensor_bytes: float, bucket_bytes: float) -> float:
 
 def _sharded_param_comm(z: int, dp_axes, nbytes: float, grad_nbytes: float, mesh_shape) -> list:
     """ZeRO 1-3: gradients reduce-scattered, axis by axis; parameters all-gathered before use in
-    both passes (ZeRO-3) or the updated shards after the optimizer step (ZeRO-1/2)."""
+    both passes (ZeRO-3) or the updated shards after the optimizer step (ZeRO-1/2).
+
+    Innermost axis first (NCCL's and FSDP's hybrid order, as ``hierarchical_all_reduce``): the
+    whole buffer is reduce-scattered over the fast inner link and only the shard crosses the
+    outer one; gathering mirrors it (the outer axis gathers the smallest piece)."""
     comm: list[Collective] = []
     buffer, grad_buffer = nbytes, grad_nbytes
-    for ax in dp_axes:
+    for ax in reversed(dp_axes):
         comm.append(Collective("grad", "reduce_scatter", ax, grad_buffer))
         if z == 3:  # parameters gathered before use, in both passes
             comm.append(Collective("fwd", "all_gather", ax, buffer))
