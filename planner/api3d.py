@@ -114,9 +114,10 @@ def plan_pipeline(
     cluster = make_cluster(mesh, profile, memory, devices)
     load = model_loader(model, seq)
     global_batch = _global_batch(model, batch, seq)
-    # Megatron-LM's stage plan at every tensor degree of a node (tp = 1 is data parallelism);
-    # other stage planners are the user's choice
-    tensor = escalate and intra in ("exact", "megatron", "megatron-grid")
+    # the grid of Megatron-LM's stage plans at every tensor degree of a node (tp = 1 is data
+    # parallelism); other stage planners (megatron: tensor parallel on the innermost axis) are the
+    # user's choice
+    tensor = escalate and intra in ("exact", "megatron-grid")
     pinned = (_tuple(degrees), _tuple(counts), cuts, escalate, fit_required, tensor)
     options = threed.PipelineOptions(schedule, method, *pinned)
     planner = stage_planner(intra, time_limit_s, seed, jobs)

@@ -2,8 +2,9 @@
 changes that close most of the gap (``planner evaluate --from-megatron/--from-torchtitan
 --compare-best``).
 
-    searched = the 3D search with Megatron-LM's stage plan on node=W/g,gpu=g (W the world size,
-               g GPUs per node), the same model, global batch and schedule: the best
+    searched = the 3D search with Megatron-LM's stage plans (``megatron-grid``: tensor parallel
+               at every degree of a node, or none) on node=W/g,gpu=g (W the world size, g GPUs
+               per node), the same model, global batch and schedule: the best
                configuration Megatron-LM can launch (degrees, cuts, micro-batches, recompute,
                ZeRO-1, sequence parallelism), each candidate costed by the same model as the user's
     best     = the faster of searched and the given configuration where the given one fits (the
@@ -110,7 +111,7 @@ def compare_best(
         # the user's dtype, optimizer, overlap, buckets and gradients; the search decides the rest
         settings=replace(run.settings, recompute="none", zero=0, sequence_parallel=False),
         schedule=run.schedule,
-        intra="megatron",
+        intra="megatron-grid",
         hardware_csv=hardware_csv,
     )
     faster = given.pipeline.iteration_time_s < searched.pipeline.iteration_time_s

@@ -86,11 +86,11 @@ def test_a_rebuilt_problem_shares_the_edges_and_equals_a_fresh_build():
 
 
 def test_a_tensor_parallel_stage_mesh_wins_where_memory_binds_and_recosts_from_its_json():
-    """8 layers on two nodes of 8 GPUs at 120 MB: tensor parallelism 2 beside data parallelism 4
-    in each node (Megatron-LM's stage plan, SP, full recompute, ZeRO-3) beats every plan of the
-    search's own stage planner and plain data parallelism; evaluate --plan gives its time back."""
-    model = "gpt:layers=8,hidden=512,heads=8,seq=512,vocab=2048"
-    plan = plan_pipeline(model, "node=2,gpu=8", "a100-80g", batch=32, memory=120e6, degrees=[1])
+    """8 layers (hidden 1024) on two nodes of 8 GPUs at 250 MB: tensor parallelism 2 beside data
+    parallelism 4 in each node (Megatron-LM's stage plan with SP) beats every plan of the search's
+    own stage planner and plain data parallelism; evaluate --plan gives its time back."""
+    model = "gpt:layers=8,hidden=1024,heads=16,seq=512,vocab=2048"
+    plan = plan_pipeline(model, "node=2,gpu=8", "a100-80g", batch=16, memory=250e6, degrees=[1])
     assert plan.stage_mesh == "node=2,gpu=4,tp=2" and plan.intra_method == "megatron"
     others = [
         r["iteration_time_s"]
@@ -99,7 +99,7 @@ def test_a_tensor_parallel_stage_mesh_wins_where_memory_binds_and_recosts_from_i
     ]
     assert others and plan.pipeline.iteration_time_s < min(others)
     again = evaluate_3d_file(
-        plan.to_dict(), model, "a100-80g", batch=32, settings=plan.settings, memory=120e6
+        plan.to_dict(), model, "a100-80g", batch=16, settings=plan.settings, memory=250e6
     )
     assert again.stage_mesh == plan.stage_mesh
     assert again.pipeline.iteration_time_s == pytest.approx(plan.pipeline.iteration_time_s, 1e-12)

@@ -255,7 +255,8 @@ def _add_launch_sources(e: argparse.ArgumentParser) -> None:
         "--compare-best",
         action="store_true",
         help="--from-megatron/--from-torchtitan: also search the best Megatron-LM configuration "
-        "on the same GPUs and print the gap and the changes that close it (seconds to minutes)",
+        "on the same GPUs and print the gap, the changes that close it (or make a line fit) and "
+        "the best as a launch line (seconds to minutes)",
     )
 
 
