@@ -1,0 +1,37 @@
+"""Hardening 4 regressions: plans that do not fit are failures on every command (exit 3 with the
+reason, the report still printed, no file written or clobbered)."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.cli.main import main
+
+GPT = "gpt:layers=2,hidden=256,heads=4,seq=128,vocab=1024"
+
+
+@pytest.mark.parametrize("method", ["megatron-grid", "megatron", "dp", "sapp"])
+def test_a_heuristic_plan_that_does_not_fit_exits_3_and_keeps_existing_files(
+    tmp_path, capsys, method
+):
+    """Was: gpt3-175b on 8 GPUs by megatron-grid reported 668.81 GiB of 72.64 GiB, exit 0, and
+    wrote its files."""
+    keep_json, keep_csv = tmp_path / "keep.json", tmp_path / "keep.csv"
+    keep_json.write_text("mine"), keep_csv.write_text("mine")
+    code = main(
+        ["plan", "--model", GPT, "--mesh", "8", "--method", method, "--memory", "1MB"]
+        + ["--json", str(keep_json), "--csv", str(keep_csv)]
+    )
+    out, err = capsys.readouterr()
+    assert code == 3 and "does not fit" in err and "nothing written" in err
+    assert "memory per device" in out  # the report says how far it is
+    assert keep_json.read_text() == "mine" and keep_csv.read_text() == "mine"
+
+
+def test_a_3d_evaluate_that_does_not_fit_writes_nothing(tmp_path, capsys):
+    out_json = tmp_path / "p.json"
+    code = main(
+        ["evaluate", "--model", GPT, "--batch", "16", "--tp", "2", "--dp", "4", "--memory", "1MB"]
+        + ["--json", str(out_json)]
+    )
+    assert code == 3 and "does not fit" in capsys.readouterr().err and not out_json.exists()
