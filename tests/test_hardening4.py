@@ -35,3 +35,19 @@ def test_a_3d_evaluate_that_does_not_fit_writes_nothing(tmp_path, capsys):
         + ["--json", str(out_json)]
     )
     assert code == 3 and "does not fit" in capsys.readouterr().err and not out_json.exists()
+
+
+@pytest.mark.parametrize(
+    "model, message",
+    [
+        ("gpt:layers=100000000000000000000,hidden=2048,heads=16", "needs a positive integer"),
+        ("gpt:layers=10000000,hidden=2048,heads=16", "'layers' is at most 4096"),
+        ("llama:layers=5000", "'layers' is at most 4096"),
+        ("gpt:hidden=" + "9" * 4000, "needs a positive integer, got '99999999999999999999...'"),
+    ],
+)
+def test_model_sizes_are_bounded(capsys, model, message):
+    """Was: a layer count of 10^20 grew memory for minutes; a 4000-digit number was echoed."""
+    assert main(["plan", "--model", model, "--mesh", "8"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err) < 300

@@ -64,6 +64,24 @@ def model_names() -> list[str]:
     )
 
 
+# bounds on a parametric model's integers: a layer count beyond any published model (the largest
+# have under 200 layers) would only build a graph for minutes; other sizes as the graph reader's
+MAX_LAYERS = 4096
+MAX_SIZE = 2**48
+
+
+def _bounded(key: str, value: str) -> int:
+    """``value`` as a positive integer within the bounds, or a ModelError naming ``key`` (the
+    value echoed at most 20 characters long)."""
+    shown = value if len(value) <= 20 else value[:20] + "..."
+    if not re.fullmatch(r"[0-9]+", value) or len(value) > 16 or int(value) < 1:
+        raise ModelError(f"--model: parameter {key!r} needs a positive integer, got {shown!r}")
+    limit = MAX_LAYERS if key == "layers" else MAX_SIZE
+    if int(value) > limit:
+        raise ModelError(f"--model: parameter {key!r} is at most {limit}, got {shown}")
+    return int(value)
+
+
 def _parse_params(spec: str, base: GPTConfig) -> GPTConfig:
     fields = {}
     for item in filter(None, spec.split(",")):
@@ -73,10 +91,11 @@ def _parse_params(spec: str, base: GPTConfig) -> GPTConfig:
                 f"--model: cannot parse parameter {item!r} (known: "
                 f"{', '.join(GPTConfig.__slots__)})"
             )
+        if key != "capacity_factor":
+            fields[key] = _bounded(key, value)
+            continue
         try:
-            if key != "capacity_factor" and not re.fullmatch(r"[0-9]+", value):
-                raise ValueError(value)
-            fields[key] = float(value) if key == "capacity_factor" else int(value)
+            fields[key] = float(value)
         except ValueError:
             raise ModelError(f"--model: parameter {key!r} needs a number, got {value!r}") from None
     return replace(base, **fields)
@@ -100,10 +119,8 @@ def _parse_llama(spec: str, base: LlamaConfig) -> LlamaConfig:
                 raise ModelError(
                     f"--model: parameter {key!r} needs a number, got {value!r}"
                 ) from None
-        elif re.fullmatch(r"[0-9]+", value):
-            fields[key] = int(value)
         else:
-            raise ModelError(f"--model: parameter {key!r} needs an integer, got {value!r}")
+            fields[key] = _bounded(key, value)
     return replace(base, **fields)
 
 
