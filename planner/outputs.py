@@ -28,7 +28,10 @@ def atomic_write(path: Path | str, data: str | bytes, field: str = "output") -> 
         raise OutputError(f"{field}: empty path")
     try:
         if os.path.islink(path) and not os.path.exists(path):
-            os.stat(path)  # a link that loops raises ELOOP here; a dangling one is written through
+            try:
+                os.stat(path)  # a link that loops raises ELOOP here
+            except FileNotFoundError:
+                pass  # a dangling link: written through to the target it names
         mode = os.stat(path).st_mode if os.path.exists(path) else None  # follows symlinks
         if mode is not None and stat.S_ISDIR(mode):
             raise IsADirectoryError(errno.EISDIR, "is a directory")

@@ -51,3 +51,19 @@ def test_model_sizes_are_bounded(capsys, model, message):
     assert main(["plan", "--model", model, "--mesh", "8"]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err) < 300
+
+
+def test_output_through_a_dangling_symlink_is_written_to_its_target(tmp_path):
+    """Was refused with "No such file or directory" (a regression of turn 2's fix); a loop is
+    still refused."""
+    from planner.errors import OutputError
+    from planner.outputs import write_text
+
+    link, target = tmp_path / "plan.json", tmp_path / "new" / "target.json"
+    link.symlink_to(target)
+    write_text(link, "{}", "--json")
+    assert target.read_text() == "{}" and link.is_symlink()
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    with pytest.raises(OutputError, match="--json"):
+        write_text(tmp_path / "a", "{}", "--json")
