@@ -67,3 +67,28 @@ def test_output_through_a_dangling_symlink_is_written_to_its_target(tmp_path):
     (tmp_path / "b").symlink_to(tmp_path / "a")
     with pytest.raises(OutputError, match="--json"):
         write_text(tmp_path / "a", "{}", "--json")
+
+
+@pytest.mark.parametrize("command", [["plan", "--top-k", "3"], ["pareto"]])
+def test_top_k_and_pareto_with_nothing_that_fits_say_so_and_keep_files(tmp_path, capsys, command):
+    """Was: exit 3 with nothing on stderr, and keep.json / keep.csv overwritten with empty
+    results."""
+    keep_json, keep_csv = tmp_path / "keep.json", tmp_path / "keep.csv"
+    keep_json.write_text("mine"), keep_csv.write_text("mine")
+    code = main(
+        command
+        + ["--model", GPT, "--mesh", "8", "--memory", "1MB"]
+        + ["--json", str(keep_json), "--csv", str(keep_csv)]
+    )
+    err = capsys.readouterr().err
+    assert code == 3 and "no plan fits the memory limit" in err and "nothing written" in err
+    assert keep_json.read_text() == "mine" and keep_csv.read_text() == "mine"
+
+
+@pytest.mark.parametrize(
+    "option", [["--pp", "2"], ["--schedule", "1f1b"], ["--cuts", "1"], ["--jobs", "2"]]
+)
+def test_top_k_refuses_pipeline_options(capsys, option):
+    """Was: accepted and ignored."""
+    assert main(["plan", "--model", GPT, "--mesh", "8", "--top-k", "2", *option]) == 2
+    assert f"{option[0]}: not with --top-k" in capsys.readouterr().err

@@ -4,6 +4,7 @@ plans) from ``planner.front``, as tables, CSV and JSON."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 from planner.cli.recost import settings_from_args
 from planner.cli.report import emit, write_picture
@@ -34,6 +35,8 @@ def cmd_pareto(args: argparse.Namespace) -> int:
         max_points=args.max_points,
         **_problem_options(args),
     )
+    if not front.plans:
+        return _nothing_found(args, f"pareto: no plan fits the memory limit ({front.why})")
     rows = front.rows()
     if args.no_timings:
         rows = [{k: v for k, v in r.items() if k != "search_time_s"} for r in rows]
@@ -54,6 +57,14 @@ def cmd_pareto(args: argparse.Namespace) -> int:
         write_picture(args, lambda draw: draw.front_figure(front.rows()))
     emit(_table(front), args)
     return EXIT_OK if front.plans else EXIT_INFEASIBLE
+
+
+def _nothing_found(args: argparse.Namespace, why: str) -> int:
+    """Exit 3 with the reason on stderr; no file written (an existing one is kept)."""
+    written = [f for f in (args.json, args.csv) if f is not None]
+    nothing = f" (nothing written to {', '.join(written)})" if written else ""
+    print(f"planner: infeasible: {why}{nothing}", file=sys.stderr)
+    return EXIT_INFEASIBLE
 
 
 def _table(front) -> str:
@@ -84,6 +95,11 @@ def cmd_top_k(args: argparse.Namespace) -> int:
         raise SettingsError(f"--top-k: an exact search ranks plans, not --method {args.method}")
     if args.num_microbatches is not None:
         raise SettingsError("--num-microbatches: not with --top-k (it ranks one-micro-batch plans)")
+    # --jobs has a default (1): refused when another count is asked for
+    for name in ("pp", "schedule", "cuts", "pipeline_method", "jobs"):
+        if getattr(args, name, None) not in (None, 1 if name == "jobs" else None):
+            flag = "--" + name.replace("_", "-")
+            raise SettingsError(f"{flag}: not with --top-k (it ranks flat plans in one process)")
     plans = top_plans(
         args.model,
         args.mesh or "8",
@@ -91,6 +107,8 @@ def cmd_top_k(args: argparse.Namespace) -> int:
         args.top_k,
         **_problem_options(args),
     )
+    if not plans:
+        return _nothing_found(args, "--top-k: no plan fits the memory limit")
     timings = not args.no_timings
     if args.csv is not None:
         write_csv(
