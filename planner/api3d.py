@@ -252,6 +252,8 @@ def layer_chain(
     outer part of the mesh: the exact intra-operator plan on the stage sub-mesh, re-costed at every
     micro-batch count that divides the batch (see ``planner.pipeline.threed``).
     ``StageChain.cost(cuts, num_microbatches)`` costs given cuts and a count on it."""
+    if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
+        raise SettingsError(f"stages: a positive integer, got {stages!r}")
     cluster = make_cluster(mesh, device, float("inf"), hardware_csv=hardware_csv)
     load = model_loader(model, seq)
     global_batch = _global_batch(model, batch, seq)

@@ -92,3 +92,28 @@ def test_top_k_refuses_pipeline_options(capsys, option):
     """Was: accepted and ignored."""
     assert main(["plan", "--model", GPT, "--mesh", "8", "--top-k", "2", *option]) == 2
     assert f"{option[0]}: not with --top-k" in capsys.readouterr().err
+
+
+def test_the_python_api_refuses_bad_arguments_with_planner_errors():
+    """Was: ZeroDivisionError, TypeError, ValueError, AttributeError, or INFEASIBLE plans for a
+    negative or NaN memory limit, and True taken as one micro-batch."""
+    from planner import api, api3d
+    from planner.errors import PlannerError
+
+    with pytest.raises(PlannerError, match="stages: a positive integer"):
+        api3d.layer_chain(GPT, "8", stages=0, batch=8)
+    chain = api3d.layer_chain(GPT, "8", stages=2, batch=8)
+    bad = [
+        ((None, 2), {}, "cuts: a sequence"),
+        (("2,", 2), {}, "cuts: a sequence"),
+        (((1,), 2), {"memory_limit": None}, "memory_limit: bytes"),
+        (((1,), 2), {"memory_limit": -1}, "memory_limit: must be positive"),
+        (((1,), 2), {"memory_limit": float("nan")}, "memory_limit: must be positive"),
+        (((1,), True), {}, "num_microbatches: a positive integer"),
+    ]
+    for args, kwargs, message in bad:
+        with pytest.raises(PlannerError, match=message):
+            chain.cost(*args, **kwargs)
+    assert chain.cost((1,), 2).status == "GIVEN"
+    with pytest.raises(PlannerError, match="fixed: a mapping"):
+        api.plan(GPT, "8", fixed=[("embed", "gpu")])

@@ -66,6 +66,11 @@ def pinned(problem: Problem, fixed: Mapping[str, Mapping[str, str | None]]) -> P
     """``problem`` with each operator named in ``fixed`` held to its given strategy, ``{mesh axis:
     dim or None}`` (an axis left out replicates). Raises ``SettingsError`` naming ``fixed`` for an
     unknown operator or axis, or a strategy that is not one of the operator's candidates."""
+    if not isinstance(fixed, Mapping) or not all(isinstance(v, Mapping) for v in fixed.values()):
+        raise SettingsError(
+            "fixed: a mapping {operator name: {mesh axis: dim or None}}, got "
+            f"{type(fixed).__name__}"
+        )
     names = {t.op.name: i for i, t in enumerate(problem.ops)}
     axes = problem.mesh.names
     kept = {}
