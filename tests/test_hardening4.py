@@ -117,3 +117,17 @@ def test_the_python_api_refuses_bad_arguments_with_planner_errors():
     assert chain.cost((1,), 2).status == "GIVEN"
     with pytest.raises(PlannerError, match="fixed: a mapping"):
         api.plan(GPT, "8", fixed=[("embed", "gpu")])
+
+
+@pytest.mark.parametrize("command", [["pareto"], ["compare", "--methods", "dp,megatron"]])
+def test_a_bad_picture_name_is_refused_before_any_file(tmp_path, capsys, command):
+    """Was: --json and --csv written (an existing one overwritten), then --png refused."""
+    keep_json, keep_csv = tmp_path / "keep.json", tmp_path / "keep.csv"
+    keep_json.write_text("mine"), keep_csv.write_text("mine")
+    code = main(
+        command
+        + ["--model", GPT, "--mesh", "8", "--png", str(tmp_path / "front.svg")]
+        + ["--json", str(keep_json), "--csv", str(keep_csv)]
+    )
+    assert code == 2 and "--png" in capsys.readouterr().err
+    assert keep_json.read_text() == "mine" and keep_csv.read_text() == "mine"

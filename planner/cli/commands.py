@@ -20,7 +20,7 @@ from planner.cli.recost import checked, recost, settings_from_args as _settings
 from planner.cli.engines import cmd_export, cmd_import_torch, cmd_verify
 from planner.cli.front import cmd_pareto, cmd_top_k
 from planner.cli.training import cmd_run_jax, cmd_run_torch
-from planner.cli.report import emit as _emit, format_3d, format_plan, write_picture
+from planner.cli.report import check_picture, emit as _emit, format_3d, format_plan, write_picture
 from planner.units import bytes_text
 from planner.cli.argtypes import EXIT_INFEASIBLE, EXIT_NOT_OPTIMAL, EXIT_OK
 from planner.cli.parser import DEGREE_OPTIONS, PIPELINE_OPTIONS, SETTINGS_DEFAULTS, log
@@ -341,6 +341,7 @@ def _evaluate_file(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    check_picture(args)  # a bad picture name is refused before the searches and any file
     rows = api.compare(
         args.model,
         args.mesh or "8",

@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from planner.cli.recost import settings_from_args
-from planner.cli.report import emit, write_picture
+from planner.cli.report import check_picture, emit, write_picture
 from planner.cli.argtypes import EXIT_INFEASIBLE, EXIT_OK
 from planner.errors import SettingsError
 from planner.front import pareto_front, top_plans
@@ -28,6 +28,7 @@ def _problem_options(args: argparse.Namespace) -> dict:
 
 
 def cmd_pareto(args: argparse.Namespace) -> int:
+    check_picture(args)  # a bad picture name is refused before the searches and any file
     front = pareto_front(
         args.model,
         args.mesh or "8",

@@ -184,15 +184,24 @@ def emit(text: str, args: argparse.Namespace) -> None:
         os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes stdout at exit
 
 
-def write_picture(args: argparse.Namespace, make) -> None:
-    """Draw a figure (``make(draw module)``) into --png or --svg, when one is given."""
+def check_picture(args: argparse.Namespace) -> tuple[str, str] | None:
+    """(path, format) of --png or --svg, or None; a bad name refused before any work or file."""
     path, fmt = (args.png, "png") if args.png is not None else (args.svg, "svg")
     if path is None:
-        return
+        return None
     if not str(path).lower().endswith(f".{fmt}") and not str(path).startswith("/dev/"):
         raise SettingsError(
             f"--{fmt}: {path!r} does not end in .{fmt} (the file is written as {fmt.upper()})"
         )
+    return path, fmt
+
+
+def write_picture(args: argparse.Namespace, make) -> None:
+    """Draw a figure (``make(draw module)``) into --png or --svg, when one is given."""
+    picture = check_picture(args)
+    if picture is None:
+        return
+    path, fmt = picture
     from planner.show import draw
 
     write_bytes(path, draw.figure_bytes(make(draw), fmt), f"--{fmt}")
