@@ -29,6 +29,7 @@ from planner.errors import SettingsError
 from planner.ir.graph import Graph
 from planner.plans import Plan, make_plan, strategies_from_choice
 from planner.search.fallback import program_size
+from planner.search.result import SolveResult
 from planner.search.topk import top_k
 from planner.search.whole import MAX_WHOLE_PROGRAM
 from planner.search.options import SEARCH_DEFAULTS
@@ -103,6 +104,19 @@ def _same_time(plan: Plan, after: Plan | None) -> bool:
     return after is not None and after.objective == plan.objective
 
 
+def _exact_first(problem, cluster, time_limit_s: float, seed: int) -> SolveResult | None:
+    """The best plan by the exact search (segment decomposition, usually far faster than the
+    whole-graph program), as rank 1 of the top k when it is proven OPTIMAL."""
+    plan = api.plan_problem(problem, cluster.memory_limit, "exact", time_limit_s, seed)
+    if plan.status != "OPTIMAL":
+        return None
+    choice = tuple(
+        table.strategies.index(tuple(dim for _, dim in op.strategy))
+        for table, op in zip(problem.ops, plan.operators)
+    )
+    return SolveResult("OPTIMAL", plan.objective, plan.objective, choice, plan.search_time_s, 0)
+
+
 def top_plans(
     model: str | Graph,
     mesh: str = "8",
@@ -134,7 +148,14 @@ def top_plans(
             f"--top-k: the whole-graph program would have {size:,} Booleans (more than "
             f"{MAX_WHOLE_PROGRAM:,}); use a smaller model or mesh"
         )
-    found = top_k(problem, cluster.memory_limit, k, time_limit_s, seed)
+    found = top_k(
+        problem,
+        cluster.memory_limit,
+        k,
+        time_limit_s,
+        seed,
+        _exact_first(problem, cluster, time_limit_s, seed),
+    )
     return tuple(
         make_plan(
             problem,

@@ -131,3 +131,19 @@ def test_a_bad_picture_name_is_refused_before_any_file(tmp_path, capsys, command
     )
     assert code == 2 and "--png" in capsys.readouterr().err
     assert keep_json.read_text() == "mine" and keep_csv.read_text() == "mine"
+
+
+def test_top_k_takes_its_first_plan_from_the_exact_search():
+    """Was: the first whole-graph solve cut by its 5 s limit left --top-k with nothing (exit 3)
+    on a model that `plan` solves OPTIMAL in 1.6 s. Rank 1 is now the exact search's OPTIMAL plan,
+    the same objective as `plan`'s."""
+    from planner import api
+    from planner.front import top_plans
+
+    model = "gpt:layers=4,hidden=512,heads=8,seq=256,vocab=1024"
+    plans = top_plans(model, "2x4", k=2, time_limit_s=5)
+    alone = api.plan(model, "2x4", time_limit_s=5)
+    assert plans and plans[0].status == "OPTIMAL" == alone.status
+    assert plans[0].objective == alone.objective
+    if len(plans) > 1:
+        assert plans[1].objective >= plans[0].objective

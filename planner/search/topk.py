@@ -24,18 +24,29 @@ from planner.signals import run_interruptible
 
 
 def top_k(
-    problem: Problem, memory_limit: float, k: int, time_limit_s: float, seed: int
+    problem: Problem,
+    memory_limit: float,
+    k: int,
+    time_limit_s: float,
+    seed: int,
+    first: SolveResult | None = None,
 ) -> list[SolveResult]:
     """Up to ``k`` best plans (fewer when fewer assignments fit); each solve gets
-    ``time_limit_s``."""
+    ``time_limit_s``. ``first``: the best plan, already proven OPTIMAL by another search (the
+    segment decomposition), taken as rank 1 so that a whole-graph solve cut by its time limit
+    cannot leave the list empty; the whole-graph program then starts from its cut."""
     if min_memory(problem) > memory_limit:
         return []
     built = build_model(problem, memory_limit)
-    hint = greedy_choice(problem, memory_limit)
-    for row, s in zip(built.x, hint or ()):
-        for strategy, var in row.items():
-            built.model.add_hint(var, strategy == s)
     found: list[SolveResult] = []
+    if first is not None and first.status == "OPTIMAL" and first.choice is not None:
+        found.append(first)
+        _add_no_good(built, first.choice, 1)
+    else:
+        hint = greedy_choice(problem, memory_limit)
+        for row, s in zip(built.x, hint or ()):
+            for strategy, var in row.items():
+                built.model.add_hint(var, strategy == s)
     bound = separable_bound(problem)
     while len(found) < k:
         start = time.perf_counter()
