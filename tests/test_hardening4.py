@@ -147,3 +147,31 @@ def test_top_k_takes_its_first_plan_from_the_exact_search():
     assert plans[0].objective == alone.objective
     if len(plans) > 1:
         assert plans[1].objective >= plans[0].objective
+
+
+def test_device_profiles_with_a_list_name_or_duplicate_rows_are_refused(tmp_path):
+    """Was: accepted (turn 3's leftovers)."""
+    import json
+
+    from planner.cluster.profiles import get_profile, load_profiles
+    from planner.errors import ProfileError
+
+    profile = {
+        "name": ["a", "b"],
+        "peak_flops": 1e15,
+        "memory_bytes": 8e10,
+        "intra_node_bandwidth": 4e11,
+        "inter_node_bandwidth": 5e10,
+        "gpus_per_node": 8,
+    }
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(profile))
+    with pytest.raises(ProfileError, match="field 'name' must be a non-empty string"):
+        get_profile(str(path))
+    table = tmp_path / "hw.csv"
+    header = "device,peak_bf16_flops,hbm_bytes,intra_node_bandwidth,gpus_per_node,"
+    header += "inter_node_bandwidth_per_gpu"
+    row = "x,1e15,8e10,4e11,8,5e10"
+    table.write_text("\n".join([header, row, row]) + "\n")
+    with pytest.raises(ProfileError, match="device 'x' has two rows"):
+        load_profiles(table)

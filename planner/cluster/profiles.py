@@ -176,6 +176,10 @@ def load_profiles(path: Path | str | None = DEFAULT_HARDWARE_CSV) -> dict[str, M
     lines = [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
     profiles = {}
     for row in csv.DictReader(io.StringIO("\n".join(lines))):
+        if row.get("device") in profiles:
+            raise ProfileError(
+                f"hardware table {path}: device {row['device']!r} has two rows (which one?)"
+            )
         try:
             profiles[row["device"]] = MachineProfile(
                 name=row["device"],
@@ -206,6 +210,8 @@ def profile_from_json(path: Path | str) -> MachineProfile:
     if unknown:
         raise ProfileError(f"profile file {path}: unknown field {unknown[0]!r}")
     data.setdefault("name", Path(path).stem)
+    if not isinstance(data["name"], str) or not data["name"].strip():
+        raise ProfileError(f"profile file {path}: field 'name' must be a non-empty string")
     try:
         return MachineProfile(**data)
     except TypeError as exc:
