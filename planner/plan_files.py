@@ -20,6 +20,12 @@ def check_plan_data(data: object, where: str) -> dict:
     field."""
     if not isinstance(data, dict):
         raise SettingsError(f"--plan: {where} must hold a JSON object")
+    collection = {"planner-top-k/1": "plans", "planner-front/1": "points"}.get(data.get("format"))
+    if collection is not None:
+        raise SettingsError(
+            f"--plan: {where} is a {data['format']} file of several plans, not one plan: save "
+            f"one entry of its '{collection}' list as its own file"
+        )
     for key, kind in (("mesh", str), ("operators", list)) + (
         (("pipeline", dict),) if "pipeline" in data else ()
     ):

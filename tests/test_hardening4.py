@@ -175,3 +175,11 @@ def test_device_profiles_with_a_list_name_or_duplicate_rows_are_refused(tmp_path
     table.write_text("\n".join([header, row, row]) + "\n")
     with pytest.raises(ProfileError, match="device 'x' has two rows"):
         load_profiles(table)
+
+
+def test_a_top_k_file_given_as_a_plan_names_its_format(tmp_path, capsys):
+    """Was: "field 'mesh' is missing"."""
+    path = tmp_path / "top.json"
+    assert main(["plan", "--model", GPT, "--mesh", "8", "--top-k", "2", "--json", str(path)]) == 0
+    assert main(["evaluate", "--plan", str(path)]) == 2
+    assert "a planner-top-k/1 file of several plans" in capsys.readouterr().err
