@@ -54,16 +54,7 @@ def test_axis_spanning_nodes_costs_as_its_two_levels():
     flat = collective_seconds("all_reduce", 128, wide.bandwidth, wide.latency, gib)
     assert flat == pytest.approx(by_hand, rel=1e-9)
     levels = parse_mesh("node=16,gpu=8", h100)
-    hierarchical = sum(
-        collective_seconds(
-            c.kind,
-            levels.axes[c.axis].size,
-            levels.axes[c.axis].bandwidth,
-            levels.axes[c.axis].latency,
-            c.nbytes,
-        )
-        for c in hierarchical_all_reduce("grad", [0, 1], gib, levels.shape)
-    )
+    hierarchical = _seconds(levels, hierarchical_all_reduce("grad", [0, 1], gib, levels.shape))
     assert flat == pytest.approx(hierarchical, rel=1e-9)
     assert flat < 0.25 * collective_seconds("all_reduce", 128, nic, 8e-6, gib)
 
@@ -173,7 +164,6 @@ def test_zero_collectives_run_inner_axis_first_and_equal_the_flat_axis():
     """ZeRO-3 on node=16,gpu=8: the gradient is reduce-scattered over NVLink first and only its
     1/8 shard crosses the nodes (the gathers mirror it), so a parameter's collectives cost what
     they cost on the flat dp=128 axis of `evaluate --dp 128` (axis_link), to rounding."""
-    from planner.cost.collectives import collective_seconds
     from planner.cost.operators import _sharded_param_comm
 
     h100 = get_profile("h100-80g")
@@ -186,17 +176,21 @@ def test_zero_collectives_run_inner_axis_first_and_equal_the_flat_axis():
     ]
     assert comm[3].axis == 0 and comm[3].nbytes == grad_nbytes / 8
 
-    def total(mesh, collectives):
-        return sum(
-            collective_seconds(
-                c.kind,
-                mesh.axes[c.axis].size,
-                mesh.axes[c.axis].bandwidth,
-                mesh.axes[c.axis].latency,
-                c.nbytes,
-            )
-            for c in collectives
-        )
-
     one_axis = _sharded_param_comm(3, [0], nbytes, grad_nbytes, flat.shape)
-    assert total(levels, comm) == pytest.approx(total(flat, one_axis), rel=1e-9)
+    assert _seconds(levels, comm) == pytest.approx(_seconds(flat, one_axis), rel=1e-9)
+
+
+def _seconds(mesh, collectives) -> float:
+    """The alpha-beta seconds of ``collectives`` on ``mesh``'s axes."""
+    from planner.cost.collectives import collective_seconds
+
+    return sum(
+        collective_seconds(
+            c.kind,
+            mesh.axes[c.axis].size,
+            mesh.axes[c.axis].bandwidth,
+            mesh.axes[c.axis].latency,
+            c.nbytes,
+        )
+        for c in collectives
+    )
