@@ -40,10 +40,10 @@ def test_a_3d_evaluate_that_does_not_fit_writes_nothing(tmp_path, capsys):
 @pytest.mark.parametrize(
     "model, message",
     [
-        ("gpt:layers=100000000000000000000,hidden=2048,heads=16", "needs a positive integer"),
+        ("gpt:layers=100000000000000000000,hidden=2048,heads=16", "needs an integer"),
         ("gpt:layers=10000000,hidden=2048,heads=16", "'layers' is at most 4096"),
         ("llama:layers=5000", "'layers' is at most 4096"),
-        ("gpt:hidden=" + "9" * 4000, "needs a positive integer, got '99999999999999999999...'"),
+        ("gpt:hidden=" + "9" * 4000, "needs an integer, got '99999999999999999999...'"),
     ],
 )
 def test_model_sizes_are_bounded(capsys, model, message):

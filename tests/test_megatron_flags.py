@@ -117,3 +117,56 @@ def test_the_vocabulary_comes_from_the_tokenizer(flags, vocab):
 def test_an_unknown_vocabulary_is_refused(flags):
     with pytest.raises(SettingsError, match="--vocab-size: give it"):
         read_megatron(NO_VOCAB + flags)
+
+
+def test_dp_that_contradicts_the_launcher_is_refused():
+    """Was: --dp silently overrode torchrun's world size."""
+    assert read_megatron(BASE, dp=8)[0].data_parallel == 8  # agrees: 8 GPUs, tp 1, pp 1
+    with pytest.raises(SettingsError, match="--dp: 4 x tp 1 x pp 1 is not the launcher's world"):
+        read_megatron(BASE, dp=4)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        ("--recompute-granularity Full", "'Full' is not one of Megatron-LM's"),
+        ("--use-megatron-fsdp --data-parallel-sharding-strategy zero3", "'zero3' is not one of"),
+        ("--pipeline-model-parallel-size 3", "--num-layers: 8 is not divisible"),
+    ],
+)
+def test_values_megatron_refuses_are_refused(flags, message):
+    """Was: Full costed as no recompute, an unknown sharding strategy as ZeRO-3, 8 layers on 3
+    stages accepted (Megatron-LM asserts)."""
+    # 24 GPUs for the 3-stage line (dp 8 divides the batch), 8 otherwise
+    base = (
+        BASE.replace("--nproc-per-node 8", "--nproc-per-node 24") if "--pipeline" in flags else BASE
+    )
+    with pytest.raises(SettingsError, match=message):
+        read_megatron(base + flags)
+
+
+def test_megatron_defaults_where_a_line_leaves_a_flag_out():
+    """No --ffn-hidden-size beside --swiglu: Megatron-LM's int(4h x 2/3 / 64) x 64; GQA without
+    --num-query-groups: one group; no_shard is ZeRO 0."""
+    llama = (
+        BASE + "--swiglu --normalization RMSNorm --position-embedding-type rope "
+        "--disable-bias-linear --group-query-attention"
+    )
+    run, _ = read_megatron(llama)
+    assert run.model.ffn == int(4 * 512 * 2 / 3 / 64) * 64 == 1344
+    assert run.model.kv_heads == 1
+    fsdp = read_megatron(BASE + "--use-megatron-fsdp --data-parallel-sharding-strategy no_shard")
+    assert fsdp[0].settings.zero == 0
+
+
+def test_launch_files_are_read_bounded_and_as_utf8(tmp_path, capsys):
+    from planner.cli.main import main
+
+    big = tmp_path / "big.sh"
+    big.write_bytes(b"#" * (1 << 20) + b"\n")
+    assert main(["evaluate", "--from-megatron", str(big)]) == 2
+    assert "larger than 1 MiB" in capsys.readouterr().err
+    binary = tmp_path / "bin.sh"
+    binary.write_bytes(b"torchrun \xff\xfe pretrain_gpt.py")
+    assert main(["evaluate", "--from-megatron", str(binary)]) == 2
+    assert "is not UTF-8 text" in capsys.readouterr().err

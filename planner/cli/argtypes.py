@@ -137,3 +137,26 @@ def add_plan_source(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--seq", type=positive_int, help="sequence length (default: the plan's 'source')"
     )
+
+
+# a launch script or argument file is a few KiB; more is not one (/dev/zero, a binary)
+MAX_LAUNCH_BYTES = 1 << 20
+
+
+def read_launch_text(path: str, flag: str) -> str:
+    """The text of a launch file (``-``: stdin), at most ``MAX_LAUNCH_BYTES``, UTF-8; one-line
+    errors naming ``flag``."""
+    try:
+        if path == "-":
+            raw = sys.stdin.buffer.read(MAX_LAUNCH_BYTES + 1)
+        else:
+            with open(path, "rb") as handle:
+                raw = handle.read(MAX_LAUNCH_BYTES + 1)
+    except OSError as exc:
+        raise SettingsError(f"{flag}: cannot read {path}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_LAUNCH_BYTES:
+        raise SettingsError(f"{flag}: {path} is larger than 1 MiB: not a launch script")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SettingsError(f"{flag}: {path} is not UTF-8 text (byte {exc.start})") from None

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 from typing import Sequence
 
 from planner import accumulation, api, api3d
@@ -22,7 +21,7 @@ from planner.cli.front import cmd_pareto, cmd_top_k
 from planner.cli.training import cmd_run_jax, cmd_run_torch
 from planner.cli.report import check_picture, emit as _emit, format_3d, format_plan, write_picture
 from planner.units import bytes_text
-from planner.cli.argtypes import EXIT_INFEASIBLE, EXIT_NOT_OPTIMAL, EXIT_OK
+from planner.cli.argtypes import EXIT_INFEASIBLE, EXIT_NOT_OPTIMAL, EXIT_OK, read_launch_text
 from planner.cli.parser import DEGREE_OPTIONS, PIPELINE_OPTIONS, SETTINGS_DEFAULTS, log
 
 
@@ -310,11 +309,7 @@ def _evaluate_megatron(args: argparse.Namespace) -> int:
     """A Megatron-LM line costed as given (``planner.launch.evaluate_megatron``)."""
     from planner.launch import evaluate_megatron
 
-    path = args.from_megatron
-    try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SettingsError(f"--from-megatron: cannot read {path}: {exc.strerror}") from None
+    text = read_launch_text(args.from_megatron, "--from-megatron")
     result, run, ignored = evaluate_megatron(
         text, args.device or "a100-80g", args.dp, args.memory, args.hardware
     )

@@ -186,6 +186,11 @@ def read_megatron(text: str, dp: int | None = None) -> tuple[LaunchRun, tuple[st
             "--dp: give the data-parallel degree (the line has no torchrun launch to count "
             "its devices)"
         )
+    if dp is not None and world is not None and world != dp * tp * pp:
+        raise SettingsError(
+            f"--dp: {dp} x tp {tp} x pp {pp} is not the launcher's world size {world} (leave "
+            "--dp out to take the launcher's)"
+        )
     if dp is None and world % (tp * pp):
         raise SettingsError(
             f"--from-megatron: the world size {world} is not divisible by tensor x pipeline "
@@ -218,6 +223,11 @@ def _run(args, dp: int) -> LaunchRun:
     cuts = None
     if args.pipeline_model_parallel_layout:
         cuts = layout_cuts(args.pipeline_model_parallel_layout, pp)
+    elif args.num_layers % pp:
+        raise SettingsError(
+            f"--num-layers: {args.num_layers} is not divisible by --pipeline-model-parallel-size "
+            f"{pp} (Megatron-LM asserts it without a --pipeline-model-parallel-layout)"
+        )
     return LaunchRun(
         _model(args, tp), tp, pp, dp, micro, batch, _settings(args, dp), _virtual_stages(args), cuts
     )
@@ -243,7 +253,7 @@ def _model(args, tp: int) -> GPTConfig | LlamaConfig:
     """The zoo model of the line; the vocabulary padded as Megatron pads it."""
     step = args.make_vocab_size_divisible_by * tp
     vocab = math.ceil(_vocabulary(args) / step) * step
-    ffn = args.ffn_hidden_size or 4 * args.hidden_size
+    ffn = args.ffn_hidden_size or _default_ffn(args)
     layers, hidden, heads = args.num_layers, args.hidden_size, args.num_attention_heads
     if args.swiglu or args.normalization == "RMSNorm" or args.position_embedding_type == "rope":
         llama = args.swiglu and args.normalization == "RMSNorm"
@@ -252,7 +262,8 @@ def _model(args, tp: int) -> GPTConfig | LlamaConfig:
                 "--from-megatron: a LLaMA-style model needs --swiglu --normalization RMSNorm "
                 "--position-embedding-type rope --disable-bias-linear together"
             )
-        kv = args.num_query_groups if args.group_query_attention else heads
+        # Megatron-LM's --num-query-groups defaults to 1 (one shared key/value head)
+        kv = (args.num_query_groups or 1) if args.group_query_attention else heads
         attention = "explicit" if args.attention_backend in ("unfused", "local") else "fused"
         return LlamaConfig(
             layers, hidden, heads, kv or heads, ffn, args.seq_length, vocab, attention=attention
@@ -265,6 +276,14 @@ def _model(args, tp: int) -> GPTConfig | LlamaConfig:
 # (50,257), LLaMA 2's SentencePiece model (32,000); HuggingFace models of the zoo by name
 TOKENIZER_VOCAB = {"GPT2BPETokenizer": 50257, "Llama2Tokenizer": 32000}
 MODEL_VOCAB = (("llama-3", 128256), ("llama3", 128256), ("llama-2", 32000), ("gpt2", 50257))
+
+
+def _default_ffn(args) -> int:
+    """Megatron-LM's --ffn-hidden-size default: 4h, or with --swiglu 2/3 of it rounded down to a
+    multiple of 64 (arguments.py)."""
+    if args.swiglu:
+        return int((4 * args.hidden_size * 2 / 3) / 64) * 64
+    return 4 * args.hidden_size
 
 
 def _vocabulary(args) -> int:
@@ -286,7 +305,26 @@ def _vocabulary(args) -> int:
     )
 
 
+# values Megatron-LM's parser accepts (arguments.py choices); others are refused, not guessed
+CHOICES = {
+    "recompute_granularity": (None, "full", "selective"),
+    "recompute_method": (None, "uniform", "block"),
+    "data_parallel_sharding_strategy": ("no_shard", "optim", "optim_grads", "optim_grads_params"),
+}
+
+
+def _check_choices(args) -> None:
+    for name, allowed in CHOICES.items():
+        value = getattr(args, name)
+        if value not in allowed:
+            known = ", ".join(a for a in allowed if a)
+            raise SettingsError(
+                f"--{name.replace('_', '-')}: {value!r} is not one of Megatron-LM's ({known})"
+            )
+
+
 def _settings(args, dp: int) -> TrainingSettings:
+    _check_choices(args)
     recompute = "none"
     if args.recompute_granularity == "selective":
         recompute = "selective"
@@ -299,8 +337,8 @@ def _settings(args, dp: int) -> TrainingSettings:
         recompute = "full"
     zero = 1 if args.use_distributed_optimizer else 0
     if args.use_megatron_fsdp:
-        strategies = {"optim": 1, "optim_grads": 2, "optim_grads_params": 3}
-        zero = strategies.get(args.data_parallel_sharding_strategy, 3)
+        strategies = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
+        zero = strategies[args.data_parallel_sharding_strategy]
     # Megatron-LM overlaps sequence parallelism's backward gathers by itself: 'full'
     overlap = "full" if args.overlap_grad_reduce else "none"
     dtype = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"

@@ -71,11 +71,12 @@ MAX_SIZE = 2**48
 
 
 def _bounded(key: str, value: str) -> int:
-    """``value`` as a positive integer within the bounds, or a ModelError naming ``key`` (the
-    value echoed at most 20 characters long)."""
+    """``value`` as an integer within the bounds (0 allowed: a switch such as ``dropout=0``; the
+    model checks its own minimums), or a ModelError naming ``key`` (the value echoed at most 20
+    characters long)."""
     shown = value if len(value) <= 20 else value[:20] + "..."
-    if not re.fullmatch(r"[0-9]+", value) or len(value) > 16 or int(value) < 1:
-        raise ModelError(f"--model: parameter {key!r} needs a positive integer, got {shown!r}")
+    if not re.fullmatch(r"[0-9]+", value) or len(value) > 16:
+        raise ModelError(f"--model: parameter {key!r} needs an integer, got {shown!r}")
     limit = MAX_LAYERS if key == "layers" else MAX_SIZE
     if int(value) > limit:
         raise ModelError(f"--model: parameter {key!r} is at most {limit}, got {shown}")
