@@ -67,6 +67,11 @@ def test_a_script_is_expanded_as_bash_expands_it():
     run, ignored = read_megatron(SCRIPT)
     assert (run.tensor_parallel, run.data_parallel, run.global_batch) == (2, 8, 16)
     assert run.model.layers == 4 and ignored == ("--data-path",)
+    # a '#' inside a word is kept (shlex's comments would cut the line there)
+    argfile = "--num-layers 4 --hidden-size 512 --num-attention-heads 8 --seq-length 256 "
+    argfile += "--data-path a#b --vocab-size 1024  # a comment\n--micro-batch-size 2"
+    run, _ = read_megatron(argfile, dp=8)
+    assert run.model.vocab == 1024 and run.micro_batch == 2
 
 
 def test_deepspeed_and_srun_launchers():

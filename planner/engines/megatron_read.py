@@ -22,7 +22,7 @@ from planner.cost.settings import TrainingSettings
 from planner.engines.launch_run import LaunchRun
 from planner.engines.megatron import UNSUPPORTED, layout_cuts
 from planner.engines.megatron_flags import modern_words, split_unknown
-from planner.engines.shell_script import launch_text, unset_variable
+from planner.engines.shell_script import launch_text, unset_variable, without_comments
 from planner.errors import SettingsError
 from planner.zoo import GPTConfig, LlamaConfig
 
@@ -120,9 +120,9 @@ def split_launch(text: str) -> tuple[int | None, list[str]]:
     ``shell_script.launch_text``). The world size is torchrun's (also ``python -m
     torch.distributed.run`` / ``launch``) ``--nnodes x --nproc-per-node`` or DeepSpeed's
     ``--num_nodes x --num_gpus``; None for other launchers (srun, python)."""
-    text = launch_text(text)
+    text = without_comments(launch_text(text))
     try:
-        words = shlex.split(text, comments=True)
+        words = shlex.split(text)
     except ValueError as exc:  # an unclosed quote
         raise SettingsError(f"--from-megatron: cannot split the line: {exc}") from None
     while words and "=" in words[0] and not words[0].startswith("-"):

@@ -61,6 +61,16 @@ def launch_text(text: str) -> str:
     return text
 
 
+def without_comments(text: str) -> str:
+    """``text`` with bash's comments removed: ``#`` at the start of a word, outside quotes (a
+    ``#`` inside a word, ``a#b``, is kept, as bash keeps it; Python's shlex would cut there)."""
+    out, quote = [], ""
+    for line in text.splitlines():
+        kept, quote = _without_comment(line, quote)
+        out.append(kept)
+    return "\n".join(out)
+
+
 def _logical_lines(text: str) -> list[str]:
     """Lines with comments dropped (``#`` at a word's start outside quotes, as bash reads it),
     backslash continuations joined, and a quoted string or an array assignment spanning lines
