@@ -191,3 +191,49 @@ def test_the_cli_writes_and_reads_a_torchtitan_config(tmp_path):
         text=True,
     )
     assert missing.returncode == 2 and "nothing" in missing.stderr
+
+
+READ_AS_WRITTEN = """
+import contextlib, io, json, sys
+from planner.cli.main import main
+out = []
+for argv in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()) as said:
+        code = main(argv)
+    out.append([code, said.getvalue()[:400], err.getvalue()[-400:]])
+print(json.dumps(out))
+"""
+
+
+@needs_torchtitan
+def test_configs_are_read_by_module_name_and_as_the_users_own_files(tmp_path):
+    """torchtitan's own registry by module name (--module llama3 --config llama3_70b); a file
+    named llama3.py is the user's file, not torchtitan's registry of that name; a file named
+    json.py shadows nothing; a file that raises or calls sys.exit is refused in one line."""
+    config = export_torchtitan(_plan_file(tp=2, pp=1, dp=4, micro_batch=1)).text
+    (tmp_path / "llama3.py").write_text(config)
+    (tmp_path / "json.py").write_text(config)
+    (tmp_path / "raises.py").write_text("raise RuntimeError('no GPUs here')\n")
+    (tmp_path / "exits.py").write_text("import sys\nsys.exit(0)\n")
+    base = ["evaluate", "--device", "h100-80g", "--from-torchtitan"]
+    calls = [
+        base + ["llama3", "--config", "llama3_70b", "--dp", "8"],
+        base + [str(tmp_path / "llama3.py")],
+        base + [str(tmp_path / "json.py")],
+        base + [str(tmp_path / "raises.py")],
+        base + [str(tmp_path / "exits.py")],
+    ]
+    done = subprocess.run(
+        [sys.executable, "-c", READ_AS_WRITTEN, json.dumps(calls)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    stock, own, shadow, raises, exits = json.loads(done.stdout.splitlines()[-1])
+    assert stock[0] == 0 and "layers=80" in stock[1]
+    assert own[0] == 0 and "pp=1,dp=4,tp=2" in own[1] and "layers=32" in own[1]
+    assert shadow[0] == 0 and "pp=1,dp=4,tp=2" in shadow[1]
+    assert raises[0] == 2 and "raises RuntimeError when read: no GPUs here" in raises[2]
+    assert exits[0] == 2 and "exits (0) when read" in exits[2]

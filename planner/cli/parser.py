@@ -242,9 +242,10 @@ def _add_launch_sources(e: argparse.ArgumentParser) -> None:
     )
     e.add_argument(
         "--from-torchtitan",
-        metavar="FILE",
-        help="a torchtitan 0.3 config_registry file (loaded by torchtitan's config manager: "
-        "needs torchtitan), costed as given; its function is --config's",
+        metavar="FILE|MODULE",
+        help="a torchtitan 0.3 config_registry file, or a module name as torchtitan's --module "
+        "takes it (llama3), loaded by torchtitan's config manager (needs torchtitan; a file's "
+        "Python runs in the planner's process), costed as given; its function is --config's",
     )
     e.add_argument(
         "--config",

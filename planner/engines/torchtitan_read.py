@@ -5,8 +5,8 @@ checked by torchtitan's ``ParallelDims``, then mapped as ``planner.engines.torch
 
 from __future__ import annotations
 
-import contextlib
 import importlib
+import importlib.util
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -21,8 +21,11 @@ SCHEDULES = {"GPipe": "gpipe", "1F1B": "1f1b", "Interleaved1F1B": "interleaved"}
 
 
 def load_config(path: str, name: str):
-    """The ``Trainer.Config`` that function ``name`` of the file at ``path`` returns, through
-    torchtitan's ConfigManager (which validates it)."""
+    """The ``Trainer.Config`` that function ``name`` returns, through torchtitan's ConfigManager
+    (which validates it). ``path``: a config_registry file, or a module name as torchtitan's own
+    ``--module`` takes it (``llama3``: torchtitan's registry). A file is imported under a name of
+    its own, so that ``llama3.py`` is the user's file and not torchtitan's registry of that name
+    and ``json.py`` shadows nothing; its Python runs in this process (the docs say so)."""
     try:
         from torchtitan.config import ConfigManager
     except ImportError as exc:
@@ -30,30 +33,37 @@ def load_config(path: str, name: str):
             f"--from-torchtitan: torchtitan does not import here ({exc}); pip install "
             "torchtitan==0.3.0 triton"
         ) from None
+    module = path if _is_module_name(path) else _import_file(path)
+    try:
+        return ConfigManager().parse_args(["--module", module, "--config", name])
+    except (ValueError, ImportError, AssertionError, AttributeError, KeyError) as exc:
+        raise SettingsError(f"--from-torchtitan: torchtitan refuses {path}: {exc}") from None
+    except SystemExit:  # tyro prints why and exits
+        raise SettingsError(f"--from-torchtitan: torchtitan refuses {path} (above)") from None
+
+
+def _is_module_name(path: str) -> bool:
+    return not path.endswith(".py") and "/" not in path and not Path(path).exists()
+
+
+def _import_file(path: str) -> str:
+    """Import the config file at ``path`` as a module of its own name; that name."""
     file = Path(path).resolve()
     if not file.is_file() or file.suffix != ".py":
         raise SettingsError(f"--from-torchtitan: {path} is not a Python config_registry file")
-    sys.modules.pop(file.stem, None)  # a file read before under the same name is read again
-    with _on_path(str(file.parent)):
-        try:  # imported here first: the config manager would hide why an import failed
-            importlib.import_module(file.stem)
-        except ImportError as exc:
-            raise SettingsError(f"--from-torchtitan: {path} does not import: {exc}") from None
-        try:
-            return ConfigManager().parse_args(["--module", file.stem, "--config", name])
-        except (ValueError, ImportError, AssertionError) as exc:
-            raise SettingsError(f"--from-torchtitan: torchtitan refuses {path}: {exc}") from None
-        except SystemExit:  # tyro prints why and exits
-            raise SettingsError(f"--from-torchtitan: torchtitan refuses {path} (above)") from None
-
-
-@contextlib.contextmanager
-def _on_path(folder: str):
-    sys.path.insert(0, folder)
+    alias = f"planner_torchtitan_config_{abs(hash(str(file)))}"
+    spec = importlib.util.spec_from_file_location(alias, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[alias] = module
     try:
-        yield
-    finally:
-        sys.path.remove(folder)
+        spec.loader.exec_module(module)
+    except SystemExit as exc:
+        raise SettingsError(f"--from-torchtitan: {path} exits ({exc.code}) when read") from None
+    except Exception as exc:  # the user's Python: any error is its own, reported in one line
+        raise SettingsError(
+            f"--from-torchtitan: {path} raises {type(exc).__name__} when read: {exc}"
+        ) from None
+    return alias
 
 
 def read_torchtitan(path: str, name: str = "planner_plan", dp: int | None = None) -> LaunchRun:
