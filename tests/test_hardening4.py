@@ -183,3 +183,17 @@ def test_a_top_k_file_given_as_a_plan_names_its_format(tmp_path, capsys):
     assert main(["plan", "--model", GPT, "--mesh", "8", "--top-k", "2", "--json", str(path)]) == 0
     assert main(["evaluate", "--plan", str(path)]) == 2
     assert "a planner-top-k/1 file of several plans" in capsys.readouterr().err
+
+
+def test_a_graph_operator_with_a_size_its_equation_does_not_use_is_refused(tmp_path):
+    """Was: accepted (turn 3's leftover)."""
+    import json
+
+    from planner.errors import GraphError
+    from planner.ir.graph_json import graph_from_dict, graph_to_dict
+    from planner.zoo import load_model
+
+    data = graph_to_dict(load_model(GPT))
+    data["operators"][0]["sizes"]["z"] = 4
+    with pytest.raises(GraphError, match=r"field 'sizes' names dims \['z'\]"):
+        graph_from_dict(json.loads(json.dumps(data)))

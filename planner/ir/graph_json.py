@@ -168,7 +168,7 @@ def _operator(o: dict, where: str, source: str) -> Operator:
     layer = _field(o, "layer", (int, type(None)), where, None)
     attrs = _field(o, "attrs", dict, where, {})
     try:
-        return make_operator(
+        op = make_operator(
             _field(o, "kind", str, where),
             name,
             _field(o, "equation", str, where),
@@ -183,6 +183,10 @@ def _operator(o: dict, where: str, source: str) -> Operator:
         )
     except GraphError as exc:
         raise GraphError(f"{source}: {exc}") from None
+    unused = sorted(set(sizes) - {d for d, _ in op.dims})
+    if unused:
+        raise GraphError(f"{where}: field 'sizes' names dims {unused} its equation does not use")
+    return op
 
 
 def graph_from_dict(data: Any, source: str = "graph") -> Graph:
