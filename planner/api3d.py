@@ -254,7 +254,9 @@ def layer_chain(
     ``StageChain.cost(cuts, num_microbatches)`` costs given cuts and a count on it."""
     if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
         raise SettingsError(f"stages: a positive integer, got {stages!r}")
-    cluster = make_cluster(mesh, device, float("inf"), hardware_csv=hardware_csv)
+    # a chain has no memory limit; a Cluster keeps its own (none was given here)
+    unlimited = None if isinstance(mesh, Cluster) else float("inf")
+    cluster = make_cluster(mesh, device, unlimited, hardware_csv=hardware_csv)
     load = model_loader(model, seq)
     global_batch = _global_batch(model, batch, seq)
     sub = threed.stage_mesh(cluster.mesh, stages)

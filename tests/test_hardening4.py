@@ -197,3 +197,12 @@ def test_a_graph_operator_with_a_size_its_equation_does_not_use_is_refused(tmp_p
     data["operators"][0]["sizes"]["z"] = 4
     with pytest.raises(GraphError, match=r"field 'sizes' names dims \['z'\]"):
         graph_from_dict(json.loads(json.dumps(data)))
+
+
+def test_layer_chain_takes_a_cluster_without_naming_a_memory_it_was_not_given():
+    """Was: "memory: the Cluster has its own" although no memory was given."""
+    from planner import api3d
+    from planner.cluster.cluster import make_cluster
+
+    chain = api3d.layer_chain(GPT, make_cluster("8", "a100-80g"), stages=2, batch=8)
+    assert chain.stages == 2
