@@ -50,9 +50,11 @@ def check_plan_data(data: object, where: str) -> dict:
         ):
             raise SettingsError(f"--plan: {where}: operators #{i} needs 'name' and 'strategy'")
         names.append(entry["name"])
-    if len(set(names)) != len(names):
-        dup = next(n for n in names if names.count(n) > 1)
-        raise SettingsError(f"--plan: {where}: field 'operators' names {dup!r} twice")
+    seen: set[str] = set()
+    for name in names:  # linear: a 50k-operator plan with a duplicate took a minute
+        if name in seen:
+            raise SettingsError(f"--plan: {where}: field 'operators' names {name!r} twice")
+        seen.add(name)
     return data
 
 
