@@ -156,16 +156,18 @@ def top_plans(
         seed,
         _exact_first(problem, cluster, time_limit_s, seed),
     )
-    return tuple(
-        make_plan(
-            problem,
-            strategies_from_choice(problem, r.choice),
-            method="whole",
-            status=r.status,
-            memory_limit=cluster.memory_limit,
-            search_time_s=r.search_time_s,
-            notes=(f"rank {n + 1} of the {k} best plans (whole-graph program, no-good cuts)",),
-            bound=r.bound,
-        )
-        for n, r in enumerate(found)
+    return tuple(_ranked(problem, cluster, r, n, k) for n, r in enumerate(found))
+
+
+def _ranked(problem, cluster, result: SolveResult, n: int, k: int) -> Plan:
+    """The plan of rank ``n + 1`` of the top ``k``."""
+    return make_plan(
+        problem,
+        strategies_from_choice(problem, result.choice),
+        method="whole",
+        status=result.status,
+        memory_limit=cluster.memory_limit,
+        search_time_s=result.search_time_s,
+        notes=(f"rank {n + 1} of the {k} best plans (whole-graph program, no-good cuts)",),
+        bound=result.bound,
     )

@@ -10,6 +10,7 @@ import re
 import sys
 
 from planner.errors import SettingsError
+from planner.units import bytes_text
 from planner.pipeline.schedule import parse_schedule
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_INFEASIBLE, EXIT_NOT_OPTIMAL, EXIT_MISMATCH = 0, 2, 3, 4, 5
@@ -160,3 +161,16 @@ def read_launch_text(path: str, flag: str) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SettingsError(f"{flag}: {path} is not UTF-8 text (byte {exc.start})") from None
+
+
+def does_not_fit(memory: float, limit: float | None, args: argparse.Namespace) -> int:
+    """Exit 3, no file written: the plan needs ``memory`` bytes per device over ``limit``."""
+    written = [f for f in (args.json, args.csv) if f is not None]
+    over = "" if limit is None else f" over the {bytes_text(limit)} limit"
+    nothing = f" (nothing written to {', '.join(written)})" if written else ""
+    print(
+        f"planner: infeasible: the plan does not fit: {bytes_text(memory)} per device"
+        f"{over}{nothing}",
+        file=sys.stderr,
+    )
+    return EXIT_INFEASIBLE

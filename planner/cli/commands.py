@@ -20,8 +20,13 @@ from planner.cli.engines import cmd_export, cmd_import_torch, cmd_verify
 from planner.cli.front import cmd_pareto, cmd_top_k
 from planner.cli.training import cmd_run_jax, cmd_run_torch
 from planner.cli.report import check_picture, emit as _emit, format_3d, format_plan, write_picture
-from planner.units import bytes_text
-from planner.cli.argtypes import EXIT_INFEASIBLE, EXIT_NOT_OPTIMAL, EXIT_OK, read_launch_text
+from planner.cli.argtypes import (
+    EXIT_INFEASIBLE,
+    EXIT_NOT_OPTIMAL,
+    EXIT_OK,
+    does_not_fit,
+    read_launch_text,
+)
 from planner.cli.parser import DEGREE_OPTIONS, PIPELINE_OPTIONS, SETTINGS_DEFAULTS, log
 
 
@@ -106,7 +111,7 @@ def _status_code(status: str, require_optimal: bool, explanation: str = "") -> i
 def _finish(plan: Plan, args: argparse.Namespace) -> int:
     if plan.fits_memory is False:  # a heuristic's or a given plan that does not fit: a failure
         _emit(format_plan(plan), args)
-        return _does_not_fit(plan.memory_per_device_bytes, plan.memory_limit_bytes, args)
+        return does_not_fit(plan.memory_per_device_bytes, plan.memory_limit_bytes, args)
     found = plan.status not in ("INFEASIBLE", "UNKNOWN")
     if args.json is not None and found:  # no plan file for a run that found no plan
         data = plan.to_dict(timings=not args.no_timings)
@@ -118,23 +123,10 @@ def _finish(plan: Plan, args: argparse.Namespace) -> int:
     return _status_code(plan.status, getattr(args, "require_optimal", False), plan.explanation)
 
 
-def _does_not_fit(memory: float, limit: float | None, args: argparse.Namespace) -> int:
-    """Exit 3, no file written: the plan needs ``memory`` bytes per device over ``limit``."""
-    written = [f for f in (args.json, args.csv) if f is not None]
-    over = "" if limit is None else f" over the {bytes_text(limit)} limit"
-    nothing = f" (nothing written to {', '.join(written)})" if written else ""
-    print(
-        f"planner: infeasible: the plan does not fit: {bytes_text(memory)} per device"
-        f"{over}{nothing}",
-        file=sys.stderr,
-    )
-    return EXIT_INFEASIBLE
-
-
 def _finish_3d(result, args: argparse.Namespace) -> int:
     if not result.pipeline.fits_memory:
         _emit(format_3d(result), args)
-        return _does_not_fit(result.pipeline.max_memory_bytes, result.memory_limit_bytes, args)
+        return does_not_fit(result.pipeline.max_memory_bytes, result.memory_limit_bytes, args)
     if args.json is not None:
         data = result.to_dict(timings=not args.no_timings)
         data["source"] = _source(args)
