@@ -10,6 +10,7 @@ when the name is printed or written). Each is refused here, naming the file.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from planner.errors import PlannerError
@@ -19,17 +20,36 @@ MAX_DEPTH = 64  # no planner file nests deeper; far below the recursion limit
 
 def read_json(path: Path | str, what: str, error: type[PlannerError] = PlannerError) -> object:
     """The JSON value in ``path``, or ``error`` naming ``what`` (the option, e.g. ``--plan``)."""
+    return loads(read_text(path, what, error), f"{what}: {path}", error)
+
+
+def read_text(
+    path: Path | str,
+    what: str,
+    error: type[PlannerError] = PlannerError,
+    max_bytes: int | None = None,
+) -> str:
+    """The UTF-8 text of an input file (``-``: standard input), at most ``max_bytes`` long (None:
+    any; a larger file, ``/dev/zero`` say, is refused without reading past the limit), or
+    ``error`` naming ``what``."""
+    limit = -1 if max_bytes is None else max_bytes + 1
     try:
-        raw = Path(path).read_bytes()
+        if str(path) == "-":
+            raw = sys.stdin.buffer.read(limit)
+        else:
+            with open(path, "rb") as handle:
+                raw = handle.read(limit)
     except OSError as exc:
         raise error(f"{what}: cannot read {path} ({exc.strerror or exc})") from None
+    if max_bytes is not None and len(raw) > max_bytes:
+        size = f"{max_bytes / 2**20:g} MiB"
+        raise error(f"{what}: {path} is larger than {size}: not an input of this kind")
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise error(
             f"{what}: {path} is not UTF-8 text (byte {exc.start}; a binary file?)"
         ) from None
-    return loads(text, f"{what}: {path}", error)
 
 
 def loads(text: str, where: str, error: type[PlannerError] = PlannerError) -> object:

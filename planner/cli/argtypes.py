@@ -140,37 +140,15 @@ def add_plan_source(p: argparse.ArgumentParser) -> None:
     )
 
 
-# a launch script or argument file is a few KiB; more is not one (/dev/zero, a binary)
-MAX_LAUNCH_BYTES = 1 << 20
-
-
-def read_launch_text(path: str, flag: str) -> str:
-    """The text of a launch file (``-``: stdin), at most ``MAX_LAUNCH_BYTES``, UTF-8; one-line
-    errors naming ``flag``."""
-    try:
-        if path == "-":
-            raw = sys.stdin.buffer.read(MAX_LAUNCH_BYTES + 1)
-        else:
-            with open(path, "rb") as handle:
-                raw = handle.read(MAX_LAUNCH_BYTES + 1)
-    except OSError as exc:
-        raise SettingsError(f"{flag}: cannot read {path}: {exc.strerror or exc}") from None
-    if len(raw) > MAX_LAUNCH_BYTES:
-        raise SettingsError(f"{flag}: {path} is larger than 1 MiB: not a launch script")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise SettingsError(f"{flag}: {path} is not UTF-8 text (byte {exc.start})") from None
-
-
 def does_not_fit(memory: float, limit: float | None, args: argparse.Namespace) -> int:
     """Exit 3, no file written: the plan needs ``memory`` bytes per device over ``limit``."""
-    written = [f for f in (args.json, args.csv) if f is not None]
     over = "" if limit is None else f" over the {bytes_text(limit)} limit"
+    return infeasible(f"the plan does not fit: {bytes_text(memory)} per device{over}", args)
+
+
+def infeasible(why: str, args: argparse.Namespace) -> int:
+    """Exit 3 with ``why`` on stderr; no file written (an existing --json/--csv is kept)."""
+    written = [f for f in (args.json, args.csv) if f is not None]
     nothing = f" (nothing written to {', '.join(written)})" if written else ""
-    print(
-        f"planner: infeasible: the plan does not fit: {bytes_text(memory)} per device"
-        f"{over}{nothing}",
-        file=sys.stderr,
-    )
+    print(f"planner: infeasible: {why}{nothing}", file=sys.stderr)
     return EXIT_INFEASIBLE

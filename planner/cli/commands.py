@@ -12,6 +12,7 @@ from planner import accumulation, api, api3d
 from planner.errors import SettingsError
 from planner.cluster.mesh import parse_mesh
 from planner.cluster.profiles import SYMBOLIC
+from planner.jsonfile import read_text
 from planner.outputs import write_csv, write_json
 from planner.plan_files import read_plan_file
 from planner.plans import Plan
@@ -20,13 +21,7 @@ from planner.cli.engines import cmd_export, cmd_import_torch, cmd_verify
 from planner.cli.front import cmd_pareto, cmd_top_k
 from planner.cli.training import cmd_run_jax, cmd_run_torch
 from planner.cli.report import check_picture, emit as _emit, format_3d, format_plan, write_picture
-from planner.cli.argtypes import (
-    EXIT_INFEASIBLE,
-    EXIT_NOT_OPTIMAL,
-    EXIT_OK,
-    does_not_fit,
-    read_launch_text,
-)
+from planner.cli.argtypes import EXIT_INFEASIBLE, EXIT_NOT_OPTIMAL, EXIT_OK, does_not_fit
 from planner.cli.parser import DEGREE_OPTIONS, PIPELINE_OPTIONS, SETTINGS_DEFAULTS, log
 
 
@@ -301,7 +296,8 @@ def _evaluate_megatron(args: argparse.Namespace) -> int:
     """A Megatron-LM line costed as given (``planner.launch.evaluate_megatron``)."""
     from planner.launch import evaluate_megatron
 
-    text = read_launch_text(args.from_megatron, "--from-megatron")
+    # a launch script or argument file is a few KiB; 1 MiB is not one (/dev/zero, a binary)
+    text = read_text(args.from_megatron, "--from-megatron", SettingsError, max_bytes=1 << 20)
     result, run, ignored = evaluate_megatron(
         text, args.device or "a100-80g", args.dp, args.memory, args.hardware
     )

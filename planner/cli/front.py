@@ -4,11 +4,10 @@ plans) from ``planner.front``, as tables, CSV and JSON."""
 from __future__ import annotations
 
 import argparse
-import sys
 
 from planner.cli.recost import settings_from_args
 from planner.cli.report import check_picture, emit, write_picture
-from planner.cli.argtypes import EXIT_INFEASIBLE, EXIT_OK
+from planner.cli.argtypes import EXIT_OK, infeasible
 from planner.errors import SettingsError
 from planner.front import pareto_front, top_plans
 from planner.outputs import write_csv, write_json
@@ -37,7 +36,7 @@ def cmd_pareto(args: argparse.Namespace) -> int:
         **_problem_options(args),
     )
     if not front.plans:
-        return _nothing_found(args, f"pareto: no plan fits the memory limit ({front.why})")
+        return infeasible(f"pareto: no plan fits the memory limit ({front.why})", args)
     rows = front.rows()
     if args.no_timings:
         rows = [{k: v for k, v in r.items() if k != "search_time_s"} for r in rows]
@@ -54,18 +53,9 @@ def cmd_pareto(args: argparse.Namespace) -> int:
                 "points": [p.to_dict(timings=not args.no_timings) for p in front.plans],
             },
         )
-    if front.plans:
-        write_picture(args, lambda draw: draw.front_figure(front.rows()))
+    write_picture(args, lambda draw: draw.front_figure(front.rows()))
     emit(_table(front), args)
-    return EXIT_OK if front.plans else EXIT_INFEASIBLE
-
-
-def _nothing_found(args: argparse.Namespace, why: str) -> int:
-    """Exit 3 with the reason on stderr; no file written (an existing one is kept)."""
-    written = [f for f in (args.json, args.csv) if f is not None]
-    nothing = f" (nothing written to {', '.join(written)})" if written else ""
-    print(f"planner: infeasible: {why}{nothing}", file=sys.stderr)
-    return EXIT_INFEASIBLE
+    return EXIT_OK  # an empty front returned earlier
 
 
 def _table(front) -> str:
@@ -109,7 +99,7 @@ def cmd_top_k(args: argparse.Namespace) -> int:
         **_problem_options(args),
     )
     if not plans:
-        return _nothing_found(args, "--top-k: no plan fits the memory limit")
+        return infeasible("--top-k: no plan fits the memory limit", args)
     timings = not args.no_timings
     if args.csv is not None:
         write_csv(
@@ -125,7 +115,7 @@ def cmd_top_k(args: argparse.Namespace) -> int:
             f"{p.memory_per_device_bytes / 2**30:10.3f}  {_differs(plans[0], p)}"
         )
     emit("\n".join(lines), args)
-    return EXIT_OK if plans else EXIT_INFEASIBLE
+    return EXIT_OK  # no plan returned earlier
 
 
 def _differs(first, plan) -> str:
