@@ -19,18 +19,23 @@ from planner.errors import SettingsError
 from planner.launch import export_torchtitan, launch_run
 
 FSDP = TrainingSettings(zero=3, fp32_grads=True)
+# FSDP2 under torch's pipeline stages: gathered weights and whole fp32 gradients to the last
+# backward, the memory and collectives of ZeRO-1 (engines.torchtitan_read._zero)
+PIPELINED_FSDP = TrainingSettings(zero=1, fp32_grads=True)
 # Llama 3 8B on 64 H100s: (degrees and schedule, settings)
 CASES = (
-    (dict(tp=8, pp=2, dp=4, micro_batch=1), FSDP),
+    (dict(tp=8, pp=2, dp=4, micro_batch=1), PIPELINED_FSDP),
     (
         dict(tp=8, pp=2, dp=4, micro_batch=1, cuts=(10,)),
-        TrainingSettings(zero=2, fp32_grads=True, recompute="full"),
+        TrainingSettings(zero=1, fp32_grads=True, recompute="full"),
     ),
     (
         dict(tp=4, pp=4, dp=4, micro_batch=2, schedule="interleaved:2"),
-        TrainingSettings(zero=3, fp32_grads=True, sequence_parallel=True),
+        TrainingSettings(zero=1, fp32_grads=True, sequence_parallel=True),
     ),
-    (dict(tp=8, pp=2, dp=4, micro_batch=1, schedule="gpipe"), FSDP),
+    (dict(tp=8, pp=2, dp=4, micro_batch=1, schedule="gpipe"), PIPELINED_FSDP),
+    (dict(tp=2, pp=1, dp=32, micro_batch=1), TrainingSettings(zero=2, fp32_grads=True)),
+    (dict(tp=8, pp=1, dp=8, micro_batch=1), FSDP),
     (dict(tp=1, pp=1, dp=64, micro_batch=1), TrainingSettings(fp32_grads=True)),
 )
 needs_torchtitan = pytest.mark.skipif(
@@ -67,7 +72,12 @@ def test_the_stages_are_module_lists_as_torchtitan_names_them():
 
 def test_what_torchtitan_cannot_run_is_refused():
     refusals = (
-        (dict(settings=TrainingSettings(zero=1, fp32_grads=True)), "ZeRO-1"),
+        (dict(pp=1, dp=4, settings=TrainingSettings(zero=1, fp32_grads=True)), "no ZeRO-1"),
+        (dict(settings=FSDP), "ZeRO-3 beside pipeline parallelism is not what torch runs"),
+        (
+            dict(settings=TrainingSettings(zero=2, fp32_grads=True)),
+            "whole fp32 gradients until the last micro-batch",
+        ),
         (
             dict(settings=TrainingSettings(zero=3, fp32_grads=True, recompute="selective")),
             "selective",
@@ -75,7 +85,10 @@ def test_what_torchtitan_cannot_run_is_refused():
         (dict(settings=TrainingSettings(fp32_grads=True)), "FSDP only"),
         (dict(settings=TrainingSettings(zero=3)), "fp32 gradient"),
         (
-            dict(model="llama:layers=4,hidden=512,heads=8,kv_heads=2,ffn=1024,seq=256,vocab=1024"),
+            dict(
+                model="llama:layers=4,hidden=512,heads=8,kv_heads=2,ffn=1024,seq=256,vocab=1024",
+                settings=PIPELINED_FSDP,
+            ),
             "flavors",
         ),
     )
@@ -120,13 +133,13 @@ def test_torchtitan_reads_the_configs_back_to_the_same_time(tmp_path):
         intra="megatron",
         degrees=[8],
         counts=[64],
-        settings=FSDP,
+        settings=PIPELINED_FSDP,
     )
     data = big.to_dict(timings=False)
     data["source"] = {"model": "llama3-70b", "batch": 512, "seq": None, "device": "h100-80g"}
     files.append(tmp_path / "planner_tt_70b.py")
     files[-1].write_text(export_torchtitan(data).text)
-    expected.append((data["iteration_time_s"], dict(tp=8, pp=8, dp=8), FSDP))
+    expected.append((data["iteration_time_s"], dict(tp=8, pp=8, dp=8), PIPELINED_FSDP))
     done = subprocess.run(
         [sys.executable, "-c", READ_BACK, *map(str, files)],
         capture_output=True,
@@ -165,7 +178,7 @@ def test_the_cli_writes_and_reads_a_torchtitan_config(tmp_path):
             "--micro-batch",
             "1",
             "--zero",
-            "3",
+            "1",
             "--fp32-grads",
             "--json",
             str(plan),
@@ -237,3 +250,15 @@ def test_configs_are_read_by_module_name_and_as_the_users_own_files(tmp_path):
     assert shadow[0] == 0 and "pp=1,dp=4,tp=2" in shadow[1]
     assert raises[0] == 2 and "raises RuntimeError when read: no GPUs here" in raises[2]
     assert exits[0] == 2 and "exits (0) when read" in exits[2]
+
+
+def test_fsdp_under_pipelining_reads_as_zero_1():
+    """torch's pipeline stages keep FSDP2's gathered weights and whole fp32 gradients until the
+    last micro-batch's backward (torch/distributed/pipelining/stage.py): ZeRO-1's memory."""
+    from planner.engines.torchtitan_read import _zero
+
+    assert [_zero(r, 8, 1) for r in ("default", "always", "never")] == [3, 3, 2]
+    assert [_zero(r, 8, 4) for r in ("default", "never")] == [1, 1]
+    assert _zero("default", 1, 4) == 0
+    with pytest.raises(SettingsError, match="'always' beside pipeline"):
+        _zero("always", 8, 4)

@@ -15,7 +15,10 @@ torchtitan/config/configs.py):
     parallelism.pipeline_parallel_microbatch_size   the plan's micro-batch / dp
     parallelism.data_parallel_shard_degree    dp under ZeRO-2/3 (FSDP2), with
     parallelism.fsdp_reshard_after_forward    'always' (ZeRO-3: gathered again in backward) or
-                                              'never' (ZeRO-2: kept from forward to backward)
+                                              'never' (ZeRO-2: kept from forward to backward);
+                                              beside pipelining, ZeRO-1 (torch's stages keep
+                                              the gathered weights and whole fp32 gradients
+                                              to the last backward), 'never'
     parallelism.data_parallel_replicate_degree  dp under ZeRO-0 (DDP: torchtitan runs it on a 1-D
                                               mesh only, no tensor or pipeline parallelism)
     training.local_batch_size / global_batch_size / seq_len
@@ -24,9 +27,10 @@ torchtitan/config/configs.py):
 torchtitan keeps fp32 master weights and reduces gradients in fp32 under bf16 mixed precision
 (``mixed_precision_param`` bfloat16, ``mixed_precision_reduce`` float32): a plan exports when its
 settings say so (dtype bf16 with fp32 gradients). Refused, with the field: models other than
-torchtitan's LLaMA 3 flavors, ZeRO-1 (torchtitan has none), selective recompute (torchtitan's
-selective AC is an operator policy, not Korthikanti's attention-core recompute), per-layer
-choices, and DDP beside tensor or pipeline parallelism.
+torchtitan's LLaMA 3 flavors, ZeRO-1 without pipelining (torchtitan has none), selective
+recompute (torchtitan's selective AC is an operator policy, not Korthikanti's attention-core
+recompute), per-layer choices, DDP beside tensor or pipeline parallelism, and ZeRO-2/3 beside
+pipelining (torch's stages run FSDP2 as ZeRO-1 there: engines.torchtitan_read._zero).
 """
 
 from __future__ import annotations
@@ -61,9 +65,10 @@ def _same_model(cfg: LlamaConfig, preset: LlamaConfig) -> bool:
 def check_expressible(run: LaunchRun) -> None:
     """SettingsError naming the setting torchtitan cannot run as the plan costs it."""
     s = run.settings
-    if s.zero == 1:
+    if s.zero == 1 and run.pipeline_parallel == 1:
         raise SettingsError(
-            "--target torchtitan: torchtitan has no ZeRO-1 (plan with --zero 2 or 3)"
+            "--target torchtitan: torchtitan has no ZeRO-1 without pipeline parallelism (plan "
+            "with --zero 2 or 3)"
         )
     if s.recompute == "selective":
         raise SettingsError(
@@ -74,12 +79,18 @@ def check_expressible(run: LaunchRun) -> None:
     if s.zero == 0 and run.data_parallel > 1 and run.world_size > run.data_parallel:
         raise SettingsError(
             "--target torchtitan: torchtitan runs data parallelism beside tensor or pipeline "
-            "parallelism through FSDP only (plan with --zero 2 or 3)"
+            "parallelism through FSDP only (plan with --zero 2 or 3, or 1 beside a pipeline)"
         )
     if s.dtype != "bf16" or not s.fp32_grads:
         raise SettingsError(
             "--target torchtitan: torchtitan trains in bf16 mixed precision with fp32 master "
             "weights and fp32 gradient reduction (plan with --dtype bf16 --fp32-grads)"
+        )
+    if s.zero >= 2 and run.pipeline_parallel > 1 and run.data_parallel > 1:
+        raise SettingsError(
+            f"--target torchtitan: ZeRO-{s.zero} beside pipeline parallelism is not what torch "
+            "runs: its pipeline stages keep FSDP's gathered weights and whole fp32 gradients "
+            "until the last micro-batch's backward (plan with --zero 1, which prices that)"
         )
 
 
@@ -126,7 +137,8 @@ def config_file(run: LaunchRun, title: str) -> str:
 
 def _parallel_lines(run: LaunchRun) -> list[str]:
     s, dp = run.settings, run.data_parallel
-    shard = dp if s.zero >= 2 else 1
+    # ZeRO-1 beside pipelining is FSDP2 under torch's pipeline stages (engines.torchtitan_read)
+    shard = dp if s.zero >= 1 else 1
     lines = [
         "    p = config.parallelism",
         f"    p.tensor_parallel_degree = {run.tensor_parallel}",

@@ -136,6 +136,29 @@ def _default_parts(stages: int, layers: int) -> list[list[str]]:
     return _generate_llm_fqn_per_model_part(stages, layers)
 
 
+def _zero(reshard: str, shard: int, pp: int) -> int:
+    """The ZeRO stage whose memory and collectives FSDP2 has under torchtitan.
+
+    Without pipelining: 'always' (and torchtitan's 'default') reshards after forward, ZeRO-3;
+    'never' keeps the gathered weights to the backward pass, ZeRO-2. With pipelining, torch's
+    stage runs every micro-batch's backward with ``set_requires_gradient_sync(False)`` and
+    ``set_reshard_after_backward(False)`` and reduces once in ``perform_reduce_grad``
+    (torch/distributed/pipelining/stage.py); FSDP2 accumulates the unsharded gradient in the
+    reduce dtype meanwhile (``FSDPParam.to_accumulated_grad_if_needed``): gathered weights,
+    whole fp32 gradients and sharded optimizer state, one reduce-scatter and one gather a step,
+    which is ZeRO-1 (Megatron's distributed optimizer) with fp32 gradients."""
+    if shard == 1:
+        return 0
+    if pp == 1:
+        return 2 if reshard == "never" else 3
+    if reshard == "always":
+        raise SettingsError(
+            "--from-torchtitan: parallelism.fsdp_reshard_after_forward 'always' beside pipeline "
+            "parallelism is not modelled (each micro-batch gathers again; use 'default')"
+        )
+    return 1
+
+
 def _settings(config, shard: int, pp: int) -> TrainingSettings:
     from torchtitan.distributed.activation_checkpoint import FullAC
 
@@ -150,10 +173,7 @@ def _settings(config, shard: int, pp: int) -> TrainingSettings:
             f"--from-torchtitan: activation checkpointing {type(ac).__qualname__} is not "
             "modelled (none or full)"
         )
-    reshard = config.parallelism.fsdp_reshard_after_forward
-    # torchtitan's 'default' reshards after forward unless pipeline parallelism is on
-    zero3 = reshard == "always" or (reshard == "default" and pp == 1)
-    zero = 0 if shard == 1 else 3 if zero3 else 2
+    zero = _zero(config.parallelism.fsdp_reshard_after_forward, shard, pp)
     sequence_parallel = config.parallelism.enable_sequence_parallel
     return TrainingSettings(
         dtype="bf16",
