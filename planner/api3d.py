@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 from pathlib import Path
+from typing import Callable
 
 from planner import api
 from planner.search.options import SEARCH_DEFAULTS
@@ -99,12 +100,14 @@ def plan_pipeline(
     fit_required: bool = True,
     hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV,
     progress: Progress | None = None,
+    admits: Callable[[Plan3D], bool] | None = None,
 ) -> Plan3D:
     """3D plan: pipeline degree over the outer part of the mesh, ``intra`` plans per stage,
     ``method`` cuts.
 
     ``mesh`` defaults to ``node=devices/gpus_per_node,gpu=gpus_per_node`` for the profile;
-    ``degrees``, ``counts`` (micro-batch counts) and ``cuts`` pin parts of the search."""
+    ``degrees``, ``counts`` (micro-batch counts) and ``cuts`` pin parts of the search; ``admits``
+    keeps only the plans it accepts (``planner.launch.plan_for``: what an engine runs)."""
     if isinstance(mesh, Cluster):
         check_given_cluster(mesh, device, memory, devices)
         device = mesh.profile
@@ -118,7 +121,7 @@ def plan_pipeline(
     # parallelism); other stage planners (megatron: tensor parallel on the innermost axis) are the
     # user's choice
     tensor = escalate and intra in ("exact", "megatron-grid")
-    pinned = (_tuple(degrees), _tuple(counts), cuts, escalate, fit_required, tensor)
+    pinned = (_tuple(degrees), _tuple(counts), cuts, escalate, fit_required, tensor, admits)
     options = threed.PipelineOptions(schedule, method, *pinned)
     planner = stage_planner(intra, time_limit_s, seed, jobs)
     return threed.plan_pipeline(

@@ -1,20 +1,24 @@
-"""Launch configurations: a 3D plan as Megatron-LM arguments (checked by re-costing the arguments
-read back), and a Megatron-LM command line costed as given (``planner evaluate
---from-megatron``). The flag mapping is in ``planner.engines.megatron``."""
+"""Launch configurations: a 3D plan as Megatron-LM arguments or a torchtitan config (checked by
+re-costing the configuration read back), a Megatron-LM command line or torchtitan config costed as
+given (``planner evaluate --from-megatron/--from-torchtitan``), and the whole-cluster search
+restricted to what one engine runs (``plan_for``, ``planner plan --for``). The engines are the
+registry ``TARGETS``; the flag mappings are in ``planner.engines.megatron`` and
+``planner.engines.torchtitan``."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 from planner import api3d
 from planner.cluster.profiles import DEFAULT_HARDWARE_CSV, MachineProfile, get_profile
 from planner.cost.settings import AUTO, TrainingSettings
 from planner.engines.launch_run import LaunchRun
-from planner.engines.megatron import shell_line
+from planner.engines.megatron import megatron_args, shell_line
 from planner.engines.megatron_read import read_megatron
-from planner.engines.torchtitan import config_file
+from planner.engines.torchtitan import check_expressible, config_file, flavor
 from planner.errors import SettingsError
 from planner.pipeline.plan3d import Plan3D
 from planner.pipeline.schedule import parse_schedule
@@ -204,3 +208,86 @@ def evaluate_torchtitan(
 
     run = read_torchtitan(path, config, dp)
     return recost(run, device, memory, hardware_csv), run
+
+
+def _megatron_check(run: LaunchRun) -> None:
+    """SettingsError naming what Megatron-LM cannot launch of ``run``."""
+    if run.gpipe:
+        raise SettingsError(
+            "--plan: field 'pipeline.schedule': Megatron-LM has no GPipe schedule (plan with "
+            "--schedule 1f1b or interleaved)"
+        )
+    megatron_args(run)
+
+
+def _torchtitan_check(run: LaunchRun) -> None:
+    """SettingsError naming what torchtitan cannot launch of ``run``."""
+    check_expressible(run)
+    flavor(run.model)
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """An engine a plan launches on: ``check`` raises SettingsError for a configuration the engine
+    cannot run as the plan costs it; ``export`` writes a plan JSON's configuration, re-costed."""
+
+    name: str
+    check: Callable[[LaunchRun], None]
+    export: Callable[..., LaunchExport]
+
+
+TARGETS = {
+    "megatron": Target("megatron", _megatron_check, export_megatron),
+    "torchtitan": Target("torchtitan", _torchtitan_check, export_torchtitan),
+}
+
+
+def target(name: str) -> Target:
+    """The registered engine ``name`` (SettingsError naming the known ones)."""
+    if name not in TARGETS:
+        raise SettingsError(f"--for: unknown engine {name!r} (known: {', '.join(TARGETS)})")
+    return TARGETS[name]
+
+
+def plan_data(plan: Plan3D, model: str, seq: int | None) -> dict:
+    """A 3D plan as the JSON an export reads (``source`` names the model's sequence length)."""
+    data = plan.to_dict(timings=False)
+    data["source"] = {"model": model, "seq": seq, "device": plan.device}
+    return data
+
+
+def admits(engine: Target, model: str, seq: int | None) -> Callable[[Plan3D], bool]:
+    """Whether ``engine`` runs a plan of ``model`` as the plan costs it."""
+
+    def runs(plan: Plan3D) -> bool:
+        try:
+            engine.check(launch_run(plan_data(plan, model, seq)))
+        except SettingsError:
+            return False
+        return True
+
+    return runs
+
+
+def plan_for(engine: str, model: str, mesh=None, device="a100-80g", **options) -> Plan3D:
+    """The whole-cluster search (``api3d.plan_pipeline`` over Megatron-LM's stage plans at every
+    tensor degree of a node) restricted to the configurations ``engine`` runs as the plan costs
+    them, so the answer exports. ``options``: those of ``plan_pipeline`` but ``intra`` and
+    ``admits``. bf16 plans reduce gradients in fp32, as both engines do by default (Megatron-LM's
+    main gradients, torchtitan's ``mixed_precision_reduce``)."""
+    chosen = target(engine)
+    for name in ("intra", "admits"):
+        if name in options:
+            raise SettingsError(f"{name}: set by the engine's search (plan_for)")
+    settings = options.pop("settings", None) or TrainingSettings()
+    if settings.dtype == "bf16" and not settings.fp32_grads:
+        settings = replace(settings, fp32_grads=True)
+    return api3d.plan_pipeline(
+        model,
+        mesh,
+        device,
+        settings=settings,
+        intra="megatron-grid",
+        admits=admits(chosen, str(model), options.get("seq")),
+        **options,
+    )

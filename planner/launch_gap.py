@@ -2,11 +2,13 @@
 changes that close most of the gap (``planner evaluate --from-megatron/--from-torchtitan
 --compare-best``).
 
-    searched = the 3D search with Megatron-LM's stage plans (``megatron-grid``: tensor parallel
-               at every degree of a node, or none) on node=W/g,gpu=g (W the world size, g GPUs
+    searched = the 3D search for the engine the line came from (``planner.launch.plan_for``:
+               Megatron-LM's stage plans at every tensor degree of a node, or none, keeping only
+               what the engine runs as costed) on node=W/g,gpu=g (W the world size, g GPUs
                per node), the same model, global batch and schedule: the best
-               configuration Megatron-LM can launch (degrees, cuts, micro-batches, recompute,
-               ZeRO-1, sequence parallelism), each candidate costed by the same model as the user's
+               configuration the engine can launch (degrees, cuts, micro-batches, recompute,
+               ZeRO stage, sequence parallelism), each candidate costed by the same model as the
+               user's
     best     = the faster of searched and the given configuration where the given one fits (the
                3D search is HEURISTIC: a best the given line beats is never reported)
     changes  = greedily, the change group (degrees and cuts, micro-batch, recompute, ZeRO stage,
@@ -20,12 +22,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from planner import api3d
+
 from planner.cluster.profiles import DEFAULT_HARDWARE_CSV, MachineProfile, get_profile
 from planner.engines.launch_run import LaunchRun
 from planner.engines.megatron import even_cuts, shell_line
 from planner.errors import SettingsError
-from planner.launch import launch_run, recost
+from planner.launch import launch_run, plan_for, recost
 from planner.pipeline.plan3d import Plan3D
 
 GROUPS = ("degrees", "micro_batch", "recompute", "zero", "sequence_parallel")
@@ -98,11 +100,14 @@ def compare_best(
     device: str | MachineProfile = "a100-80g",
     memory: float | None = None,
     hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV,
+    engine: str = "megatron",
 ) -> Gap:
-    """The gap of ``run`` (costed as ``given``) to the best Megatron-LM configuration."""
+    """The gap of ``run`` (costed as ``given``) to the best configuration ``engine`` runs (the
+    search of ``planner.launch.plan_for``: its answer exports to the engine)."""
     profile = get_profile(device, hardware_csv) if isinstance(device, str) else device
     nodes, per_node = run.nodes(profile.gpus_per_node)
-    searched = api3d.plan_pipeline(
+    searched = plan_for(
+        engine,
         run.model_spec,
         f"node={nodes},gpu={per_node}",
         profile,
@@ -111,7 +116,6 @@ def compare_best(
         # the user's dtype, optimizer, overlap, buckets and gradients; the search decides the rest
         settings=replace(run.settings, recompute="none", zero=0, sequence_parallel=False),
         schedule=run.schedule,
-        intra="megatron-grid",
         hardware_csv=hardware_csv,
     )
     faster = given.pipeline.iteration_time_s < searched.pipeline.iteration_time_s
@@ -121,7 +125,8 @@ def compare_best(
     data["source"] = {"model": run.model_spec, "seq": None}
     target = launch_run(data)
     changes = _changes(run, target, profile, memory, hardware_csv)
-    return Gap(given, searched, changes, searched, shell_line(target, per_node))
+    line = shell_line(target, per_node) if engine == "megatron" else ""
+    return Gap(given, searched, changes, searched, line)
 
 
 def _changes(run: LaunchRun, target: LaunchRun, device, memory, hardware_csv) -> tuple:

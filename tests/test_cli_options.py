@@ -345,6 +345,16 @@ CASES = [
     ),
     ("plan --cuts without pipeline", ["plan", "--model", "mlp", "--cuts", "2"], 2, None),
     (
+        "plan --for",
+        ["plan", "--model", GPT, "--mesh", "2x2", "--for", "megatron", "--json", "out.json"],
+        0,
+        # the engine's search: Megatron-LM's stage plans, fp32 main gradients under bf16
+        lambda t, c, o: (
+            _json(t)["settings"]["fp32_grads"] is True
+            and _json(t)["intra_method"] in ("megatron-grid", "megatron", "dp")
+        ),
+    ),
+    (
         "plan --pipeline auto --json --csv",
         [
             "plan",
@@ -1270,7 +1280,7 @@ def plans(tmp_path_factory):
             "--micro-batch",
             "1",
             "--zero",
-            "3",
+            "1",
             "--fp32-grads",
             "--json",
             str(root / "tt.json"),

@@ -17,7 +17,7 @@ from planner.outputs import write_csv, write_json
 from planner.plan_files import read_plan_file
 from planner.plans import Plan
 from planner.cli.recost import checked, recost, settings_from_args as _settings
-from planner.cli.engines import cmd_export, cmd_import_torch, cmd_verify
+from planner.cli.engines import cmd_export, cmd_import_torch, cmd_verify, engine_search
 from planner.cli.front import cmd_pareto, cmd_top_k
 from planner.cli.training import cmd_run_jax, cmd_run_torch
 from planner.cli.report import check_picture, emit as _emit, format_3d, format_plan, write_picture
@@ -162,7 +162,8 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         raise SettingsError("--cuts: needs --pp (fixed cuts belong to one pipeline degree)")
     # `pipeline` may size it from --devices
     mesh = args.mesh or ("8" if args.command == "plan" else None)
-    result = api3d.plan_pipeline(
+    search, intra = engine_search(args)
+    result = search(
         args.model,
         mesh,
         args.device or "a100-80g",
@@ -173,7 +174,7 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         settings=_settings(args),
         schedule=args.schedule or "1f1b",
         method=args.pipeline_method or "csimd",
-        intra=args.method,
+        **intra,
         time_limit_s=args.time_limit,
         seed=args.seed,
         jobs=_jobs(args),
@@ -189,7 +190,7 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     if args.top_k is not None:
         return cmd_top_k(args)
-    if args.pipeline == "auto":
+    if args.pipeline == "auto" or args.engine:
         return cmd_pipeline(args)
     flat = tuple(name for name in PIPELINE_OPTIONS if name != "num_microbatches")
     _refuse(args, flat, "only with --pipeline auto (or `planner pipeline`)")
@@ -288,7 +289,8 @@ def _best_gap(args: argparse.Namespace, run, result) -> None:
         return
     from planner.launch_gap import compare_best
 
-    gap = compare_best(run, result, args.device or "a100-80g", args.memory, args.hardware)
+    engine = "torchtitan" if args.from_torchtitan else "megatron"
+    gap = compare_best(run, result, args.device or "a100-80g", args.memory, args.hardware, engine)
     _emit("\n".join(gap.lines()), args)
 
 

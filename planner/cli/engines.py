@@ -4,6 +4,7 @@ command, as ``planner.cli.commands``; the training runs are in ``planner.cli.tra
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -37,6 +38,22 @@ def cmd_import_torch(args: argparse.Namespace) -> int:
         args,
     )
     return EXIT_OK
+
+
+def engine_search(args: argparse.Namespace) -> tuple:
+    """The whole-cluster search of `plan --pipeline auto` and its stage planner, or with --for the
+    search restricted to what that engine runs (``planner.launch.plan_for``)."""
+    engine = getattr(args, "engine", None)
+    if engine is None:
+        return api3d.plan_pipeline, {"intra": args.method}
+    if args.method != "exact":
+        raise SettingsError(
+            f"--method: --for {engine} searches the engine's own stage plans (Megatron-LM's "
+            "tensor-parallel pattern at every tensor degree of a node)"
+        )
+    from planner.launch import plan_for
+
+    return functools.partial(plan_for, engine), {}
 
 
 def cmd_export(args: argparse.Namespace) -> int:

@@ -80,8 +80,9 @@ def _table(front) -> str:
 
 def cmd_top_k(args: argparse.Namespace) -> int:
     """plan --top-k K: the K best distinct plans (``planner.front.top_plans``)."""
-    if args.pipeline == "auto":
-        raise SettingsError("--top-k: not with --pipeline auto (flat plans only for now)")
+    if args.pipeline == "auto" or args.engine:
+        flag = "--for" if args.engine else "--pipeline auto"
+        raise SettingsError(f"--top-k: not with {flag} (flat plans only for now)")
     if args.method not in ("exact", "whole"):
         raise SettingsError(f"--top-k: an exact search ranks plans, not --method {args.method}")
     if args.num_microbatches is not None:

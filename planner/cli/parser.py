@@ -9,6 +9,7 @@ from planner import api
 from planner.cluster.profiles import DEFAULT_HARDWARE_CSV
 from planner.cost.settings import option_default, option_fields, option_name
 from planner.front import MAX_POINTS
+from planner.launch import TARGETS
 from planner.search.options import flag_fields
 from planner.pipeline.search import METHODS as PIPELINE_METHODS
 from planner.cli.argtypes import (
@@ -198,6 +199,15 @@ def _add_planning(sub) -> None:
         type=positive_int,
         help="the K best distinct plans in increasing cost (the whole-graph program with a "
         "no-good cut per plan; --time-limit per plan); --json and --csv hold all K",
+    )
+    p.add_argument(
+        "--for",
+        dest="engine",
+        choices=list(TARGETS),
+        help="the whole-cluster search restricted to what this engine runs as the plan costs it "
+        "(Megatron-LM's stage plans at every tensor degree of a node; the engine's ZeRO, "
+        "recompute and schedule options; bf16 reduces gradients in fp32, as both do), so the "
+        "answer exports with `planner export --target ENGINE`",
     )
     _add_pipeline(p)
     c = sub.add_parser("compare", help="compare search methods on one model and cluster")

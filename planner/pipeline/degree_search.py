@@ -120,6 +120,8 @@ class DegreeSearch:
     columns_cache: dict = field(default_factory=dict)
     # the stage planner's name, as plans and candidate rows report it
     intra_method: str = "exact"
+    # the plans the caller can use (threed.PipelineOptions.admits); None: all
+    admits: Callable[[Plan3D], bool] | None = None
 
     def degree(self, sub: Mesh, settings: TrainingSettings, p: int) -> tuple[Plan3D | None, bool]:
         """The best plan of ``p`` stages on ``sub`` under ``settings`` (None: no stage plan), and
@@ -195,7 +197,7 @@ class DegreeSearch:
             if (variant.sequence_parallel, variant.zero) in free:
                 continue
             candidate, unbound = self.degree(sub, variant, p)
-            if candidate is None:
+            if candidate is None or (self.admits is not None and not self.admits(candidate)):
                 continue
             first = first or candidate
             rows.append(_candidate_row(p, sub.spec, self.intra_method, variant, candidate.pipeline))

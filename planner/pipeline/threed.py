@@ -59,7 +59,8 @@ class PipelineOptions:
     """What a 3D search chooses and what is pinned: the schedule, the cut search (``method``, one of
     ``planner.pipeline.search.METHODS``), the pipeline degrees and micro-batch counts to try
     (None: every divisor), fixed ``cuts`` (one degree only), ``escalate`` (also try sequence
-    parallelism, more recompute and higher ZeRO stages) and ``fit_required``."""
+    parallelism, more recompute and higher ZeRO stages), ``fit_required`` and ``admits`` (the plans
+    the caller can use; the others are neither returned nor counted as the fastest)."""
 
     schedule: str = "1f1b"
     method: str = "csimd"
@@ -69,6 +70,9 @@ class PipelineOptions:
     escalate: bool = True
     fit_required: bool = True
     tensor_meshes: bool = True
+    # a plan the caller can use (an engine's expressible configurations: planner.launch.plan_for);
+    # None: every plan
+    admits: Callable[[Plan3D], bool] | None = None
 
 
 def divisors(n: int) -> list[int]:
@@ -106,6 +110,7 @@ def plan_pipeline(
         stage_planner,
         o.cuts,
         intra_method=intra_method,
+        admits=o.admits,
     )
     best, first, rows = None, None, []
     progress = progress or (lambda done, total, what: None)
@@ -115,6 +120,11 @@ def plan_pipeline(
         first, best = first or found, faster(best, fitting)
     progress(len(degrees), len(degrees), "pipeline degrees")
     best = best or (None if o.fit_required else first)
+    if best is None and not rows and o.admits is not None:
+        raise SettingsError(
+            "--for: no configuration of this search is one the engine runs as the plan costs "
+            "it (see `planner export --help` for what each engine refuses)"
+        )
     if best is None:
         raise _nothing_fits(rows, memory_limit)
     best = replace(best, candidates=tuple(rows))
