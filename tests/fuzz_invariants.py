@@ -223,3 +223,51 @@ def consumers_check_the_plan(edited: Path, commands: tuple[str, ...] = ("show",)
         code, _, err = cli(*argv)
         refusal_is_one_line(code, err)
         assert code == 2, f"{command} used an edited plan (exit {code})"
+
+
+def failed_run_keeps_files(code: int, before: dict[Path, bytes | None]) -> None:
+    """Invariant 8 (hardening 4): a run that fails or is refused (exit 2 or 3) leaves every output
+    file as it was (``before``: each path's bytes, None when it did not exist)."""
+    if code == 0:
+        return
+    for path, old in before.items():
+        now = path.read_bytes() if path.exists() else None
+        assert now == old, f"exit {code}, yet {path.name} was written"
+
+
+def infeasible_says_why(code: int, err: str) -> None:
+    """Invariant 9: exit 3 (nothing fits) says why in one line on stderr; the only exits are 0, 2
+    and 3."""
+    assert code in (0, 2, 3), f"exit {code}: {err[-300:]}"
+    if code == 3:
+        lines = [line for line in err.strip().splitlines() if line.strip()]
+        assert len(lines) == 1 and "infeasible" in lines[0], f"exit 3 saying {err!r}"
+
+
+def ranked_plans_recost(path: Path, model: str, batch: int) -> None:
+    """Invariant 10: every plan of a top-k file or point of a Pareto file re-costs through the API
+    to its own objective; top-k objectives do not decrease; no Pareto point dominates another."""
+    data = json.loads(path.read_text())
+    plans = data.get("plans") or data.get("points") or []
+    assert plans, "a successful ranking with no plan"
+    for plan in plans:
+        again = api.evaluate(
+            model,
+            plan["mesh"],
+            plan["device"],
+            assignment={o["name"]: o["strategy"] for o in plan["operators"]},
+            batch=batch,
+            memory=plan["memory_limit_bytes"] or math.inf,
+            settings=_settings(plan["settings"]),
+        )
+        assert again.objective == plan["objective"], (
+            f"rank/point written {plan['objective']}, re-costed {again.objective}"
+        )
+    if "plans" in data:
+        objectives = [p["objective"] for p in plans]
+        assert objectives == sorted(objectives), f"top-k out of order: {objectives}"
+        return
+    figures = [(p["estimated_step_time_s"], p["memory_per_device_bytes"]) for p in plans]
+    for a in figures:
+        for b in figures:
+            assert not (b != a and b[0] <= a[0] and b[1] <= a[1]), f"{b} dominates {a}"
