@@ -14,7 +14,9 @@ dp = 1: Spearman and Kendall rank correlation between predicted step time and me
 
 Ablation (source ``ablation``): Table 1's mean and max error with the terms of cost model v2 added
 one at a time (datasheet only, + roofline, + overlap, + buckets, + interleaved schedule, + fp32
-main gradients). Micro-batch sweep (source ``microbatch``): a ~91B GPT at t = 8, p = 8 on 64 GPUs,
+main gradients), then, on the Megatron setup, the A100's datasheet constants replaced one at a
+time by published measurements (NVLink all-reduce bus bandwidth, HBM copy bandwidth, InfiniBand
+all-reduce bus bandwidth, GEMM efficiency: experiments/data/a100_measured.csv, each cited). Micro-batch sweep (source ``microbatch``): a ~91B GPT at t = 8, p = 8 on 64 GPUs,
 global batch 512, micro-batch 1/2/4/8; ``value`` is the predicted throughput in samples/s.
 
     python -m experiments.fidelity [--table1 PATH] [--fig13 PATH] [--out results/fidelity.csv]
@@ -77,8 +79,11 @@ def _variant(args: argparse.Namespace, variant: str):
     return profile, settings, schedule, ",dropout=1" if dropout else ""
 
 
-def table1_row(ref: dict, index: int, args: argparse.Namespace, variant: str = MEGATRON) -> dict:
+def table1_row(
+    ref: dict, index: int, args: argparse.Namespace, variant: str = MEGATRON, overrides=None
+) -> dict:
     device, settings, schedule, suffix = _variant(args, variant)
+    device = device.with_overrides(**overrides) if overrides else device
     model = (
         f"gpt:layers={ref['layers']},hidden={ref['hidden']},heads={ref['heads']},seq={args.seq},"
         f"vocab={args.vocab}{suffix}"
@@ -180,11 +185,31 @@ def sweep_row(micro_batch: int, args: argparse.Namespace) -> dict:
     }
 
 
+def measured_steps(device: str) -> list[tuple[str, dict]]:
+    """The "measured" ablation steps of ``device`` (experiments/data/a100_measured.csv, each
+    constant cited there): (step, the profile overrides up to and with it), in order."""
+    if device != "a100-80g":
+        return []
+    table = pd.read_csv(REFERENCE / "a100_measured.csv", comment="#")
+    steps, overrides = [], {}
+    for row in table.itertuples():
+        overrides = {**overrides, row.field: float(row.value)}
+        steps.append((row.step, overrides))
+    return steps
+
+
 def ablation(t1_refs: list[dict], args: argparse.Namespace) -> list[dict]:
-    """Mean and max relative error of Table 1 with each term of cost model v2 added in turn."""
+    """Mean and max relative error of Table 1 with each term of cost model v2 added in turn, then
+    each datasheet constant replaced by its measured value in turn (``measured_steps``)."""
     out = []
-    for variant in VARIANTS:
-        errors = [table1_row(ref, i, args, variant)["rel_error"] for i, ref in enumerate(t1_refs)]
+    steps = [(v, None) for v in VARIANTS] + measured_steps(args.device)
+    for variant, overrides in steps:
+        errors = [
+            table1_row(ref, i, args, variant if overrides is None else MEGATRON, overrides)[
+                "rel_error"
+            ]
+            for i, ref in enumerate(t1_refs)
+        ]
         out += [
             {
                 "source": "ablation",
