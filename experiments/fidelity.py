@@ -16,7 +16,8 @@ Ablation (source ``ablation``): Table 1's mean and max error with the terms of c
 one at a time (datasheet only, + roofline, + overlap, + buckets, + interleaved schedule, + fp32
 main gradients), then, on the Megatron setup, the A100's datasheet constants replaced one at a
 time by published measurements (NVLink all-reduce bus bandwidth, HBM copy bandwidth, InfiniBand
-all-reduce bus bandwidth, GEMM efficiency: experiments/data/a100_measured.csv, each cited). Micro-batch sweep (source ``microbatch``): a ~91B GPT at t = 8, p = 8 on 64 GPUs,
+all-reduce bus bandwidth, GEMM efficiency: experiments/data/a100_measured.csv, each cited).
+Micro-batch sweep (source ``microbatch``): a ~91B GPT at t = 8, p = 8 on 64 GPUs,
 global batch 512, micro-batch 1/2/4/8; ``value`` is the predicted throughput in samples/s.
 
     python -m experiments.fidelity [--table1 PATH] [--fig13 PATH] [--out results/fidelity.csv]

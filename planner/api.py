@@ -17,32 +17,18 @@ from planner.cost.settings import AUTO, TrainingSettings
 from planner.errors import PlannerError, SettingsError
 from planner.ir.graph import Graph
 from planner.ir.rebatch import rebatched
-from planner.search.baselines import data_parallel, drec_cost, greedy, megatron
-from planner.search.sapp import sapp
 from planner.cluster.cluster import checked_limit, Cluster, make_cluster
 from planner.cluster.mesh import Mesh
 from planner.cluster.profiles import DEFAULT_HARDWARE_CSV, MachineProfile
-from planner.grid import megatron_grid
-from planner.plans import Plan, failed, make_plan, strategies_from_choice, strategies_from_mapping
-from planner.cost.problem import Problem, build_problem, rebuilt
+from planner.plans import Plan, make_plan, strategies_from_mapping
+from planner.cost.problem import Problem, build_problem
+from planner.methods import METHODS, Call, method as registered_method
+from planner.search.baselines import data_parallel, megatron
 from planner.search.layer_modes import refuse_auto_without_layers
-from planner.search.exact import solve_exact
 from planner.search.reduce import Progress
 from planner.search.restrict import pinned
-from planner.search.fallback import program_size
-from planner.search.whole import MAX_WHOLE_PROGRAM
-from planner.search.solver import solve
 from planner.zoo import load_model
 
-HEURISTICS = {
-    "sapp": sapp,
-    "drec-cost": drec_cost,
-    "dp": data_parallel,
-    "zero": data_parallel,
-    "megatron": megatron,
-    "greedy": greedy,
-}
-METHODS = ("exact", "whole") + tuple(HEURISTICS) + ("megatron-grid",)
 REPORT_SECONDS_PER_OP = 1.3e-5  # the plan report: measured 0.9-1.3 s per 100k operators (make_plan)
 
 
@@ -162,112 +148,18 @@ def plan_problem(
     start = time.perf_counter()
     memory_limit = checked_limit(memory_limit)
     refuse_auto_without_layers(problem)
-    if method == "exact" or (
-        method == "whole" and AUTO not in (problem.settings.recompute, problem.settings.zero)
-    ):
-        return _search(problem, memory_limit, method, time_limit_s, seed, jobs, progress, start)
-    if method == "megatron-grid":  # the grid tries the uniform modes 'auto' leaves open
-        found = megatron_grid(problem, memory_limit)
-        return replace(found, search_time_s=time.perf_counter() - start)
-    for option, value in (
-        ("recompute", problem.settings.recompute),
-        ("zero", problem.settings.zero),
-    ):
-        if value == AUTO:
-            raise SettingsError(
-                f"--{option} auto: only --method exact chooses it per layer; give a fixed "
-                f"--{option} for --method {method}"
-            )
-    if method == "zero":
-        problem = rebuilt(problem, replace(problem.settings, zero=3))
-    if method not in HEURISTICS:
-        raise SettingsError(f"--method: unknown method {method!r} (known: {', '.join(METHODS)})")
-    strategies = HEURISTICS[method](problem)
-    return make_plan(
-        problem,
-        strategies,
-        method=method,
-        status="HEURISTIC",
-        memory_limit=memory_limit,
-        search_time_s=time.perf_counter() - start,
-    )
-
-
-def _search(
-    problem: Problem,
-    memory_limit: float,
-    method: str,
-    time_limit_s: float,
-    seed: int,
-    jobs: int,
-    progress: Progress | None,
-    start: float,
-) -> Plan:
-    """The exact methods: decomposition (``exact``) or the single whole-graph program
-    (``whole``)."""
-    if method == "exact":
-        result, notes = solve_exact(problem, memory_limit, time_limit_s, seed, jobs, progress)
-    else:
-        size = program_size(problem)
-        if size > MAX_WHOLE_PROGRAM:
-            return _too_large(problem, method, memory_limit, size, start)
-        result, notes = (
-            solve(problem, memory_limit, time_limit_s, seed),
-            ("whole-graph integer program",),
-        )
-    if result.choice is None:
-        return failed(
-            problem,
-            method=method,
-            status=result.status,
-            search_time_s=time.perf_counter() - start,
-            memory_limit=memory_limit,
-            explanation=result.explanation,
-            notes=notes,
-        )
-    if result.layer_recompute or result.layer_zero:
-        problem = _per_layer_problem(problem, result, memory_limit)
-    return make_plan(
-        problem,
-        strategies_from_choice(problem, result.choice),
-        method=method,
-        status=result.status,
-        memory_limit=memory_limit,
-        search_time_s=time.perf_counter() - start,
-        notes=notes,
-        explanation=result.explanation,
-        bound=result.bound,
-    )
-
-
-def _too_large(problem: Problem, method: str, memory_limit, size: int, start: float) -> Plan:
-    return failed(
-        problem,
-        method=method,
-        status="UNKNOWN",
-        search_time_s=time.perf_counter() - start,
-        memory_limit=memory_limit,
-        notes=("whole-graph integer program not attempted",),
-        explanation=f"whole-graph program too large to build ({size} Booleans > "
-        f"{MAX_WHOLE_PROGRAM})",
-    )
-
-
-def _per_layer_problem(problem: Problem, result, memory_limit: float) -> Problem:
-    """The problem under the recompute / ZeRO mode chosen per layer, so the plan is costed as it
-    was found; the search's objective and memory must hold under it."""
-    settings = replace(
-        problem.settings, layer_recompute=result.layer_recompute, layer_zero=result.layer_zero
-    )
-    problem = rebuilt(problem, settings)
-    if problem.objective(result.choice) != result.objective or (
-        problem.memory(result.choice) > memory_limit
-    ):
-        raise RuntimeError(
-            "per-layer choice: the plan under its per-layer settings costs "
-            f"{problem.objective(result.choice)}, the search found {result.objective}"
-        )
-    return problem
+    chosen = registered_method(method)
+    if not chosen.chooses_auto:
+        for option, value in (
+            ("recompute", problem.settings.recompute),
+            ("zero", problem.settings.zero),
+        ):
+            if value == AUTO:
+                raise SettingsError(
+                    f"--{option} auto: only --method exact chooses it per layer; give a fixed "
+                    f"--{option} for --method {method}"
+                )
+    return chosen.solve(problem, memory_limit, Call(time_limit_s, seed, jobs, progress, start))
 
 
 def _evaluated_mesh(mesh, assignment: dict | None, tp: int | None, dp: int | None, pp: int):
@@ -339,7 +231,7 @@ def compare(
     mesh: str | Mesh | Cluster = "8",
     device: str | MachineProfile = "a100-80g",
     *,
-    methods: tuple[str, ...] = METHODS,
+    methods: tuple[str, ...] | None = None,
     batch: int | None = None,
     seq: int | None = None,
     memory: float | None = None,
@@ -348,8 +240,9 @@ def compare(
     seed: int = SEARCH_DEFAULTS.seed,
     hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV,
 ) -> list[dict]:
-    """Plan one model with several methods under one cost model; one row per method with the gap to
-    exact."""
+    """Plan one model with several methods (default: every registered one) under one cost model;
+    one row per method with the gap to exact."""
+    methods = tuple(METHODS) if methods is None else methods
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise SettingsError(

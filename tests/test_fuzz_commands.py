@@ -5,8 +5,8 @@ hardening 3 (``plan --top-k``, ``pareto``, ``plan --method megatron-grid``, ``pl
 Each generated case (a small GPT, a mesh of 2-4 devices, a memory limit that fits or not, files
 that exist before the run) either exits 2 with one line, exits 3 with one line saying why and
 leaves the files as they were (invariants 8, 9), or succeeds with plans that re-cost to their own
-figures (invariants 1, 3, 10). About 40 cases by default (x --fuzz-scale); top-k on 1-D meshes only (its no-good cuts
-wade through a 2-D mesh's symmetric ties: 8-14 s a case).
+figures (invariants 1, 3, 10). About 40 cases by default (x --fuzz-scale); top-k on 1-D meshes
+only (its no-good cuts wade through a 2-D mesh's symmetric ties: 8-14 s a case).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ LAYERS = (
     ("planner.cluster",),
     ("planner.cost",),
     ("planner.search",),
-    ("planner.plans", "planner.plan_files", "planner.grid"),
+    ("planner.plans", "planner.plan_files", "planner.grid", "planner.methods"),
     ("planner.pipeline",),
     ("planner.engines",),
     (

@@ -123,6 +123,18 @@ DEGREE_OPTIONS = ("tp", "dp", "pp", "micro_batch", "schedule", "cuts")
 PIPELINE_OPTIONS = ("schedule", "pp", "num_microbatches", "pipeline_method", "cuts")
 
 
+def _add_engine(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--for",
+        dest="engine",
+        choices=list(TARGETS),
+        help="the whole-cluster search restricted to what this engine runs as the plan costs it "
+        "(Megatron-LM's stage plans at every tensor degree of a node; the engine's ZeRO, "
+        "recompute and schedule options; bf16 reduces gradients in fp32, as both do), so the "
+        "answer exports with `planner export --target ENGINE`",
+    )
+
+
 def _add_pipeline(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--schedule",
@@ -200,15 +212,7 @@ def _add_planning(sub) -> None:
         help="the K best distinct plans in increasing cost (the whole-graph program with a "
         "no-good cut per plan; --time-limit per plan); --json and --csv hold all K",
     )
-    p.add_argument(
-        "--for",
-        dest="engine",
-        choices=list(TARGETS),
-        help="the whole-cluster search restricted to what this engine runs as the plan costs it "
-        "(Megatron-LM's stage plans at every tensor degree of a node; the engine's ZeRO, "
-        "recompute and schedule options; bf16 reduces gradients in fp32, as both do), so the "
-        "answer exports with `planner export --target ENGINE`",
-    )
+    _add_engine(p)
     _add_pipeline(p)
     c = sub.add_parser("compare", help="compare search methods on one model and cluster")
     _add_common(c)
