@@ -435,9 +435,18 @@ def test_graph_dims_of_2_to_the_47_overflow_cleanly(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
-    "field,value", [("inter_node_bandwidth", 1e-30), ("inter_node_latency", 1e30)]
+    "field,value",
+    [
+        ("inter_node_bandwidth", 1e-30),
+        ("inter_node_latency", 1e30),
+        ("intra_node_bandwidth", 1e-300),
+        ("kernel_launch_s", 5.0),
+        ("hbm_bandwidth", 1.0),
+    ],
 )
-def test_extreme_profile_constants_overflow_cleanly(tmp_path, capsys, field, value):
+def test_extreme_profile_constants_are_refused_by_field(tmp_path, capsys, field, value):
+    """A rate or delay no device has is refused naming the profile's field (it was reported as
+    --seq/--batch out of range: a model too large)."""
     data = {
         "peak_flops": 1e12,
         "memory_bytes": 1e15,
@@ -451,4 +460,5 @@ def test_extreme_profile_constants_overflow_cleanly(tmp_path, capsys, field, val
     code, err = _run_inprocess(
         capsys, ["plan", "--model", "mlp", "--mesh", "2x4", "--device", str(path)]
     )
-    _check_one_line(code, err, "out of range")
+    _check_one_line(code, err, f"field '{field}'")
+    assert "--seq" not in err

@@ -50,6 +50,10 @@ DEFAULT_EFFICIENCY = 0.5
 # idle time in eager frameworks.
 DEFAULT_GEMM_EFFICIENCY = 0.8
 KERNEL_LAUNCH_S = 4e-6
+# A profile's rates (FLOP/s, bytes/s) and delays outside these are no device's (a typo in a
+# profile's exponent), refused by field.
+MIN_RATE = 1e3
+MAX_DELAY_S = 1.0
 # 1 byte costs 1 ns: the integer objective of the symbolic profile is in bytes.
 SYMBOLIC_BANDWIDTH = 1e9
 
@@ -123,6 +127,29 @@ class MachineProfile:
                     f"profile {self.name}: field '{name}' must be a non-negative number"
                 )
         self._check_kinds()
+        self._check_ranges()
+
+    def _check_ranges(self) -> None:
+        """Rates and times no device has are refused here, by field, rather than found later as
+        a cost out of the integer objective's range (which reads as a model too large)."""
+        for name in ("peak_flops", "intra_node_bandwidth", "inter_node_bandwidth"):
+            if getattr(self, name) < MIN_RATE:
+                raise ProfileError(
+                    f"profile {self.name}: field '{name}' ({getattr(self, name):g}) is below "
+                    f"{MIN_RATE:g} per second: no device is that slow"
+                )
+        for name in ("hbm_bandwidth", "vector_flops"):
+            if 0 < getattr(self, name) < MIN_RATE:
+                raise ProfileError(
+                    f"profile {self.name}: field '{name}' ({getattr(self, name):g}) is below "
+                    f"{MIN_RATE:g} per second (0: unknown)"
+                )
+        for name in ("intra_node_latency", "inter_node_latency", "kernel_launch_s"):
+            if getattr(self, name) > MAX_DELAY_S:
+                raise ProfileError(
+                    f"profile {self.name}: field '{name}' ({getattr(self, name):g} s) is over "
+                    f"{MAX_DELAY_S:g} s: no link or launch is that slow"
+                )
 
     def _check_kinds(self) -> None:
         """Whole numbers, fractions and flags, and a reserve that leaves memory."""

@@ -122,14 +122,11 @@ def hint_result(
     """The solution hint as the result of a search the time limit stopped (UNKNOWN if it does not
     fit)."""
     if problem.memory(hint) > memory_limit:
-        return SolveResult(
+        return SolveResult.no_plan(
             "UNKNOWN",
-            None,
-            None,
-            None,
+            f"{why}, and the greedy hint does not fit the memory limit",
             time.perf_counter() - start,
             num_booleans,
-            f"{why}, and the greedy hint does not fit the memory limit",
         )
     return SolveResult(
         "FEASIBLE",

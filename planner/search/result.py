@@ -22,3 +22,10 @@ class SolveResult:
     layer_recompute: tuple[tuple[int, str], ...] = ()
     # under zero 'auto': the ZeRO stage chosen per layer
     layer_zero: tuple[tuple[int, int], ...] = ()
+
+    @classmethod
+    def no_plan(
+        cls, status: str, why: str, search_time_s: float, num_booleans: int = 0
+    ) -> SolveResult:
+        """A search that found no plan: its status (INFEASIBLE, UNKNOWN) and why."""
+        return cls(status, None, None, None, search_time_s, num_booleans, why)

@@ -204,7 +204,7 @@ def solve(
     deadline = min(deadline if deadline is not None else math.inf, start + time_limit_s)
     if min_memory(problem) > memory_limit:
         why = explain_infeasible(problem, memory_limit)
-        return SolveResult("INFEASIBLE", None, None, None, time.perf_counter() - start, 0, why)
+        return SolveResult.no_plan("INFEASIBLE", why, time.perf_counter() - start)
     if build_seconds(problem, allowed) > deadline - start and not allowed:
         return too_short(problem, memory_limit, hint, lower_bound, start)
     try:
@@ -271,7 +271,7 @@ def read_solution(
             if code == cp_model.INFEASIBLE and math.isfinite(memory_limit)
             else ""
         )
-        return SolveResult(status, None, None, None, elapsed, built.num_booleans, why)
+        return SolveResult.no_plan(status, why, elapsed, built.num_booleans)
     choice = tuple(
         next(k for k, var in row.items() if solver.boolean_value(var)) for row in built.x
     )

@@ -242,15 +242,8 @@ class _Conditions:
         if self.best is None:
             if not unsettled and self.refused is not None:
                 return replace(self.refused, search_time_s=elapsed), notes
-            return SolveResult(
-                "UNKNOWN",
-                None,
-                None,
-                None,
-                elapsed,
-                0,
-                "no layout of the tied parameters gave a plan within the time limit",
-            ), notes
+            why = "no layout of the tied parameters gave a plan within the time limit"
+            return SolveResult.no_plan("UNKNOWN", why, elapsed), notes
         if not unsettled:
             return replace(
                 self.best, status="OPTIMAL", bound=self.best.objective, search_time_s=elapsed

@@ -43,15 +43,8 @@ def solve_whole(
     elapsed = time.perf_counter() - start
     tried = f"{len(options.modes)} uniform (recompute, ZeRO stage) modes tried"
     if best is None:
-        return SolveResult(
-            "UNKNOWN",
-            None,
-            None,
-            None,
-            elapsed,
-            0,
-            f"the whole-graph program found no plan in any of the {tried}",
-        ), (tried,)
+        why = f"the whole-graph program found no plan in any of the {tried}"
+        return SolveResult.no_plan("UNKNOWN", why, elapsed), (tried,)
     chosen = pinned_settings(problem.settings, layers, best_mode)
     note = (
         f"the whole-graph program cannot mix modes per layer: {tried}, the best is recompute "
@@ -81,14 +74,10 @@ def whole_instead(
     """The segments took their share of the time limit: the whole-graph program gets the rest."""
     left = max(0.0, deadline - time.perf_counter())
     if program_size(problem) > MAX_WHOLE_PROGRAM:
-        return SolveResult(
+        return SolveResult.no_plan(
             "UNKNOWN",
-            None,
-            None,
-            None,
-            time.perf_counter() - start,
-            0,
             f"{why}; the whole-graph program is too large to build instead",
+            time.perf_counter() - start,
         ), notes
     result, said = solve_whole(problem, memory_limit, left, seed)
     return result, notes + (
