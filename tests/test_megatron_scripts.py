@@ -46,6 +46,20 @@ def test_the_175b_example_names_the_variable_to_set():
     assert "--rampup-batch-size" in ignored and set(ignored) <= INERT
 
 
+def test_a_megatron_deepspeed_script_is_refused_naming_its_flag():
+    """A Megatron-DeepSpeed script (a heredoc writing DeepSpeed's JSON, the deepspeed launcher,
+    --zero-stage=3 and DeepSpeed's checkpointing among its flags): refused as such, naming a
+    DeepSpeed flag, not as an unknown Megatron-LM flag or a typo."""
+    text = (EXAMPLES / "azure_run_175b.sh").read_text()
+    with pytest.raises(SettingsError, match="Megatron-DeepSpeed line") as refused:
+        read_megatron(text)
+    assert "--deepspeed" in str(refused.value) and "typo" not in str(refused.value)
+    for flag in ("--zero-stage=3", "--deepspeed_config=ds.json", "--no-pipeline-parallel"):
+        line = "torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 2 " + flag
+        with pytest.raises(SettingsError, match=flag.split("=")[0]):
+            read_megatron(line)
+
+
 SCRIPT = """#!/bin/bash
 export CUDA_DEVICE_MAX_CONNECTIONS=1
 GPUS=${GPUS:-8}

@@ -61,6 +61,19 @@ INERT = frozenset(
     }
 )  # fmt: skip
 
+# Megatron-DeepSpeed's flags (microsoft/Megatron-DeepSpeed, megatron/arguments.py's _add_deepspeed
+# args): its ZeRO stage, pipeline engine and checkpointing come from DeepSpeed and its JSON config,
+# which the planner does not read; such a line is refused as a whole, naming the flag.
+DEEPSPEED = frozenset(
+    {
+        "--deepspeed", "--deepspeed_config", "--deepspeed-config", "--zero-stage",
+        "--no-pipeline-parallel", "--deepspeed-activation-checkpointing",
+        "--ds-sequence-parallel-size",
+        "--cpu-optimizer", "--cpu_torch_adam", "--zero-contigious-gradients",
+        "--zero-reduce-scatter", "--zero-allgather-bucket-size", "--remote-device",
+    }
+)  # fmt: skip
+
 # old flag -> the words Megatron-LM reads today (megatron/training/arguments.py's renames)
 LEGACY = {
     # Megatron-LM 2021: checkpoint every chunk of --checkpoint-num-layers (1) layers, uniformly

@@ -21,7 +21,7 @@ import shlex
 from planner.cost.settings import TrainingSettings
 from planner.engines.launch_run import LaunchRun
 from planner.engines.megatron import UNSUPPORTED, layout_cuts
-from planner.engines.megatron_flags import modern_words, split_unknown
+from planner.engines.megatron_flags import DEEPSPEED, modern_words, split_unknown
 from planner.engines.shell_script import launch_text, unset_variable, without_comments
 from planner.errors import SettingsError
 from planner.zoo import GPTConfig, LlamaConfig
@@ -158,6 +158,13 @@ def read_megatron(text: str, dp: int | None = None) -> tuple[LaunchRun, tuple[st
     ``dp`` when given, else torchrun's world size over tensor x pipeline parallel."""
     world, words = split_launch(text)
     words = modern_words(words)
+    deepspeed = [w.split("=")[0] for w in words if w.split("=")[0] in DEEPSPEED]
+    if deepspeed:
+        raise SettingsError(
+            f"--from-megatron: {deepspeed[0]} makes this a Megatron-DeepSpeed line: its ZeRO "
+            "stage, pipeline and checkpointing come from DeepSpeed's JSON config, which the "
+            "planner does not read (cost it as `planner evaluate --tp --pp --dp --zero`)"
+        )
     refused = [w for w in words if w.split("=")[0] in UNSUPPORTED]
     if refused:
         raise SettingsError(
