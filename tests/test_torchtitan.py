@@ -262,3 +262,68 @@ def test_fsdp_under_pipelining_reads_as_zero_1():
     assert _zero("default", 1, 4) == 0
     with pytest.raises(SettingsError, match="'always' beside pipeline"):
         _zero("always", 8, 4)
+
+
+def _edited(config: str, *lines: str) -> str:
+    """The exported config with ``lines`` run before it is returned."""
+    return config.replace(
+        "    return config\n", "".join(f"    {line}\n" for line in lines) + "    return config\n"
+    )
+
+
+@needs_torchtitan
+def test_torchtitan_defaults_and_unpriced_keys_are_read(tmp_path):
+    """Without module lists torchtitan builds the parts itself (two virtual stages a rank under
+    Interleaved1F1B; the first and last stages one layer lighter): read as torchtitan builds
+    them. Keys that change the step unpriced (torch.compile, CPU offload, another reduce dtype)
+    are refused naming the key."""
+    config = export_torchtitan(
+        _plan_file(tp=8, pp=2, dp=4, micro_batch=1, settings=PIPELINED_FSDP)
+    ).text
+    files = {
+        "interleaved": (
+            "p.module_fqns_per_model_part = None",
+            'p.pipeline_parallel_schedule = "Interleaved1F1B"',
+        ),
+        "heavier_ends": (
+            "p.module_fqns_per_model_part = None",
+            "p.pipeline_parallel_first_stage_less_layers = 4",
+        ),
+        "compiled": ("config.compile.enable = True",),
+        "offload": ("config.training.enable_cpu_offload = True",),
+        "bf16_reduce": ('config.training.mixed_precision_reduce = "bfloat16"',),
+    }
+    calls = []
+    for name, lines in files.items():
+        (tmp_path / f"{name}.py").write_text(_edited(config, *lines))
+        calls.append(
+            [
+                "evaluate",
+                "--device",
+                "h100-80g",
+                "--from-torchtitan",
+                str(tmp_path / f"{name}.py"),
+                "--json",
+                str(tmp_path / f"{name}.json"),
+            ]
+        )
+    done = subprocess.run(
+        [sys.executable, "-c", READ_AS_WRITTEN, json.dumps(calls)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    interleaved, heavier, compiled, offload, reduce = json.loads(done.stdout.splitlines()[-1])
+    assert interleaved[0] == 0 and heavier[0] == 0, (interleaved, heavier)
+    pipe = json.loads((tmp_path / "interleaved.json").read_text())["pipeline"]
+    assert pipe["schedule"] == "interleaved:2"
+    # 32 layers, first stage 4 layers lighter (torchtitan's weights): not the even 16 | 16
+    cuts = json.loads((tmp_path / "heavier_ends.json").read_text())["pipeline"]["cuts"]
+    assert cuts != [16]
+    for code, message in (
+        (compiled, "compile.enable"),
+        (offload, "enable_cpu_offload"),
+        (reduce, "mixed_precision_reduce"),
+    ):
+        assert code[0] == 2 and message in code[2], code

@@ -85,7 +85,30 @@ def read_torchtitan(path: str, name: str = "planner_plan", dp: int | None = None
     for key in ("context_parallel_degree", "expert_parallel_degree"):
         if getattr(p, key) != 1:
             raise SettingsError(f"--from-torchtitan: parallelism.{key} > 1 is not modelled yet")
+    _refuse_unpriced(config)
     return _run(config, shard, replicate)
+
+
+# (section, key, the value the planner prices, what another value does)
+UNPRICED = (
+    ("training", "enable_cpu_offload", False, "offloads parameters and optimizer state to the CPU"),
+    ("training", "mixed_precision_reduce", "float32", "reduces gradients in another dtype"),
+    ("parallelism", "pipeline_parallel_schedule_csv", "", "runs a schedule from a file"),
+    ("compile", "enable", False, "fuses kernels with torch.compile"),
+    ("compile", "enable_async_tensor_parallel", False, "overlaps tensor-parallel collectives"),
+)
+
+
+def _refuse_unpriced(config) -> None:
+    """SettingsError naming a config key whose value changes the step in a way the cost model
+    does not price (the eager bf16 step it prices: no offload, fp32 reduction, no compile)."""
+    for section, key, priced, effect in UNPRICED:
+        value = getattr(getattr(config, section), key)
+        if value != priced:
+            raise SettingsError(
+                f"--from-torchtitan: {section}.{key} = {value!r} {effect}, which the planner "
+                f"does not price (set it to {priced!r} to cost the step without it)"
+            )
 
 
 def _model(config):
@@ -109,7 +132,7 @@ def _run(config, shard: int, replicate: int) -> LaunchRun:
             f"--from-torchtitan: schedule {p.pipeline_parallel_schedule} is not modelled (GPipe, "
             "1F1B, Interleaved1F1B)"
         )
-    parts = p.module_fqns_per_model_part or _default_parts(pp, model.layers)
+    parts = p.module_fqns_per_model_part or _default_parts(p, pp, model.layers)
     virtual = len(parts) // pp if pp > 1 else 1
     counts = [sum(m.startswith("layers.") for m in part) for part in parts]
     cuts = tuple(sum(counts[:k]) for k in range(1, len(counts))) if virtual == 1 else None
@@ -130,10 +153,22 @@ def _run(config, shard: int, replicate: int) -> LaunchRun:
     )
 
 
-def _default_parts(stages: int, layers: int) -> list[list[str]]:
-    from torchtitan.distributed.pipeline_parallel import _generate_llm_fqn_per_model_part
+def _default_parts(parallelism, pp: int, layers: int) -> list[list[str]]:
+    """The model parts torchtitan builds when the config names none: its own
+    ``_get_pipeline_metadata`` (two virtual stages a rank under a multi-stage schedule unless
+    ``pipeline_parallel_layers_per_stage`` says otherwise; the first and last stages
+    ``..._less_layers`` lighter) and ``_generate_llm_fqn_per_model_part``."""
+    from types import SimpleNamespace
 
-    return _generate_llm_fqn_per_model_part(stages, layers)
+    from torchtitan.distributed import pipeline_parallel as tt
+
+    try:
+        stages, _, first, last = tt._get_pipeline_metadata(
+            SimpleNamespace(pp=pp), parallelism, SimpleNamespace(layers=[None] * layers)
+        )
+        return tt._generate_llm_fqn_per_model_part(stages, layers, first, last)
+    except ValueError as exc:
+        raise SettingsError(f"--from-torchtitan: torchtitan refuses its pipeline: {exc}") from None
 
 
 def _zero(reshard: str, shard: int, pp: int) -> int:
