@@ -16,7 +16,8 @@ Ablation (source ``ablation``): Table 1's mean and max error with the terms of c
 one at a time (datasheet only, + roofline, + overlap, + buckets, + interleaved schedule, + fp32
 main gradients), then, on the Megatron setup, the A100's datasheet constants replaced one at a
 time by published measurements (NVLink all-reduce bus bandwidth, HBM copy bandwidth, InfiniBand
-all-reduce bus bandwidth, GEMM efficiency: experiments/data/a100_measured.csv, each cited).
+all-reduce bus bandwidth, GEMM efficiency: the a100-80g-measured row of the built-in hardware
+table, each constant cited there).
 Micro-batch sweep (source ``microbatch``): a ~91B GPT at t = 8, p = 8 on 64 GPUs,
 global batch 512, micro-batch 1/2/4/8; ``value`` is the predicted throughput in samples/s.
 
@@ -35,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 import planner
-from planner.cluster.profiles import get_profile
+from planner.cluster.profiles import get_profile, load_profiles
 from experiments.common import add_output_options, png_path, pyplot, results_table, run, write_png
 
 REFERENCE = Path(__file__).resolve().parent / "data"  # published measurements, cited in each file
@@ -186,16 +187,26 @@ def sweep_row(micro_batch: int, args: argparse.Namespace) -> dict:
     }
 
 
+# the "measured" ablation steps: (step, the profile field it replaces), in order
+MEASURED_STEPS = (
+    ("+nvlink measured", "intra_node_bandwidth"),
+    ("+hbm measured", "hbm_bandwidth"),
+    ("+ib measured", "inter_node_bandwidth"),
+    ("+gemm measured", "gemm_efficiency"),
+)
+
+
 def measured_steps(device: str) -> list[tuple[str, dict]]:
-    """The "measured" ablation steps of ``device`` (experiments/data/a100_measured.csv, each
-    constant cited there): (step, the profile overrides up to and with it), in order."""
-    if device != "a100-80g":
+    """The "measured" ablation steps of ``device`` when the built-in table has a
+    ``<device>-measured`` row (planner/cluster/data/hardware.csv cites each constant): (step, the
+    profile overrides up to and with it), in order."""
+    profiles = load_profiles()
+    if f"{device}-measured" not in profiles:
         return []
-    table = pd.read_csv(REFERENCE / "a100_measured.csv", comment="#")
-    steps, overrides = [], {}
-    for row in table.itertuples():
-        overrides = {**overrides, row.field: float(row.value)}
-        steps.append((row.step, overrides))
+    measured, steps, overrides = profiles[f"{device}-measured"], [], {}
+    for step, field in MEASURED_STEPS:
+        overrides = {**overrides, field: getattr(measured, field)}
+        steps.append((step, overrides))
     return steps
 
 

@@ -219,6 +219,7 @@ def load_profiles(path: Path | str | None = DEFAULT_HARDWARE_CSV) -> dict[str, M
                 sm_count=int(row.get("sm_count") or 0),
                 vector_flops=float(row.get("fp32_vector_flops") or 0),
                 reserve_bytes=float(row.get("reserve_bytes") or 0),
+                gemm_efficiency=float(row.get("gemm_efficiency") or DEFAULT_GEMM_EFFICIENCY),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ProfileError(
