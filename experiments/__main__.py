@@ -19,6 +19,7 @@ SCRIPTS = (
     "memory_fidelity",
     "portability",
     "smsg_models",
+    "symbolic",
     "verify",
     "exact_vs_heuristic",
     "pipeline",

@@ -81,6 +81,12 @@ SLICES = {
         ("model", "devices", "method"),
         ("status", "objective"),
     ),
+    "symbolic": Slice(
+        "symbolic.csv",
+        ("--models", "gpt2-small,bert-large", "--meshes", "8,2x4"),
+        ("model", "mesh"),
+        ("agree", "datasheet_objective", "symbolic_on_datasheet_objective"),
+    ),
     "sapp_scaling": Slice(
         "sapp_scaling.csv",
         ("--layers", "12", "--devices", "8"),

@@ -367,6 +367,7 @@ TABLES = (
     ("FIDELITY_TABLE", fidelity, "fidelity.csv"),
     ("PORTABILITY_TABLE", portability, "portability.csv"),
     ("SMSG_TABLE", smsg_models, "smsg_models.csv"),
+    ("SYMBOLIC_TABLE", tables_grid.symbolic, "symbolic.csv"),
     ("VERIFY_TABLE", verify, "verify.csv"),
 )
 

@@ -46,3 +46,21 @@ def threed(path: Path) -> str:
             f"{r.ratio:.3f} |"
         )
     return "\n".join(lines)
+
+
+def symbolic(path: Path) -> str:
+    """Per mesh: how many operators the symbolic plan shares with the datasheet plan, and how much
+    slower the symbolic plan runs on the datasheet device (``results/symbolic.csv``)."""
+    d = pd.read_csv(path)
+    d = d[d["model"] != "all"]
+    rows = [
+        "| mesh | models | operators | same strategy | median slowdown on a100-80g | worst |",
+        "|---|---|---|---|---|---|",
+    ]
+    for mesh, g in list(d.groupby("mesh", sort=False)) + [("all", d)]:
+        rows.append(
+            f"| {mesh} | {g['model'].nunique()} | {g['operators'].sum()} | "
+            f"{g['agree'].sum() / g['operators'].sum():.0%} | {g['slowdown'].median():.3f} | "
+            f"{g['slowdown'].max():.2f} ({g.loc[g['slowdown'].idxmax(), 'model']}) |"
+        )
+    return "\n".join(rows)

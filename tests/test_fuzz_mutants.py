@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fuzz_invariants as inv
-from planner import api
+from planner import api, methods
 from planner.cost.settings import TrainingSettings
 from planner.plans import Plan
 from strategies_gen import COMPUTE_BOUND, graphs
@@ -74,7 +74,7 @@ def test_a_status_forced_to_optimal_is_caught(monkeypatch):
     from planner.search.fallback import greedy_result
 
     monkeypatch.setattr(
-        api,
+        methods,
         "solve_exact",
         lambda problem, memory_limit, *a, **k: (
             replace(
@@ -138,9 +138,9 @@ def test_an_option_made_a_no_op_is_caught(tmp_path, monkeypatch):
 
 def test_a_time_limit_note_on_an_optimal_plan_is_caught(tmp_path, monkeypatch):
     """Mutant: an OPTIMAL result keeps a stale "the time limit ended the search" note."""
-    real = api.solve_exact
+    real = methods.solve_exact
     monkeypatch.setattr(
-        api,
+        methods,
         "solve_exact",
         lambda *a, **k: (
             lambda r: (r[0], r[1] + ("memory binds: the time limit ended the search",))

@@ -3,8 +3,8 @@
 Profiles are read from the datasheet table shipped in the package
 (``planner/cluster/data/hardware.csv``, each constant's source cited in its header; ``--hardware
 PATH`` reads another table in the same format), from a user JSON file, or are the built-in
-``symbolic`` profile (unit bandwidth on every axis, no latency, compute ignored: strategies ranked
-by communication volume alone, as in SMSG).
+``symbolic`` profile (SMSG's premise: per-device computation and communication volumes in one
+unit, 1 FLOP = 1 byte = 1 ns, every byte charged; no latency).
 """
 
 from __future__ import annotations
@@ -56,6 +56,10 @@ MIN_RATE = 1e3
 MAX_DELAY_S = 1.0
 # 1 byte costs 1 ns: the integer objective of the symbolic profile is in bytes.
 SYMBOLIC_BANDWIDTH = 1e9
+# The one ratio of the symbolic profile: FLOPs computed per byte moved at equal cost, the order
+# of a GPU's tensor-core rate over its NVLink bandwidth (A100: 312 TFLOP/s / 300 GB/s = 1,040;
+# H100: 989 / 450 = 2,200).
+SYMBOLIC_FLOPS_PER_BYTE = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +75,10 @@ class MachineProfile:
     efficiency: float = DEFAULT_EFFICIENCY
     intra_node_latency: float = INTRA_NODE_LATENCY_S
     inter_node_latency: float = INTER_NODE_LATENCY_S
-    compute_weight: float = 1.0  # 0 for the symbolic profile: compute balanced, ignored
+    compute_weight: float = 1.0  # 0: compute ignored, strategies ranked by communication alone
+    # share of the communication hidden behind compute that the objective counts as hidden (0:
+    # every byte is charged, as SMSG charges it: the symbolic profile)
+    overlap_weight: float = 1.0
     # bytes/s; 0: unknown, the roofline is off (flops / (peak x efficiency))
     hbm_bandwidth: float = 0.0
     sm_count: int = 0  # streaming multiprocessors (wave quantisation); 0: unknown, no quantisation
@@ -110,6 +117,7 @@ class MachineProfile:
             "intra_node_latency",
             "inter_node_latency",
             "compute_weight",
+            "overlap_weight",
             "hbm_bandwidth",
             "vector_flops",
             "kernel_launch_s",
@@ -182,17 +190,25 @@ class MachineProfile:
         return MachineProfile(**fields)
 
 
+# SMSG's premise (symbolic, profiling-free): a plan is ranked by its per-device volumes alone, in
+# one unit: a byte moved costs 1 ns and SYMBOLIC_FLOPS_PER_BYTE FLOPs computed cost as much; every
+# byte charged (no overlap), no latency, no launches, no roofline. Computation counts, as SMSG's
+# balanced halving assumes it does: splitting an operator over p devices divides its FLOPs by p,
+# so the exact plan shards wherever sharding lowers the per-device volume, and among equal splits
+# the communication decides.
 SYMBOLIC = MachineProfile(
     "symbolic",
-    peak_flops=1e15,
+    peak_flops=SYMBOLIC_BANDWIDTH * SYMBOLIC_FLOPS_PER_BYTE,
     memory_bytes=1e15,
     intra_node_bandwidth=SYMBOLIC_BANDWIDTH,
     inter_node_bandwidth=SYMBOLIC_BANDWIDTH,
-    gpus_per_node=1,
+    gpus_per_node=8,  # every link is alike: only the axes' names follow the datasheet devices'
     efficiency=1.0,
     intra_node_latency=0.0,
     inter_node_latency=0.0,
-    compute_weight=0.0,
+    kernel_launch_s=0.0,
+    gemm_efficiency=1.0,
+    overlap_weight=0.0,
 )
 
 

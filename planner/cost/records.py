@@ -173,6 +173,6 @@ def breakdown(record: CostRecord, mesh: Mesh, profile: MachineProfile) -> TimeBr
         sum(by_kind.values()),
         tuple(sorted(by_kind.items())),
         tuple(sorted(by_axis.items())),
-        profile.compute_weight * (record.hidden_s + record.hidden_sync_s),
+        profile.compute_weight * profile.overlap_weight * (record.hidden_s + record.hidden_sync_s),
         tuple((kind, axis, t) for (kind, axis), t in sorted(by_pair.items())),
     )

@@ -263,7 +263,7 @@ def _time_parts(record, mesh: Mesh, profile: MachineProfile) -> tuple[float, ...
         weight * record.rerun_s,
         comm[0],
         comm[1],
-        weight * record.hidden_s,
+        weight * profile.overlap_weight * record.hidden_s,
     )
 
 

@@ -1,0 +1,96 @@
+"""SMSG's symbolic premise against the datasheet: how often the exact plan under the ``symbolic``
+profile (per-device volumes in one unit, 1,000 FLOPs = 1 byte moved = 1 ns, every byte charged:
+``planner.cluster.profiles.SYMBOLIC``) equals the exact plan under a100-80g's datasheet constants,
+operator by operator, over the zoo on 8, 2x4 and 8x8 devices; and what the symbolic plan costs on
+the A100, against the A100's own plan (both without a memory limit: memory is not SMSG's premise).
+
+    agree      operators whose strategy (the dim per mesh axis) is the same in both plans
+    slowdown   objective of the symbolic plan re-costed on a100-80g / the A100 plan's objective
+
+    python -m experiments.symbolic [--models ...] [--meshes 8,2x4,8x8] [--out results/symbolic.csv]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+
+import planner
+from experiments.common import add_output_options, results_table, run
+
+MODELS = (
+    "mlp,transformer-block,gpt2-small,gpt2-medium,gpt3-1.3b,gpt3-13b,moe-gpt,llama3-8b,"
+    "bert-base,bert-large,resnet50,wide-resnet50-2,vgg16,vit-h14,t5-3b"
+)
+DATASHEET = "a100-80g"
+
+
+def row(model: str, mesh: str, time_limit_s: float) -> dict:
+    """One model on one mesh: both exact plans, their agreement and the symbolic plan's cost on
+    the datasheet device."""
+    start = time.perf_counter()
+    sheet = planner.plan(model, mesh, DATASHEET, memory=math.inf, time_limit_s=time_limit_s)
+    symbolic = planner.plan(model, mesh, "symbolic", memory=math.inf, time_limit_s=time_limit_s)
+    assignment = {o.name: dict(o.strategy) for o in symbolic.operators}
+    recosted = planner.evaluate(model, mesh, DATASHEET, assignment=assignment, memory=math.inf)
+    same = sum(a.strategy == b.strategy for a, b in zip(sheet.operators, symbolic.operators))
+    sharded = sum(any(d is not None for _, d in o.strategy) for o in symbolic.operators)
+    return {
+        "model": model,
+        "mesh": mesh,
+        "operators": len(sheet.operators),
+        "agree": same,
+        "agree_share": same / len(sheet.operators),
+        "symbolic_sharded": sharded,
+        "datasheet_status": sheet.status,
+        "symbolic_status": symbolic.status,
+        "datasheet_objective": sheet.objective,
+        "symbolic_on_datasheet_objective": recosted.objective,
+        "slowdown": recosted.objective / sheet.objective,
+        "wall_time_s": time.perf_counter() - start,
+    }
+
+
+def summary(rows: list[dict]) -> dict:
+    ops = sum(r["operators"] for r in rows)
+    return {
+        "model": "all",
+        "mesh": "all",
+        "operators": ops,
+        "agree": sum(r["agree"] for r in rows),
+        "agree_share": sum(r["agree"] for r in rows) / ops,
+        "slowdown": max(r["slowdown"] for r in rows),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--models", default=MODELS)
+    parser.add_argument("--meshes", default="8,2x4,8x8")
+    parser.add_argument("--time-limit", type=float, default=60.0)
+    parser.add_argument("--quick", action="store_true", help="gpt2-small and bert-large")
+    add_output_options(parser, "results/symbolic.csv")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.models = "gpt2-small,bert-large"
+    table = results_table(args, ("model", "mesh"))
+    for model in args.models.split(","):
+        for mesh in args.meshes.split(","):
+            if not table.done(model=model, mesh=mesh):
+                found = row(model, mesh, args.time_limit)
+                print(
+                    {k: found[k] for k in ("model", "mesh", "agree_share", "slowdown")}, flush=True
+                )
+                table.add([found])
+    table.rows = [r for r in table.rows if r["model"] != "all"]
+    table.add([summary(table.rows)])
+    table.finish()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run(main))
