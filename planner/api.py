@@ -24,7 +24,7 @@ from planner.plans import Plan, make_plan, strategies_from_mapping
 from planner.cost.problem import Problem, build_problem
 from planner.methods import METHODS, Call, method as registered_method
 from planner.search.baselines import data_parallel, megatron
-from planner.search.layer_modes import refuse_auto_without_layers
+from planner.search.layer_modes import auto_options, refuse_auto_without_layers
 from planner.search.reduce import Progress
 from planner.search.restrict import pinned
 from planner.zoo import load_model
@@ -149,16 +149,11 @@ def plan_problem(
     memory_limit = checked_limit(memory_limit)
     refuse_auto_without_layers(problem)
     chosen = registered_method(method)
-    if not chosen.chooses_auto:
-        for option, value in (
-            ("recompute", problem.settings.recompute),
-            ("zero", problem.settings.zero),
-        ):
-            if value == AUTO:
-                raise SettingsError(
-                    f"--{option} auto: only --method exact chooses it per layer; give a fixed "
-                    f"--{option} for --method {method}"
-                )
+    for option in [] if chosen.chooses_auto else auto_options(problem.settings):
+        raise SettingsError(
+            f"--{option} auto: only --method exact chooses it per layer; give a fixed "
+            f"--{option} for --method {method}"
+        )
     return chosen.solve(problem, memory_limit, Call(time_limit_s, seed, jobs, progress, start))
 
 

@@ -219,6 +219,19 @@ print(json.dumps(out))
 """
 
 
+def _read_as_written(calls: list[list[str]]) -> list:
+    """(exit code, stdout head, stderr tail) of each CLI call, in a process of its own (importing
+    torchtitan changes torch's global state)."""
+    done = subprocess.run(
+        [sys.executable, "-c", READ_AS_WRITTEN, json.dumps(calls)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
 @needs_torchtitan
 def test_configs_are_read_by_module_name_and_as_the_users_own_files(tmp_path):
     """torchtitan's own registry by module name (--module llama3 --config llama3_70b); a file
@@ -237,14 +250,7 @@ def test_configs_are_read_by_module_name_and_as_the_users_own_files(tmp_path):
         base + [str(tmp_path / "raises.py")],
         base + [str(tmp_path / "exits.py")],
     ]
-    done = subprocess.run(
-        [sys.executable, "-c", READ_AS_WRITTEN, json.dumps(calls)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    stock, own, shadow, raises, exits = json.loads(done.stdout.splitlines()[-1])
+    stock, own, shadow, raises, exits = _read_as_written(calls)
     assert stock[0] == 0 and "layers=80" in stock[1]
     assert own[0] == 0 and "pp=1,dp=4,tp=2" in own[1] and "layers=32" in own[1]
     assert shadow[0] == 0 and "pp=1,dp=4,tp=2" in shadow[1]
@@ -307,14 +313,7 @@ def test_torchtitan_defaults_and_unpriced_keys_are_read(tmp_path):
                 str(tmp_path / f"{name}.json"),
             ]
         )
-    done = subprocess.run(
-        [sys.executable, "-c", READ_AS_WRITTEN, json.dumps(calls)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    interleaved, heavier, compiled, offload, reduce = json.loads(done.stdout.splitlines()[-1])
+    interleaved, heavier, compiled, offload, reduce = _read_as_written(calls)
     assert interleaved[0] == 0 and heavier[0] == 0, (interleaved, heavier)
     pipe = json.loads((tmp_path / "interleaved.json").read_text())["pipeline"]
     assert pipe["schedule"] == "interleaved:2"

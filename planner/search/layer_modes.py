@@ -116,15 +116,16 @@ def layer_modes(
     return recompute, zero
 
 
+def auto_options(settings) -> list[str]:
+    """The settings left to the search per layer (``recompute``, ``zero``: ``auto``)."""
+    return [name for name in ("recompute", "zero") if getattr(settings, name) == AUTO]
+
+
 def refuse_auto_without_layers(problem: Problem) -> None:
     """``auto`` chooses per layer: refused on a graph whose operators belong to no layer."""
     if all(op.layer is None for op in problem.graph.operators):
-        for option, value in (
-            ("recompute", problem.settings.recompute),
-            ("zero", problem.settings.zero),
-        ):
-            if value == AUTO:
-                raise SettingsError(
-                    f"--{option} auto: chooses one mode per layer, and model {problem.graph.name} "
-                    f"has no layers (its operators name no 'layer'); give a fixed --{option}"
-                )
+        for option in auto_options(problem.settings):
+            raise SettingsError(
+                f"--{option} auto: chooses one mode per layer, and model {problem.graph.name} "
+                f"has no layers (its operators name no 'layer'); give a fixed --{option}"
+            )
