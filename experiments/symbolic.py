@@ -20,9 +20,12 @@ import time
 import planner
 from experiments.common import add_output_options, results_table, run
 
+# the zoo's models whose exact plans on these meshes are OPTIMAL within the time limit on 2 cores
+# (t5-3b ends FEASIBLE on 2x4 and 8x8 at 60 s: its agreement would depend on the machine); the
+# largest (GPT-3 175B, LLaMA 3 70B/405B, Mixtral) are left out for time
 MODELS = (
     "mlp,transformer-block,gpt2-small,gpt2-medium,gpt3-1.3b,gpt3-13b,moe-gpt,llama3-8b,"
-    "bert-base,bert-large,resnet50,wide-resnet50-2,vgg16,vit-h14,t5-3b"
+    "bert-base,bert-large,resnet50,wide-resnet50-2,vgg16,vit-h14"
 )
 DATASHEET = "a100-80g"
 
