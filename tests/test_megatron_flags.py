@@ -170,3 +170,36 @@ def test_launch_files_are_read_bounded_and_as_utf8(tmp_path, capsys):
     binary.write_bytes(b"torchrun \xff\xfe pretrain_gpt.py")
     assert main(["evaluate", "--from-megatron", str(binary)]) == 2
     assert "is not UTF-8 text" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "flags, attention",
+    [
+        ("", "fused"),
+        ("--attention-backend flash", "fused"),
+        ("--attention-backend unfused", "explicit"),
+    ],
+)
+def test_a_gpt_line_attends_as_its_backend_runs(flags, attention):
+    """Megatron-LM's default backend (auto) runs a fused attention kernel: a GPT line is costed
+    with it unless it asks for the unfused (or local) one."""
+    run, _ = read_megatron(f"{BASE} {flags}")
+    assert run.model.attention == attention
+    assert ("attention=fused" in run.model_spec) == (attention == "fused")
+
+
+def test_fused_attention_keeps_no_attention_core():
+    """Korthikanti et al. (2022), Table 2: the attention core keeps 5 a s^2 b bytes a layer (the
+    softmax output, its dropout mask and output); a fused kernel (FlashAttention) keeps none of
+    them: a GPT with fused attention saves exactly that much less, layer by layer."""
+    from planner import api
+
+    s, b, a, layers = 256, 2, 8, 2
+    saved = {}
+    for form in ("explicit", "fused"):
+        spec = f"gpt:layers={layers},hidden=512,heads={a},seq={s},vocab=1024,dropout=1"
+        spec += f",attention={form}"
+        graph = api.resolve_model(spec, b, None)
+        plan = api.evaluate(spec, "1", assignment={op.name: {} for op in graph.operators}, batch=b)
+        saved[form] = dict(plan.memory_breakdown)["activations"]
+    assert saved["explicit"] - saved["fused"] == 5 * a * s * s * b * layers

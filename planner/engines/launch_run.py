@@ -55,4 +55,5 @@ class LaunchRun:
             text = ",".join(f"{name}={getattr(cfg, name)}" for name in fields)
             return f"llama:{text}" + (",attention=explicit" if cfg.attention != "fused" else "")
         fields = ("layers", "hidden", "heads", "seq", "vocab", "ffn", "dropout")
-        return "gpt:" + ",".join(f"{name}={getattr(cfg, name)}" for name in fields)
+        text = ",".join(f"{name}={getattr(cfg, name)}" for name in fields)
+        return f"gpt:{text}" + (",attention=fused" if cfg.attention == "fused" else "")

@@ -115,7 +115,7 @@ def _model_args(run: LaunchRun) -> list[str]:
     else:
         if cfg.experts:
             raise SettingsError("--target megatron: mixtures of experts are not exported yet")
-        args += ["--attention-backend", "unfused"]
+        args += ["--attention-backend", "flash" if cfg.attention == "fused" else "unfused"]
     if isinstance(cfg, LlamaConfig) or not cfg.dropout:
         args += ["--attention-dropout", "0", "--hidden-dropout", "0"]
     return [str(a) for a in args]

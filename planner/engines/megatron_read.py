@@ -262,6 +262,8 @@ def _model(args, tp: int) -> GPTConfig | LlamaConfig:
     vocab = math.ceil(_vocabulary(args) / step) * step
     ffn = args.ffn_hidden_size or _default_ffn(args)
     layers, hidden, heads = args.num_layers, args.hidden_size, args.num_attention_heads
+    # Megatron-LM's default backend (auto) runs a fused kernel (flash or cuDNN) where one applies
+    attention = "explicit" if args.attention_backend in ("unfused", "local") else "fused"
     if args.swiglu or args.normalization == "RMSNorm" or args.position_embedding_type == "rope":
         llama = args.swiglu and args.normalization == "RMSNorm"
         if not (llama and args.position_embedding_type == "rope" and args.disable_bias_linear):
@@ -271,12 +273,13 @@ def _model(args, tp: int) -> GPTConfig | LlamaConfig:
             )
         # Megatron-LM's --num-query-groups defaults to 1 (one shared key/value head)
         kv = (args.num_query_groups or 1) if args.group_query_attention else heads
-        attention = "explicit" if args.attention_backend in ("unfused", "local") else "fused"
         return LlamaConfig(
             layers, hidden, heads, kv or heads, ffn, args.seq_length, vocab, attention=attention
         )
     dropout = int(args.attention_dropout > 0 or args.hidden_dropout > 0)
-    return GPTConfig(layers, hidden, heads, args.seq_length, vocab, ffn, dropout=dropout)
+    return GPTConfig(
+        layers, hidden, heads, args.seq_length, vocab, ffn, dropout=dropout, attention=attention
+    )
 
 
 # tokenizers whose vocabulary is fixed (Megatron-LM's megatron/training/tokenizer): GPT-2's BPE

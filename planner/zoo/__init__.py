@@ -92,6 +92,9 @@ def _parse_params(spec: str, base: GPTConfig) -> GPTConfig:
                 f"--model: cannot parse parameter {item!r} (known: "
                 f"{', '.join(GPTConfig.__slots__)})"
             )
+        if key == "attention":
+            fields[key] = value
+            continue
         if key != "capacity_factor":
             fields[key] = _bounded(key, value)
             continue

@@ -33,6 +33,10 @@ class GPTConfig:
     experts: int = 0  # >0: every other layer's MLP is a mixture of experts (GShard, top-2)
     capacity_factor: float = 1.0
     dropout: int = 0  # 1: Megatron's dropouts (attention probabilities, attention and MLP outputs)
+    # explicit: scores, softmax and context as three operators (what a plain PyTorch layer saves);
+    # fused: one attention kernel that keeps its inputs and output only (FlashAttention,
+    # Megatron-LM's --attention-backend flash/fused/auto; its dropout mask is regenerated, not kept)
+    attention: str = "explicit"
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "seq", "vocab"):
@@ -43,6 +47,10 @@ class GPTConfig:
                 )
         if self.dropout not in (0, 1):
             raise ModelError(f"--model: field 'dropout' must be 0 or 1, got {self.dropout!r}")
+        if self.attention not in ("fused", "explicit"):
+            raise ModelError(
+                f"--model: field 'attention' must be fused or explicit, got {self.attention!r}"
+            )
         for name in ("ffn", "experts"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
@@ -84,21 +92,35 @@ def _linear(
     return gb.op("linear", name, equation, inputs)
 
 
-def _attention(gb: GraphBuilder, p: str, x: str, cfg: GPTConfig) -> str:
+def _attention(gb: GraphBuilder, p: str, x: str, cfg: GPTConfig, causal: int = 0) -> str:
     h, a = cfg.hidden, cfg.heads
     d = h // a
     q, k, v = (_linear(gb, f"{p}.{n}", x, "bsh,had,ad->bsad", (h, a, d), (a, d)) for n in "qkv")
-    scores = gb.op("batch_matmul", f"{p}.scores", "bsad,btad->bast", [q, k])
-    probs = gb.op("softmax", f"{p}.softmax", "bast->bast", [scores], norm="t")
-    if cfg.dropout:
-        probs = gb.op("dropout", f"{p}.dropout", "bast->bast", [probs])
-    ctx = gb.op("batch_matmul", f"{p}.context", "bast,btad->bsad", [probs, v])
+    if cfg.attention == "fused":
+        ctx = gb.op(
+            "attention",
+            f"{p}.sdpa",
+            "bsad,btad,btad->bsad",
+            [q, k, v],
+            unsplittable="td",
+            attrs={"causal": causal},
+        )
+    else:
+        ctx = _explicit_attention(gb, p, q, k, v, cfg)
     return _dropout(
         gb,
         f"{p}.out_dropout",
         _linear(gb, f"{p}.proj", ctx, "bsad,adh,h->bsh", (a, d, h), (h,)),
         cfg,
     )
+
+
+def _explicit_attention(gb: GraphBuilder, p: str, q: str, k: str, v: str, cfg: GPTConfig) -> str:
+    scores = gb.op("batch_matmul", f"{p}.scores", "bsad,btad->bast", [q, k])
+    probs = gb.op("softmax", f"{p}.softmax", "bast->bast", [scores], norm="t")
+    if cfg.dropout:
+        probs = gb.op("dropout", f"{p}.dropout", "bast->bast", [probs])
+    return gb.op("batch_matmul", f"{p}.context", "bast,btad->bsad", [probs, v])
 
 
 def _dropout(gb: GraphBuilder, name: str, x: str, cfg: GPTConfig) -> str:
@@ -162,7 +184,12 @@ def gpt(cfg: GPTConfig, batch: int = LM_BATCH, name: str = "gpt") -> Graph:
             "add",
             f"h{i}.attn_residual",
             "bsh,bsh->bsh",
-            [x, _attention(gb, f"h{i}.attn", _layernorm(gb, f"h{i}.ln1", x, cfg.hidden), cfg)],
+            [
+                x,
+                _attention(
+                    gb, f"h{i}.attn", _layernorm(gb, f"h{i}.ln1", x, cfg.hidden), cfg, causal=1
+                ),
+            ],
         )
         block = _moe if cfg.experts and i % 2 == 1 else _mlp
         x = gb.op(
