@@ -75,6 +75,10 @@ class PipelineOptions:
     admits: Callable[[Plan3D], bool] | None = None
 
 
+# stage planners that pick strategies by a fixed pattern, without the costed tables
+PATTERNS = ("megatron-grid", "megatron", "dp")
+
+
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -149,7 +153,8 @@ def _degree(search: DegreeSearch, p: int, settings, o: PipelineOptions, rows: li
         planned = replace(
             search,
             stage_planner=candidate.planner(search.stage_planner),
-            costed=own,
+            # the fixed patterns cost only the strategies they pick (``problem.skeleton``)
+            costed=own and search.intra_method not in PATTERNS,
             intra_method=search.intra_method if own else candidate.plan,
         )
         found, fitting, unbound = planned.escalated(sub, p, variants, rows)
