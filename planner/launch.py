@@ -282,7 +282,7 @@ def plan_for(engine: str, model: str, mesh=None, device="a100-80g", **options) -
     settings = options.pop("settings", None) or TrainingSettings()
     if settings.dtype == "bf16" and not settings.fp32_grads:
         settings = replace(settings, fp32_grads=True)
-    return api3d.plan_pipeline(
+    found = api3d.plan_pipeline(
         model,
         mesh,
         device,
@@ -291,3 +291,8 @@ def plan_for(engine: str, model: str, mesh=None, device="a100-80g", **options) -
         admits=admits(chosen, str(model), options.get("seq")),
         **options,
     )
+    said = (
+        f"searched for {engine}: every candidate kept is one it runs as costed (export "
+        f"--target {engine})"
+    )
+    return replace(found, notes=(*found.notes, said))
