@@ -6,7 +6,9 @@ layers), data parallelism the rest, micro-batch 1 or 2, recompute none/selective
 (distributed optimizer), 2 or 3 (FSDP), sequence parallelism with tensor parallelism, 1F1B
 (``planner.grid3d``). Prints
 and writes, per case, the search's iteration time, status and wall time, the best fitting grid
-point and the ratio search / grid (<= 1: the search is not beaten by the grid).
+point and the ratio search / grid (<= 1: the search is not beaten by the grid); and `plan --for
+megatron` (the search restricted to what Megatron-LM runs: every grid point is such a
+configuration) with its ratio to the grid.
 
   python benchmarks/threed.py [--cases a,b] [--out results/threed.csv]
 """
@@ -24,6 +26,7 @@ import planner  # noqa: E402
 from experiments.common import results_table, run  # noqa: E402
 from planner.errors import SettingsError  # noqa: E402
 from planner.grid3d import grid_best, grid_points  # noqa: E402
+from planner.launch import plan_for  # noqa: E402
 
 # name: (model, device, mesh, batch, seq, layers)
 CASES = {
@@ -50,6 +53,9 @@ def run_case(name: str) -> dict:
     start = time.perf_counter()
     searched = planner.plan_pipeline(model, mesh, device, batch=batch, seq=seq)
     search_wall = time.perf_counter() - start
+    start = time.perf_counter()
+    engine = plan_for("megatron", model, mesh, device, batch=batch, seq=seq)
+    engine_wall = time.perf_counter() - start
     world = planner.make_cluster(mesh, device).mesh.num_devices
     start = time.perf_counter()
     grid_time, flags, costed = best_grid_point(model, device, world, batch, seq, layers)
@@ -70,6 +76,9 @@ def run_case(name: str) -> dict:
         "grid_points_fitting": costed,
         "grid_wall_s": time.perf_counter() - start,
         "ratio": pipe.iteration_time_s / grid_time,
+        "for_megatron_s": engine.pipeline.iteration_time_s,
+        "for_megatron_wall_s": engine_wall,
+        "for_megatron_ratio": engine.pipeline.iteration_time_s / grid_time,
     }
 
 

@@ -36,14 +36,16 @@ def threed(path: Path) -> str:
     d = pd.read_csv(path)
     lines = [
         "| case | `plan --pipeline auto` (s) | its configuration | search wall (s) | best grid "
-        "point (s) | its flags | search / grid |",
-        "| --- | ---: | --- | ---: | ---: | --- | ---: |",
+        "point (s) | its flags | search / grid | `plan --for megatron` (s) | its wall (s) | "
+        "--for / grid |",
+        "| --- | ---: | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |",
     ]
     for r in d.itertuples():
         lines.append(
             f"| {r.case} | {r.search_iteration_s:.3f} | {r.search_config} | "
             f"{r.search_wall_s:.1f} | {r.grid_best_s:.3f} | `{r.grid_best_flags}` | "
-            f"{r.ratio:.3f} |"
+            f"{r.ratio:.3f} | {r.for_megatron_s:.3f} | {r.for_megatron_wall_s:.1f} | "
+            f"{r.for_megatron_ratio:.3f} |"
         )
     return "\n".join(lines)
 
