@@ -18,7 +18,7 @@ import sys
 import time
 
 import planner
-from experiments.common import add_output_options, results_table, run
+from experiments.common import add_output_options, png_path, pyplot, results_table, run, write_png
 
 # the zoo's models whose exact plans on these meshes are OPTIMAL within the time limit on 2 cores
 # (t5-3b ends FEASIBLE on 2x4 and 8x8 at 60 s: its agreement would depend on the machine); the
@@ -43,6 +43,7 @@ def row(model: str, mesh: str, time_limit_s: float) -> dict:
     return {
         "model": model,
         "mesh": mesh,
+        "status": symbolic.status,
         "operators": len(sheet.operators),
         "agree": same,
         "agree_share": same / len(sheet.operators),
@@ -68,6 +69,27 @@ def summary(rows: list[dict]) -> dict:
     }
 
 
+def plot(rows: list[dict], path: str) -> None:
+    """Per mesh, each model's share of operators with the datasheet plan's strategy."""
+    plt = pyplot()
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    meshes = list(dict.fromkeys(r["mesh"] for r in rows))
+    fig, ax = plt.subplots(figsize=(max(4, len(models)), 3))
+    width = 0.8 / len(meshes)
+    for k, mesh in enumerate(meshes):
+        share = {r["model"]: r["agree_share"] for r in rows if r["mesh"] == mesh}
+        ax.bar(
+            [i + k * width for i in range(len(models))],
+            [share.get(m, 0) for m in models],
+            width,
+            label=mesh,
+        )
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(models))], models, rotation=45)
+    ax.set(ylabel="same strategy as a100-80g", ylim=(0, 1.05))
+    ax.legend(fontsize=7)
+    write_png(path, fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -76,10 +98,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--meshes", default="8,2x4,8x8")
     parser.add_argument("--time-limit", type=float, default=60.0)
     parser.add_argument("--quick", action="store_true", help="gpt2-small and bert-large")
+    parser.add_argument("--smallest", action="store_true", help="mlp on 8 and 2x4 (tests)")
     add_output_options(parser, "results/symbolic.csv")
     args = parser.parse_args(argv)
     if args.quick:
         args.models = "gpt2-small,bert-large"
+    if args.smallest:
+        args.models, args.meshes = "mlp", "8,2x4"
     table = results_table(args, ("model", "mesh"))
     for model in args.models.split(","):
         for mesh in args.meshes.split(","):
@@ -90,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 table.add([found])
     table.rows = [r for r in table.rows if r["model"] != "all"]
+    if png := png_path(args):
+        plot(table.rows, png)
     table.add([summary(table.rows)])
     table.finish()
     return 0
