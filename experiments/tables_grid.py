@@ -37,7 +37,7 @@ def threed(path: Path) -> str:
     lines = [
         "| case | `plan --pipeline auto` (s) | its configuration | search wall (s) | best grid "
         "point (s) | its flags | search / grid | `plan --for megatron` (s) | its wall (s) | "
-        "--for / grid |",
+        "--for / the grid with fp32 main gradients |",
         "| --- | ---: | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |",
     ]
     for r in d.itertuples():

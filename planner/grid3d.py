@@ -37,11 +37,17 @@ class GridPoint:
     micro_batch: int
     recompute: str
     zero: int
+    # fp32 main gradients, as Megatron-LM runs every bf16 line (validate_args sets
+    # accumulate_allreduce_grads_in_fp32 under --bf16)
+    fp32_grads: bool = False
 
     @property
     def settings(self) -> TrainingSettings:
         return TrainingSettings(
-            recompute=self.recompute, zero=self.zero, sequence_parallel=self.tp > 1
+            recompute=self.recompute,
+            zero=self.zero,
+            sequence_parallel=self.tp > 1,
+            fp32_grads=self.fp32_grads,
         )
 
     @property
@@ -51,6 +57,7 @@ class GridPoint:
             f"--tp {self.tp} --pp {self.pp} --dp {self.dp} --micro-batch {self.micro_batch} "
             f"--recompute {self.recompute} --zero {self.zero}"
             + (" --sequence-parallel" if self.tp > 1 else "")
+            + (" --fp32-grads" if self.fp32_grads else "")
         )
 
 
@@ -61,6 +68,7 @@ def grid_points(
     batch: int,
     micro_batches: tuple[int, ...] = (1, 2),
     zeros: tuple[int, ...] = (0, 1, 2, 3),
+    fp32_grads: bool = False,
 ) -> list[GridPoint]:
     """Every point of the grid (see the module docstring), in a fixed order."""
     node = min(world, gpus_per_node)
@@ -70,7 +78,7 @@ def grid_points(
     for tp, pp, b, r, z in itertools.product(tps, pps, micro_batches, RECOMPUTE, zeros):
         dp, rest = divmod(world, tp * pp)
         if rest == 0 and batch % (dp * b) == 0:
-            points.append(GridPoint(tp, pp, dp, b, r, z))
+            points.append(GridPoint(tp, pp, dp, b, r, z, fp32_grads))
     return points
 
 
