@@ -153,11 +153,9 @@ def _world(launcher: list[str]) -> int | None:
     return known.nodes * known.gpus
 
 
-def read_megatron(text: str, dp: int | None = None) -> tuple[LaunchRun, tuple[str, ...]]:
-    """The run a Megatron-LM line describes and the flags it ignored. Its data-parallel degree is
-    ``dp`` when given, else torchrun's world size over tensor x pipeline parallel."""
-    world, words = split_launch(text)
-    words = modern_words(words)
+def _refuse_unmodelled(words: list[str]) -> None:
+    """SettingsError naming the first flag of a Megatron-DeepSpeed line or of a feature the cost
+    model does not price."""
     deepspeed = [w.split("=")[0] for w in words if w.split("=")[0] in DEEPSPEED]
     if deepspeed:
         raise SettingsError(
@@ -171,6 +169,14 @@ def read_megatron(text: str, dp: int | None = None) -> tuple[LaunchRun, tuple[st
             f"--from-megatron: {refused[0].split('=')[0]} is not modelled yet (context and "
             "expert parallelism, FP8, offload, recompute modules, first/last-stage layer counts)"
         )
+
+
+def read_megatron(text: str, dp: int | None = None) -> tuple[LaunchRun, tuple[str, ...]]:
+    """The run a Megatron-LM line describes and the flags it ignored. Its data-parallel degree is
+    ``dp`` when given, else torchrun's world size over tensor x pipeline parallel."""
+    world, words = split_launch(text)
+    words = modern_words(words)
+    _refuse_unmodelled(words)
     args, unknown = _parse(_parser(), words)
     flag, ignored = split_unknown(unknown)
     if flag is not None:
