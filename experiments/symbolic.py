@@ -57,18 +57,6 @@ def row(model: str, mesh: str, time_limit_s: float) -> dict:
     }
 
 
-def summary(rows: list[dict]) -> dict:
-    ops = sum(r["operators"] for r in rows)
-    return {
-        "model": "all",
-        "mesh": "all",
-        "operators": ops,
-        "agree": sum(r["agree"] for r in rows),
-        "agree_share": sum(r["agree"] for r in rows) / ops,
-        "slowdown": max(r["slowdown"] for r in rows),
-    }
-
-
 def plot(rows: list[dict], path: str) -> None:
     """Per mesh, each model's share of operators with the datasheet plan's strategy."""
     plt = pyplot()
@@ -114,10 +102,9 @@ def main(argv: list[str] | None = None) -> int:
                     {k: found[k] for k in ("model", "mesh", "agree_share", "slowdown")}, flush=True
                 )
                 table.add([found])
-    table.rows = [r for r in table.rows if r["model"] != "all"]
+    # the totals per mesh and over all are the docs table's (experiments/tables_grid.symbolic)
     if png := png_path(args):
         plot(table.rows, png)
-    table.add([summary(table.rows)])
     table.finish()
     return 0
 

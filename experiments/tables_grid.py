@@ -54,7 +54,6 @@ def symbolic(path: Path) -> str:
     """Per mesh: how many operators the symbolic plan shares with the datasheet plan, and how much
     slower the symbolic plan runs on the datasheet device (``results/symbolic.csv``)."""
     d = pd.read_csv(path)
-    d = d[d["model"] != "all"]
     rows = [
         "| mesh | models | operators | same strategy | median slowdown on a100-80g | worst |",
         "|---|---|---|---|---|---|",
