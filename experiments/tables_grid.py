@@ -34,18 +34,30 @@ def exact_grid_sapp(path: Path) -> str:
 def threed(path: Path) -> str:
     """benchmarks/threed.py: the 3D search beside the best point of a Megatron-style grid."""
     d = pd.read_csv(path)
+    engine = "for_megatron_s" in d.columns  # results written before `plan --for` have none
     lines = [
         "| case | `plan --pipeline auto` (s) | its configuration | search wall (s) | best grid "
-        "point (s) | its flags | search / grid | `plan --for megatron` (s) | its wall (s) | "
-        "--for / the grid with fp32 main gradients |",
-        "| --- | ---: | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |",
+        "point (s) | its flags | search / grid |"
+        + (
+            " `plan --for megatron` (s) | its wall (s) | --for / the grid with fp32 main "
+            "gradients |"
+            if engine
+            else ""
+        ),
+        "| --- | ---: | --- | ---: | ---: | --- | ---: |"
+        + (" ---: | ---: | ---: |" if engine else ""),
     ]
     for r in d.itertuples():
         lines.append(
             f"| {r.case} | {r.search_iteration_s:.3f} | {r.search_config} | "
             f"{r.search_wall_s:.1f} | {r.grid_best_s:.3f} | `{r.grid_best_flags}` | "
-            f"{r.ratio:.3f} | {r.for_megatron_s:.3f} | {r.for_megatron_wall_s:.1f} | "
-            f"{r.for_megatron_ratio:.3f} |"
+            f"{r.ratio:.3f} |"
+            + (
+                f" {r.for_megatron_s:.3f} | {r.for_megatron_wall_s:.1f} | "
+                f"{r.for_megatron_ratio:.3f} |"
+                if engine
+                else ""
+            )
         )
     return "\n".join(lines)
 
