@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from planner.errors import ModelError
 from planner.ir.graph import Graph
 from planner.ir.ops import GraphBuilder
+from planner.zoo.transformers import fused_attention
 
 ATTENTION_FORMS = ("fused", "explicit")
 
@@ -112,14 +113,7 @@ def _attention(gb: GraphBuilder, p: str, x: str, rope: str, cfg: LlamaConfig) ->
     q = gb.op("mul", f"{p}.rope_q", "bsagd,sd->bsagd", [q, rope], saved=[False, True])
     k = gb.op("mul", f"{p}.rope_k", "bsad,sd->bsad", [k, rope], saved=[False, True])
     if cfg.attention == "fused":
-        ctx = gb.op(
-            "attention",
-            f"{p}.sdpa",
-            "bsagd,btad,btad->bsagd",
-            [q, k, v],
-            unsplittable="td",
-            attrs={"causal": 1},
-        )
+        ctx = fused_attention(gb, f"{p}.sdpa", "bsagd,btad,btad->bsagd", [q, k, v], causal=1)
     else:
         scores = gb.op("batch_matmul", f"{p}.scores", "bsagd,btad->bagst", [q, k])
         probs = gb.op("softmax", f"{p}.softmax", "bagst->bagst", [scores], norm="t")

@@ -97,14 +97,7 @@ def _attention(gb: GraphBuilder, p: str, x: str, cfg: GPTConfig, causal: int = 0
     d = h // a
     q, k, v = (_linear(gb, f"{p}.{n}", x, "bsh,had,ad->bsad", (h, a, d), (a, d)) for n in "qkv")
     if cfg.attention == "fused":
-        ctx = gb.op(
-            "attention",
-            f"{p}.sdpa",
-            "bsad,btad,btad->bsad",
-            [q, k, v],
-            unsplittable="td",
-            attrs={"causal": causal},
-        )
+        ctx = fused_attention(gb, f"{p}.sdpa", "bsad,btad,btad->bsad", [q, k, v], causal)
     else:
         ctx = _explicit_attention(gb, p, q, k, v, cfg)
     return _dropout(
@@ -113,6 +106,12 @@ def _attention(gb: GraphBuilder, p: str, x: str, cfg: GPTConfig, causal: int = 0
         _linear(gb, f"{p}.proj", ctx, "bsad,adh,h->bsh", (a, d, h), (h,)),
         cfg,
     )
+
+
+def fused_attention(gb: GraphBuilder, name: str, equation: str, qkv: list, causal: int) -> str:
+    """One attention kernel (FlashAttention, PyTorch's scaled_dot_product_attention): keys and
+    values are read whole by every query position (``t`` and ``d`` unsplittable)."""
+    return gb.op("attention", name, equation, qkv, unsplittable="td", attrs={"causal": causal})
 
 
 def _explicit_attention(gb: GraphBuilder, p: str, q: str, k: str, v: str, cfg: GPTConfig) -> str:
