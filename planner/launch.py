@@ -129,11 +129,7 @@ def export_megatron(
     """The Megatron-LM launch line of a 3D plan, refused unless the line, read back and costed as
     given, gives the plan's iteration time (within ``ROUND_TRIP_TOLERANCE``)."""
     run = launch_run(data)
-    if run.gpipe:
-        raise SettingsError(
-            "--plan: field 'pipeline.schedule': Megatron-LM has no GPipe schedule (plan with "
-            "--schedule 1f1b or interleaved)"
-        )
+    _megatron_check(run)
     profile = get_profile(device or data.get("device") or "a100-80g", hardware_csv)
     line = shell_line(run, profile.gpus_per_node)
     recosted, _, _ = evaluate_megatron(line, profile, hardware_csv=hardware_csv)

@@ -27,7 +27,7 @@ from planner.cluster.profiles import DEFAULT_HARDWARE_CSV, MachineProfile, get_p
 from planner.engines.launch_run import LaunchRun
 from planner.engines.megatron import even_cuts, shell_line
 from planner.errors import SettingsError
-from planner.launch import launch_run, plan_for, recost
+from planner.launch import launch_run, plan_data, plan_for, recost
 from planner.pipeline.plan3d import Plan3D
 
 GROUPS = ("degrees", "micro_batch", "recompute", "zero", "sequence_parallel")
@@ -121,9 +121,7 @@ def compare_best(
     faster = given.pipeline.iteration_time_s < searched.pipeline.iteration_time_s
     if given.fits_memory and faster:
         return Gap(given, given, (), searched)
-    data = searched.to_dict(timings=False)
-    data["source"] = {"model": run.model_spec, "seq": None}
-    target = launch_run(data)
+    target = launch_run(plan_data(searched, run.model_spec, None))
     changes = _changes(run, target, profile, memory, hardware_csv)
     line = shell_line(target, per_node) if engine == "megatron" else ""
     return Gap(given, searched, changes, searched, line)
