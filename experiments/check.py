@@ -95,7 +95,7 @@ SLICES = {
     ),
     "portability": Slice(
         "portability.csv",
-        ("--models", "gpt3-1.3b"),
+        ("--smallest",),
         ("model", "changed", "devices", "device", "inter_gbps", "batch"),
         ("status", "objective", "pipeline_degree", "tensor_parallel_degree"),
     ),
@@ -120,7 +120,7 @@ SLICES = {
     ),
     "llama": Slice(
         "llama.csv",
-        ("--quick",),
+        ("--quick", "--threed-models", "llama3-70b"),
         ("part", "model", "devices", "mesh", "method"),
         ("status", "objective", "iteration_time_s"),
     ),

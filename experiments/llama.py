@@ -8,7 +8,7 @@ tokens as LLaMA 3 trains) on 64 to 1024 H100s and ``llama3-405b`` (batch 2048, 1
 to 16384, nodes of 8: search time, iteration time and the chosen degrees (tensor, pipeline, data),
 micro-batches, recompute and memory.
 
-    python -m experiments.llama [--quick] [--smallest] [--out results/llama.csv]
+    python -m experiments.llama [--quick] [--smallest] [--threed-models M] [--out results/llama.csv]
 """
 
 from __future__ import annotations
@@ -121,16 +121,8 @@ def plot(rows: list[dict], path: str) -> None:
     write_png(path, fig)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--quick", action="store_true", help="8x8 only; 70B on 64 and 405B on 1024")
-    parser.add_argument(
-        "--smallest", action="store_true", help="a 2-layer LLaMA on 8, 3D on 16 devices (tests)"
-    )
-    add_output_options(parser, "results/llama.csv")
-    args = parser.parse_args(argv)
+def _cases(args, parser: argparse.ArgumentParser) -> tuple:
+    """(intra-node model and meshes, 3D cases, methods) of the options."""
     intra, threed, methods = INTRA, THREED, METHODS
     if args.quick:
         intra, threed = (
@@ -140,6 +132,31 @@ def main(argv: list[str] | None = None) -> int:
     if args.smallest:
         tiny = "llama:layers=2,hidden=256,heads=8,kv_heads=2,ffn=512,seq=256,vocab=1024"
         intra, threed, methods = (tiny, ("8",)), ((tiny, 16, (16,)),), ("exact", "sapp", "dp")
+    if args.threed_models:
+        wanted = args.threed_models.split(",")
+        unknown = sorted(set(wanted) - {case[0] for case in threed})
+        if unknown:
+            parser.error(f"--threed-models: {', '.join(unknown)} not among the 3D cases")
+        threed = tuple(case for case in threed if case[0] in wanted)
+    return intra, threed, methods
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="8x8 only; 70B on 64 and 405B on 1024")
+    parser.add_argument(
+        "--smallest", action="store_true", help="a 2-layer LLaMA on 8, 3D on 16 devices (tests)"
+    )
+    parser.add_argument(
+        "--threed-models",
+        default="",
+        help="comma-separated: only these of the 3D cases (default: every one of the set)",
+    )
+    add_output_options(parser, "results/llama.csv")
+    args = parser.parse_args(argv)
+    intra, threed, methods = _cases(args, parser)
     table = results_table(args, ("part", "model", "devices", "mesh", "method"))
     model, meshes = intra
     for mesh in meshes:

@@ -55,6 +55,7 @@ MESHES = st.sampled_from(["gpu=4", "node=2,gpu=2", "node=2,gpu=4", "node=4,gpu=2
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 @settings(
     max_examples=8, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
 )

@@ -57,7 +57,9 @@ GPT = "gpt:layers=4,hidden=256,heads=4,seq=128,vocab=1024"
 
 
 # 2x2: CP-SAT takes ~1 min
-@pytest.mark.parametrize("mesh", ["4", pytest.param("2x2", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "mesh", ["4", pytest.param("2x2", marks=(pytest.mark.slow, pytest.mark.heavy))]
+)
 def test_small_gpt_under_memory_limits_matches_the_whole_program(mesh):
     """Limits from the least memory to the unconstrained plan's; the exact search certifies each
     optimum, the whole-program CP-SAT agrees, and some limit makes identical layers differ."""
@@ -165,11 +167,17 @@ def _every_layer_assignment(mesh: str, decided: str):
         ("4", "cp-sat", "recompute", (0.2, 0.4, 0.6, 0.8, 0.95)),
         # 45 pinned Pareto searches, each on every layout of the tied table: about 150 s on 2 cores
         pytest.param(
-            "2x2", "pareto", "recompute", (0.2, 0.4, 0.6, 0.8, 0.95), marks=pytest.mark.slow
+            "2x2",
+            "pareto",
+            "recompute",
+            (0.2, 0.4, 0.6, 0.8, 0.95),
+            marks=(pytest.mark.slow, pytest.mark.heavy),
         ),
         ("4", "cp-sat", "zero", (0.1, 0.6, 0.9)),
         # 144 joint assignments: 25 s
-        pytest.param("4", "pareto", "both", (0.15, 0.5), marks=pytest.mark.slow),
+        pytest.param(
+            "4", "pareto", "both", (0.15, 0.5), marks=(pytest.mark.slow, pytest.mark.heavy)
+        ),
     ],
 )
 def test_auto_matches_brute_force_over_every_assignment_of_layer_choices(

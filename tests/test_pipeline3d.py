@@ -10,6 +10,7 @@ from planner.api3d import plan_pipeline
 
 
 @pytest.mark.slow  # 40-110 s on 2 cores: the default run keeps a faster test of the same path
+@pytest.mark.heavy
 def test_gpt3_175b_on_1024_gpus_keeps_tensor_parallel_in_node_and_takes_the_fastest():
     """Every pipeline degree under every settings variant: the plan is the fastest candidate that
     fits (one stage with FSDP and sequence parallelism beats Megatron-LM's 8-stage pipeline under

@@ -50,6 +50,7 @@ def test_top_k_refuses_what_it_cannot_rank():
 
 
 @pytest.mark.slow  # five whole-graph programs of gpt2-small on 2x4: about 90 s
+@pytest.mark.heavy
 def test_five_best_gpt2_small_plans_on_2x4():
     plans = top_plans("gpt2-small", "2x4", k=5)
     assert len(plans) == 5 and all(p.status == "OPTIMAL" for p in plans)

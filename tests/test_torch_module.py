@@ -130,6 +130,7 @@ def test_tied_head_keeps_its_tie_and_weight_modules_keep_the_plans_layouts(root)
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.parametrize("mesh,nproc", [("4", 4), ("8", 8)])
 def test_megatron_on_the_module_sends_the_plans_bytes(root, mesh, nproc):
     """With the hooks the module runs Megatron's plan as planned: on 8 ranks DTensor alone would
@@ -208,7 +209,7 @@ def test_zero3_data_parallel_plan_is_fully_shard(root):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mesh,nproc", [("4", 4), ("2x4", 8)])
+@pytest.mark.parametrize("mesh,nproc", [("4", 4), pytest.param("2x4", 8, marks=pytest.mark.heavy)])
 def test_fully_shard_plan_trains_like_one_process(root, mesh, nproc):
     """FSDP2 on gloo (sum reductions, gradients summed): 3 steps = one process within 1e-4. On 4
     processes the collectives are FSDP2's parameter all-gathers and gradient reduce-scatters; on
@@ -331,7 +332,12 @@ def test_zero3_plan_refused(root, capsys):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "spec,mesh,tag", [(GPT2, "4", "gpt2-4"), (GPT2, "2x4", "gpt2"), (LLAMA, "4", "llama")]
+    "spec,mesh,tag",
+    [
+        (GPT2, "4", "gpt2-4"),
+        pytest.param(GPT2, "2x4", "gpt2", marks=pytest.mark.heavy),
+        (LLAMA, "4", "llama"),
+    ],
 )
 def test_exported_plan_trains_like_one_process(root, spec, mesh, tag):
     """5 SGD steps of the module under the exported plan on gloo processes = one process (1e-4)."""
@@ -484,6 +490,7 @@ def test_gradient_partial_over_two_axes_is_reduced_as_the_plan_prices_it(root):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_data_parallel_gradients_on_two_axes_send_the_plans_node_bytes(root):
     """dp on 2x4 through the module: node bytes within 20% of the plan (DTensor alone: 3.7x). The
     rest is the tied table (summed over its reads, then left to DTensor) and the position table,
@@ -611,6 +618,7 @@ def test_megatron_on_two_axes_hooks_the_vocabulary_parallel_lookup_and_the_row_p
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_megatron_on_two_axes_through_the_module_sends_the_plans_tensor_parallel_bytes(root):
     """The hooks above: gpu sends exactly the plan's bytes (DTensor alone: +35%, gathering the
     residual stream at every LayerNorm); node within 15%, the rest the tied table (its two reads'

@@ -39,6 +39,7 @@ def test_exact_plan_on_2x4_trains_like_one_device(graph):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.parametrize(
     "mesh,method", [("4", "megatron"), ("8", "dp"), ("2x4", "sapp"), ("8", "exact")]
 )
@@ -86,6 +87,7 @@ def test_exact_plan_on_four_gloo_processes_trains_like_one_process_and_sends_the
 
 
 @pytest.mark.slow  # 8 gloo processes, about 20 s on 2 cores
+@pytest.mark.heavy
 def test_greedy_plan_on_2x4_sends_the_model_bytes_on_every_axis(graph):
     """The cases DTensor's own redistribute gets wrong for the model: shard-to-shard (all-to-all, a
     gloo fallback), Partial over both axes (hierarchical) and dims split over both axes (gathered
@@ -101,6 +103,7 @@ def test_greedy_plan_on_2x4_sends_the_model_bytes_on_every_axis(graph):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.parametrize(
     "mesh,method", [(m, p) for m in ("4", "8", "2x4") for p in ("exact", "megatron", "dp")]
 )

@@ -168,6 +168,7 @@ def test_compiled_bytes_match_prediction_small(name, mesh, method):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.parametrize("method", ["exact", "dp", "megatron"])
 @pytest.mark.parametrize("mesh", ["4", "8", "2x4"])
 @pytest.mark.parametrize("name", sorted(MODELS))
