@@ -79,6 +79,7 @@ def costed(ref: dict) -> dict:
         zero=int(ref["zero"]),
         sequence_parallel=ref["sequence_parallel"] == "1",
         fp32_grads=ref["fp32_grads"] == "1",
+        loss_kernel=loss_kernel(ref["source"]),
     )
     plan = planner.evaluate_3d(
         ref["model"],
@@ -97,6 +98,15 @@ def costed(ref: dict) -> dict:
     return _row(ref, plan, profile.reserve_bytes)
 
 
+def loss_kernel(source: str) -> str:
+    """The cross-entropy kernel of the engine a source trained with: torchtitan's (loss-parallel
+    on vocabulary-sharded logits), Megatron-LM's fused vocabulary-parallel one; PyTorch's where
+    the engine is not published (the Llama 3 paper's)."""
+    if source.startswith("torchtitan"):
+        return "loss-parallel"
+    return "fused" if source.startswith("megatron") else "torch"
+
+
 def _config(ref: dict) -> dict:
     return {
         "source": ref["source"],
@@ -111,6 +121,7 @@ def _config(ref: dict) -> dict:
         "recompute": ref["recompute"],
         "zero": int(ref["zero"]),
         "sequence_parallel": ref["sequence_parallel"] == "1",
+        "loss_kernel": loss_kernel(ref["source"]),
         "device_memory_gb": float(ref["device_memory_gb"]),
         "trained": True,
     }

@@ -58,6 +58,11 @@ def make_problem(
 ) -> Problem:
     """The model costed on the cluster; with ``num_microbatches`` > 1 the graph is one
     micro-batch (the batch / M) of a step that accumulates M of them."""
+    if settings is not None and settings.loss_kernel != "torch":
+        raise SettingsError(
+            "--loss-kernel: a flat plan prices no loss backward buffers (they are a pipeline "
+            "stage's working set): give it to 3D plans (--pipeline auto, evaluate --tp/--pp)"
+        )
     graph = resolve_model(model, batch, seq)
     count = num_microbatches
     if count != 1:

@@ -225,16 +225,23 @@ def _torchtitan_check(run: LaunchRun) -> None:
 @dataclass(frozen=True, slots=True)
 class Target:
     """An engine a plan launches on: ``check`` raises SettingsError for a configuration the engine
-    cannot run as the plan costs it; ``export`` writes a plan JSON's configuration, re-costed."""
+    cannot run as the plan costs it; ``export`` writes a plan JSON's configuration, re-costed;
+    ``runs`` the training settings as the engine runs them (its kernels)."""
 
     name: str
     check: Callable[[LaunchRun], None]
     export: Callable[..., LaunchExport]
+    runs: Callable[[TrainingSettings], TrainingSettings] = lambda settings: settings
+
+
+def _torchtitan_runs(settings: TrainingSettings) -> TrainingSettings:
+    """torchtitan's loss: its loss-parallel kernel (torchtitan/components/loss.py)."""
+    return replace(settings, loss_kernel="loss-parallel")
 
 
 TARGETS = {
     "megatron": Target("megatron", _megatron_check, export_megatron),
-    "torchtitan": Target("torchtitan", _torchtitan_check, export_torchtitan),
+    "torchtitan": Target("torchtitan", _torchtitan_check, export_torchtitan, _torchtitan_runs),
 }
 
 
@@ -275,7 +282,7 @@ def plan_for(engine: str, model: str, mesh=None, device="a100-80g", **options) -
     for name in ("intra", "admits"):
         if name in options:
             raise SettingsError(f"{name}: set by the engine's search (plan_for)")
-    settings = options.pop("settings", None) or TrainingSettings()
+    settings = chosen.runs(options.pop("settings", None) or TrainingSettings())
     if settings.dtype == "bf16" and not settings.fp32_grads:
         settings = replace(settings, fp32_grads=True)
     found = api3d.plan_pipeline(

@@ -79,20 +79,9 @@ def recost_agrees(plan_path: Path, work: Path) -> None:
 
 
 def _settings(recorded: dict):
-    from planner.cost.settings import TrainingSettings, parse_layer_modes
+    from planner.cost.settings import TrainingSettings
 
-    return TrainingSettings(
-        recorded["dtype"],
-        recorded["optimizer"],
-        recorded["zero"],
-        recorded["recompute"],
-        recorded["overlap"],
-        recorded["bucket_mb"] * 2**20,
-        recorded["fp32_grads"],
-        recorded["sequence_parallel"],
-        parse_layer_modes(recorded["layer_recompute"]),
-        parse_layer_modes(recorded["layer_zero"], "layer_zero"),
-    )
+    return TrainingSettings.from_dict(recorded)
 
 
 def status_is_earned(

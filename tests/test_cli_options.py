@@ -411,11 +411,11 @@ CASES = [
             "--jobs",
             "2",
             "--method",
-            "whole",
+            "greedy",
         ],
         0,
         lambda t, c, o: (
-            (c["time_limit_s"], c["seed"], c["jobs"], c["method"]) == (9.0, 3, 2, "whole")
+            (c["time_limit_s"], c["seed"], c["jobs"], c["method"]) == (9.0, 3, 2, "greedy")
         ),
     ),
     (
@@ -572,6 +572,58 @@ CASES = [
             _json(t)["iteration_time_s"] == _json(t, "p3.json")["iteration_time_s"]
             and len(_csv(t)) == 1
         ),
+    ),
+    (
+        "plan --memory-headroom",
+        ["plan", "--model", "mlp", "--memory-headroom", "8GiB", "--json", "out.json"],
+        0,
+        # a100-80g: 80 GB less its 2 GB reserve, less the headroom
+        lambda t, c, o: _json(t)["memory_limit_bytes"] == 78e9 - 8 * 2**30,
+    ),
+    (
+        "plan --memory-headroom above the limit",
+        ["plan", "--model", "mlp", "--memory", "1GiB", "--memory-headroom", "2GiB"],
+        2,
+        None,
+    ),
+    (
+        "compare --loss-kernel flat",
+        ["compare", "--model", "mlp", "--methods", "dp", "--loss-kernel", "fused"],
+        2,
+        None,
+    ),
+    ("pareto --loss-kernel flat", ["pareto", "--model", "mlp", "--loss-kernel", "fused"], 2, None),
+    (
+        "compare --memory-headroom above the limit",
+        ["compare", "--model", "mlp", "--methods", "dp", "--memory-headroom", "80GB"],
+        2,
+        None,
+    ),
+    (
+        "pareto --memory-headroom above the limit",
+        ["pareto", "--model", "mlp", "--memory-headroom", "80GB"],
+        2,
+        None,
+    ),
+    (
+        "evaluate --loss-kernel",
+        ["evaluate", "--model", GPT, "--tp", "2", "--loss-kernel", "fused", "--json", "out.json"],
+        0,
+        # megatron-core's in-place kernel: no buffer beside the saved softmax (PyTorch's: two)
+        lambda t, c, o: (
+            _json(t)["settings"]["loss_kernel"] == "fused"
+            and _json(t)["stages"][0]["working_bytes"] == 0
+            and api3d.evaluate_3d(GPT, tp=2, pp=1, dp=1, fit_required=False)
+            .stage_details[0]
+            .working_bytes
+            > 0
+        ),
+    ),
+    (
+        "plan --loss-kernel flat",
+        ["plan", "--model", "mlp", "--loss-kernel", "loss-parallel"],
+        2,
+        None,
     ),
     (
         "evaluate --tp --dp --pp --micro-batch --schedule",
@@ -990,6 +1042,10 @@ CASES = [
             "4",
             "--fp32-grads",
             "--sequence-parallel",
+            "--loss-kernel",
+            "fused",
+            "--memory-headroom",
+            "1e6",
             "--schedule",
             "gpipe",
             "--pp",
@@ -1025,7 +1081,7 @@ CASES = [
             )
             == (
                 "tiny",
-                0.9e9,
+                0.9e9 - 1e6,  # --memory less --memory-headroom
                 {
                     "dtype": "fp16",
                     "optimizer": "sgd",
@@ -1035,6 +1091,7 @@ CASES = [
                     "bucket_mb": 4.0,
                     "fp32_grads": True,
                     "sequence_parallel": True,
+                    "loss_kernel": "fused",
                     "layer_recompute": "",
                     "layer_zero": "",
                 },
@@ -1125,6 +1182,10 @@ CASES = [
             "4",
             "--fp32-grads",
             "--sequence-parallel",
+            "--loss-kernel",
+            "fused",
+            "--memory-headroom",
+            "1e6",
             "--no-timings",
             "--json",
             "out.json",
@@ -1143,6 +1204,7 @@ CASES = [
                     "bucket_mb": 4.0,
                     "fp32_grads": True,
                     "sequence_parallel": True,
+                    "loss_kernel": "fused",
                     "layer_recompute": "",
                     "layer_zero": "",
                 },
@@ -1282,6 +1344,8 @@ def plans(tmp_path_factory):
             "--zero",
             "1",
             "--fp32-grads",
+            "--loss-kernel",
+            "loss-parallel",
             "--json",
             str(root / "tt.json"),
             "-q",

@@ -220,3 +220,31 @@ def test_evaluate_prints_and_writes_the_memory_parts_per_stage(tmp_path):
     parts = ("params", "grads", "optimizer", "activations", "working", "tied")
     assert sum(stage[f"{p}_bytes"] for p in parts) == pytest.approx(stage["memory_bytes"])
     assert stage["memory_bytes"] < 78e9  # it trained: it fits
+
+
+@pytest.mark.parametrize(
+    "kernel, tp, buffers",
+    [("torch", 2, 2), ("loss-parallel", 2, 3), ("loss-parallel", 1, 2), ("fused", 2, 0)],
+)
+def test_the_loss_kernel_sets_the_backward_buffers(kernel, tp, buffers):
+    """The loss's backward holds buffers the size of its saved fp32 softmax beyond it, as the
+    engine's kernel allocates them: PyTorch's nll_loss and log_softmax backward 2
+    (aten/src/ATen/native/{LossNLL,SoftMax}.cpp), torchtitan's loss-parallel kernel 3 on
+    vocabulary-sharded logits (zeros_like, exp and their sum: torchtitan/components/loss.py) and
+    PyTorch's 2 on whole ones, megatron-core's vocabulary-parallel cross-entropy 0 (in place:
+    megatron/core/tensor_parallel/cross_entropy.py)."""
+    plan = api3d.evaluate_3d(
+        "llama:layers=2,hidden=256,heads=4,kv_heads=2,seq=128,vocab=4096",
+        "h100-80g",
+        tp=tp,
+        pp=1,
+        dp=1,
+        micro_batch=2,
+        batch=2,
+        settings=TrainingSettings(loss_kernel=kernel),
+        fit_required=False,
+    )
+    stage = plan.to_dict()["stages"][0]
+    tokens = 2 * 128
+    assert stage["logits_bytes"] == tokens * (4096 / tp * 4 + 4)  # softmax shard and labels
+    assert stage["working_bytes"] == pytest.approx(buffers * stage["logits_bytes"])

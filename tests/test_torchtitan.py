@@ -18,25 +18,33 @@ from planner.engines.torchtitan import model_parts
 from planner.errors import SettingsError
 from planner.launch import export_torchtitan, launch_run
 
-FSDP = TrainingSettings(zero=3, fp32_grads=True)
+FSDP = TrainingSettings(zero=3, fp32_grads=True, loss_kernel="loss-parallel")
 # FSDP2 under torch's pipeline stages: gathered weights and whole fp32 gradients to the last
 # backward, the memory and collectives of ZeRO-1 (engines.torchtitan_read._zero)
-PIPELINED_FSDP = TrainingSettings(zero=1, fp32_grads=True)
+PIPELINED_FSDP = TrainingSettings(zero=1, fp32_grads=True, loss_kernel="loss-parallel")
 # Llama 3 8B on 64 H100s: (degrees and schedule, settings)
 CASES = (
     (dict(tp=8, pp=2, dp=4, micro_batch=1), PIPELINED_FSDP),
     (
         dict(tp=8, pp=2, dp=4, micro_batch=1, cuts=(10,)),
-        TrainingSettings(zero=1, fp32_grads=True, recompute="full"),
+        TrainingSettings(zero=1, fp32_grads=True, loss_kernel="loss-parallel", recompute="full"),
     ),
     (
         dict(tp=4, pp=4, dp=4, micro_batch=2, schedule="interleaved:2"),
-        TrainingSettings(zero=1, fp32_grads=True, sequence_parallel=True),
+        TrainingSettings(
+            zero=1, fp32_grads=True, loss_kernel="loss-parallel", sequence_parallel=True
+        ),
     ),
     (dict(tp=8, pp=2, dp=4, micro_batch=1, schedule="gpipe"), PIPELINED_FSDP),
-    (dict(tp=2, pp=1, dp=32, micro_batch=1), TrainingSettings(zero=2, fp32_grads=True)),
+    (
+        dict(tp=2, pp=1, dp=32, micro_batch=1),
+        TrainingSettings(zero=2, fp32_grads=True, loss_kernel="loss-parallel"),
+    ),
     (dict(tp=8, pp=1, dp=8, micro_batch=1), FSDP),
-    (dict(tp=1, pp=1, dp=64, micro_batch=1), TrainingSettings(fp32_grads=True)),
+    (
+        dict(tp=1, pp=1, dp=64, micro_batch=1),
+        TrainingSettings(fp32_grads=True, loss_kernel="loss-parallel"),
+    ),
 )
 needs_torchtitan = pytest.mark.skipif(
     find_spec("torchtitan") is None, reason="torchtitan not installed"
@@ -72,18 +80,33 @@ def test_the_stages_are_module_lists_as_torchtitan_names_them():
 
 def test_what_torchtitan_cannot_run_is_refused():
     refusals = (
-        (dict(pp=1, dp=4, settings=TrainingSettings(zero=1, fp32_grads=True)), "no ZeRO-1"),
+        (
+            dict(
+                pp=1,
+                dp=4,
+                settings=TrainingSettings(zero=1, fp32_grads=True, loss_kernel="loss-parallel"),
+            ),
+            "no ZeRO-1",
+        ),
         (dict(settings=FSDP), "ZeRO-3 beside pipeline parallelism is not what torch runs"),
         (
-            dict(settings=TrainingSettings(zero=2, fp32_grads=True)),
+            dict(settings=TrainingSettings(zero=2, fp32_grads=True, loss_kernel="loss-parallel")),
             "whole fp32 gradients until the last micro-batch",
         ),
         (
-            dict(settings=TrainingSettings(zero=3, fp32_grads=True, recompute="selective")),
+            dict(
+                settings=TrainingSettings(
+                    zero=3, fp32_grads=True, loss_kernel="loss-parallel", recompute="selective"
+                )
+            ),
             "selective",
         ),
-        (dict(settings=TrainingSettings(fp32_grads=True)), "FSDP only"),
+        (
+            dict(settings=TrainingSettings(fp32_grads=True, loss_kernel="loss-parallel")),
+            "FSDP only",
+        ),
         (dict(settings=TrainingSettings(zero=3)), "fp32 gradient"),
+        (dict(settings=TrainingSettings(zero=1, fp32_grads=True)), "--loss-kernel loss-parallel"),
         (
             dict(
                 model="llama:layers=4,hidden=512,heads=8,kv_heads=2,ffn=1024,seq=256,vocab=1024",

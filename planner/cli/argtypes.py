@@ -9,6 +9,7 @@ import math
 import re
 import sys
 
+from planner.cluster.profiles import get_profile
 from planner.errors import SettingsError
 from planner.units import bytes_text
 from planner.pipeline.schedule import parse_schedule
@@ -38,6 +39,24 @@ def byte_size(text: str) -> float:
         "Ti": 2**40,
     }[unit]
     return value * scale
+
+
+def memory_limit(args: argparse.Namespace) -> float | None:
+    """The memory limit per device of ``--memory`` (None: the device's budget) less
+    ``--memory-headroom``."""
+    headroom = getattr(args, "memory_headroom", 0.0) or 0.0
+    if headroom == 0.0:
+        return args.memory
+    if not math.isfinite(headroom) or headroom < 0:
+        raise SettingsError(f"--memory-headroom: must be a finite size >= 0, got {headroom:g}")
+    limit = args.memory
+    if limit is None:
+        limit = get_profile(args.device or "a100-80g", args.hardware).budget_bytes
+    if headroom >= limit:
+        raise SettingsError(
+            f"--memory-headroom: {headroom:.4g} bytes leave nothing of the {limit:.4g}-byte limit"
+        )
+    return limit - headroom
 
 
 def add_logging(p: argparse.ArgumentParser, top: bool) -> None:

@@ -22,6 +22,7 @@ from planner.cli.front import cmd_pareto, cmd_top_k
 from planner.cli.training import cmd_run_jax, cmd_run_torch
 from planner.cli.report import check_picture, emit as _emit, format_3d, format_plan, write_picture
 from planner.cli.argtypes import EXIT_INFEASIBLE, EXIT_NOT_OPTIMAL, EXIT_OK, does_not_fit
+from planner.cli.argtypes import memory_limit
 from planner.cli.parser import DEGREE_OPTIONS, PIPELINE_OPTIONS, SETTINGS_DEFAULTS, log
 
 
@@ -170,7 +171,7 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         devices=getattr(args, "devices", None),
         batch=args.batch,
         seq=args.seq,
-        memory=args.memory,
+        memory=memory_limit(args),
         settings=_settings(args),
         schedule=args.schedule or "1f1b",
         method=args.pipeline_method or "csimd",
@@ -204,7 +205,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         method=args.method,
         batch=args.batch,
         seq=args.seq,
-        memory=args.memory,
+        memory=memory_limit(args),
         settings=_settings(args),
         time_limit_s=args.time_limit,
         seed=args.seed,
@@ -250,7 +251,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         seq=args.seq,
         settings=_settings(args),
         schedule=args.schedule or "1f1b",
-        memory=args.memory,
+        memory=memory_limit(args),
         cuts=args.cuts,
         hardware_csv=args.hardware,
         fit_required=False,
@@ -273,7 +274,7 @@ def _evaluate_launch(args: argparse.Namespace) -> int:
             args.config or "planner_plan",
             args.device or "a100-80g",
             args.dp,
-            args.memory,
+            memory_limit(args),
             args.hardware,
         )
         _best_gap(args, run, result)
@@ -290,7 +291,9 @@ def _best_gap(args: argparse.Namespace, run, result) -> None:
     from planner.launch_gap import compare_best
 
     engine = "torchtitan" if args.from_torchtitan else "megatron"
-    gap = compare_best(run, result, args.device or "a100-80g", args.memory, args.hardware, engine)
+    gap = compare_best(
+        run, result, args.device or "a100-80g", memory_limit(args), args.hardware, engine
+    )
     _emit("\n".join(gap.lines()), args)
 
 
@@ -301,7 +304,7 @@ def _evaluate_megatron(args: argparse.Namespace) -> int:
     # a launch script or argument file is a few KiB; 1 MiB is not one (/dev/zero, a binary)
     text = read_text(args.from_megatron, "--from-megatron", SettingsError, max_bytes=1 << 20)
     result, run, ignored = evaluate_megatron(
-        text, args.device or "a100-80g", args.dp, args.memory, args.hardware
+        text, args.device or "a100-80g", args.dp, memory_limit(args), args.hardware
     )
     if ignored:
         _emit(f"ignored (no effect on step time or memory): {' '.join(ignored)}", args)
@@ -334,7 +337,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         methods=tuple(args.methods.split(",")),
         batch=args.batch,
         seq=args.seq,
-        memory=args.memory,
+        memory=memory_limit(args),
         settings=_settings(args),
         time_limit_s=args.time_limit,
         seed=args.seed,

@@ -7,7 +7,7 @@ import argparse
 
 from planner.cli.recost import settings_from_args
 from planner.cli.report import check_picture, emit, write_picture
-from planner.cli.argtypes import EXIT_OK, infeasible
+from planner.cli.argtypes import EXIT_OK, infeasible, memory_limit
 from planner.errors import SettingsError
 from planner.front import pareto_front, top_plans
 from planner.outputs import write_csv, write_json
@@ -18,7 +18,7 @@ def _problem_options(args: argparse.Namespace) -> dict:
     return dict(
         batch=args.batch,
         seq=args.seq,
-        memory=args.memory,
+        memory=memory_limit(args),
         settings=settings_from_args(args),
         time_limit_s=args.time_limit,
         seed=args.seed,

@@ -59,6 +59,15 @@ def _add_common(p: argparse.ArgumentParser, model_required: bool = True) -> None
         type=byte_size,
         help="memory limit per device in bytes, or none (default: the device's memory)",
     )
+    p.add_argument(
+        "--memory-headroom",
+        type=byte_size,
+        default=0.0,
+        metavar="BYTES",
+        help="memory kept free per device below the limit, for what the model leaves out (the "
+        "caching allocator's cached free blocks, fragmentation): e.g. 8GiB (default 0: the "
+        "device's reserve for CUDA context, NCCL buffers and workspaces is already kept)",
+    )
     _add_settings(p)
     p.add_argument("--json", help="write the plan as JSON here")
     p.add_argument("--csv", help="write one summary row as CSV here")

@@ -41,16 +41,17 @@ def settings_from_args(args: argparse.Namespace, base: dict | None = None) -> Tr
         else ()
     )
     return TrainingSettings(
-        values["dtype"],
-        values["optimizer"],
-        zero,
-        recompute,
-        values["overlap"],
-        float(values["bucket_mb"]) * 2**20,
-        bool(values["fp32_grads"]),
-        bool(values["sequence_parallel"]),
-        layers,
-        stages,
+        dtype=values["dtype"],
+        optimizer=values["optimizer"],
+        zero=zero,
+        recompute=recompute,
+        overlap=values["overlap"],
+        bucket_bytes=float(values["bucket_mb"]) * 2**20,
+        fp32_grads=bool(values["fp32_grads"]),
+        sequence_parallel=bool(values["sequence_parallel"]),
+        loss_kernel=values["loss_kernel"],
+        layer_recompute=layers,
+        layer_zero=stages,
     )
 
 

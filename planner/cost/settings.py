@@ -21,6 +21,8 @@ OPTIMIZER_BYTES = {
     ("sgd", "fp32"): 4,
 }
 OVERLAP = ("none", "grad", "full")
+# the kernel of the loss's backward pass (its buffers: planner.pipeline.layer_costs)
+LOSS_KERNELS = ("torch", "loss-parallel", "fused")
 RECOMPUTE = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
 # recompute / ZeRO decided per layer by the exact search (``layer_recompute``, ``layer_zero``)
@@ -63,7 +65,12 @@ class TrainingSettings:
     prefetched as FSDP does). ``bucket_bytes``: parameter tensors share collectives in buckets of
     this many bytes, a larger tensor is one collective of its own (0: one per parameter tensor;
     ``planner.cost.operators.bucket_share``). ``fp32_grads``: gradients are kept in fp32 (Megatron's
-    main gradients: 4 bytes, 18 bytes per parameter with Adam under mixed precision)."""
+    main gradients: 4 bytes, 18 bytes per parameter with Adam under mixed precision).
+    ``loss_kernel``: the cross-entropy's backward as the engine runs it, which sets its transient
+    buffers: ``torch`` (PyTorch's nll_loss and log_softmax backward), ``loss-parallel``
+    (torchtitan's: DTensor's loss_parallel where the vocabulary is sharded, PyTorch's otherwise),
+    ``fused`` (Megatron-LM's
+    vocabulary-parallel cross-entropy, in place)."""
 
     dtype: str = field(
         default="bf16",
@@ -125,6 +132,17 @@ class TrainingSettings:
             "re-gather them in the backward pass (Megatron-LM's sequence parallelism)",
         ),
     )
+    loss_kernel: str = field(
+        default="torch",
+        metadata=_option(
+            "--loss-kernel",
+            "the cross-entropy's backward: torch = PyTorch's nll_loss and log_softmax backward "
+            "(2 fp32 buffers of the logits' shard), loss-parallel = torchtitan's: DTensor's "
+            "loss_parallel on vocabulary-sharded logits (3), PyTorch's otherwise, fused = "
+            "Megatron-LM's vocabulary-parallel cross-entropy (in place: 0)",
+            LOSS_KERNELS,
+        ),
+    )
     layer_recompute: tuple[tuple[int, str], ...] = ()
     layer_zero: tuple[tuple[int, int], ...] = ()
 
@@ -166,6 +184,10 @@ class TrainingSettings:
             raise SettingsError(
                 f"--bucket-mb: must be a non-negative size, got {self.bucket_bytes!r}"
             )
+        if self.loss_kernel not in LOSS_KERNELS:
+            raise SettingsError(
+                f"--loss-kernel: must be one of {', '.join(LOSS_KERNELS)}, got {self.loss_kernel!r}"
+            )
         # an option that would change nothing is refused
         if self.fp32_grads and self.dtype == "fp32":
             raise SettingsError("--fp32-grads: gradients are fp32 already under --dtype fp32")
@@ -198,6 +220,7 @@ class TrainingSettings:
             "bucket_mb": self.bucket_bytes / 2**20,
             "fp32_grads": self.fp32_grads,
             "sequence_parallel": self.sequence_parallel,
+            "loss_kernel": self.loss_kernel,
             "layer_recompute": format_layer_modes(self.layer_recompute),
             "layer_zero": format_layer_modes(self.layer_zero),
         }
@@ -216,6 +239,7 @@ class TrainingSettings:
             bucket_bytes=float(data.get("bucket_mb", default.bucket_bytes / 2**20)) * 2**20,
             fp32_grads=bool(data.get("fp32_grads", default.fp32_grads)),
             sequence_parallel=bool(data.get("sequence_parallel", default.sequence_parallel)),
+            loss_kernel=data.get("loss_kernel", default.loss_kernel),
             layer_recompute=parse_layer_modes(data.get("layer_recompute", "")),
             layer_zero=parse_layer_modes(data.get("layer_zero", ""), "layer_zero"),
         )

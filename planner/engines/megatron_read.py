@@ -374,4 +374,6 @@ def _settings(args, dp: int) -> TrainingSettings:
         sequence_parallel=args.sequence_parallel,
         bucket_bytes=_bucket_bytes(args, dp, grad_bytes),
         fp32_grads=fp32_grads,
+        # megatron-core's vocab_parallel_cross_entropy: the gradient written into the saved softmax
+        loss_kernel="fused",
     )

@@ -86,6 +86,12 @@ def check_expressible(run: LaunchRun) -> None:
             "--target torchtitan: torchtitan trains in bf16 mixed precision with fp32 master "
             "weights and fp32 gradient reduction (plan with --dtype bf16 --fp32-grads)"
         )
+    # on whole (tp 1) logits its kernel is PyTorch's: torch and loss-parallel cost the same
+    if s.loss_kernel == "fused" or (s.loss_kernel == "torch" and run.tensor_parallel > 1):
+        raise SettingsError(
+            f"--target torchtitan: torchtitan's loss is its loss-parallel kernel, not the plan's "
+            f"{s.loss_kernel!r} (plan with --loss-kernel loss-parallel)"
+        )
     if s.zero >= 2 and run.pipeline_parallel > 1 and run.data_parallel > 1:
         raise SettingsError(
             f"--target torchtitan: ZeRO-{s.zero} beside pipeline parallelism is not what torch "

@@ -216,4 +216,6 @@ def _settings(config, shard: int, pp: int) -> TrainingSettings:
         recompute="full" if ac is not None else "none",
         fp32_grads=True,
         sequence_parallel=bool(sequence_parallel and config.parallelism.tensor_parallel_degree > 1),
+        # torchtitan's cross_entropy_loss: its loss-parallel kernel on vocabulary-sharded logits
+        loss_kernel="loss-parallel",
     )

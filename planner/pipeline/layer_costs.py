@@ -144,7 +144,7 @@ def _working_memory(
     activations its re-run materialises again (what it would keep without recompute less what it
     keeps: Megatron's working set of one layer); at the loss, the backward pass's buffers.
     The larger of the two, as they do not coexist."""
-    working = _loss_backward_bytes(graph, records, layer, n)
+    working = _loss_backward_bytes(graph, records, chosen, layer, n, settings.loss_kernel)
     if settings.recompute == "none":
         return working
     plain = replace(settings, recompute="none")
@@ -161,21 +161,29 @@ def _working_memory(
     return np.maximum(working, rerun)
 
 
-# The backward pass of the loss holds two more buffers the size of its saved fp32 softmax: the
-# dense gradient of the log-probabilities (nll_loss_backward) and the gradient of the logits
-# (_log_softmax_backward_data allocates its grad_input) beside the saved log-probabilities
-# (PyTorch aten/src/ATen/native/{LossNLL,SoftMax}.cpp; torchtitan's cross_entropy_loss and
-# DTensor's loss_parallel run these ops on the vocabulary shard). Megatron-LM's fused
-# vocab-parallel cross-entropy updates the saved softmax in place, so this over-counts it.
-LOSS_BACKWARD_BUFFERS = 2
+# The loss's backward buffers beyond its saved fp32 log-probabilities, counted in buffers of that
+# size, per kernel (``TrainingSettings.loss_kernel``):
+#   torch          2  nll_loss_backward's dense gradient and _log_softmax_backward_data's
+#                     grad_input (PyTorch aten/src/ATen/native/{LossNLL,SoftMax}.cpp)
+#   loss-parallel  3  on vocabulary-sharded logits (2, PyTorch's, otherwise, as torchtitan runs):
+#                     zeros_like(log_probs), exp(log_probs) and their sum, alive together before
+#                     the product (torchtitan/components/loss.py _LossParallelCrossEntropy and
+#                     DTensor's torch/distributed/tensor/parallel/loss.py)
+#   fused          0  megatron-core's VocabParallelCrossEntropy.backward writes the gradient into
+#                     the saved softmax (megatron/core/tensor_parallel/cross_entropy.py)
+LOSS_BACKWARD_BUFFERS = {"torch": 2, "loss-parallel": 3, "fused": 0}
 
 
-def _loss_backward_bytes(graph: Graph, records, layer: list[int], n: int) -> np.ndarray:
+def _loss_backward_bytes(
+    graph: Graph, records, chosen, layer: list[int], n: int, loss_kernel: str
+) -> np.ndarray:
     """Per layer, the loss's backward buffers beyond its saved softmax (a part of activations)."""
     out = np.zeros(n)
     for i, op in enumerate(graph.operators):
         if op.kind == "cross_entropy":
-            out[layer[i]] += LOSS_BACKWARD_BUFFERS * records[i].memory.activations
+            sharded = bool(op.norm_dims & set(chosen[i]))  # the classes split over a mesh axis
+            kernel = loss_kernel if sharded or loss_kernel != "loss-parallel" else "torch"
+            out[layer[i]] += LOSS_BACKWARD_BUFFERS[kernel] * records[i].memory.activations
     return out
 
 
