@@ -129,7 +129,8 @@ SLICES = {
     ),
     "regress": Slice(
         "bench_regress.csv",
-        ("--cases", "zero3-384,3d-175b-1024"),
+        # 3d-175b-1024 is left out for CI time: the pictures slice re-runs a GPT-3 175B 3D search
+        ("--cases", "zero3-384"),
         ("case",),
         ("status", "figure"),
         script="benchmarks/regress.py",

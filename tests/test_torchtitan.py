@@ -203,6 +203,8 @@ def test_the_cli_writes_and_reads_a_torchtitan_config(tmp_path):
             "--zero",
             "1",
             "--fp32-grads",
+            "--loss-kernel",
+            "loss-parallel",
             "--json",
             str(plan),
             "-q",
