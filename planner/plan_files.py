@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from planner.cost.settings import LOSS_KERNELS
 from planner.errors import SettingsError
 from planner.jsonfile import read_json
 
@@ -78,10 +79,7 @@ _SETTING_CHECKS = {
     "bucket_mb": (lambda v: _is_number(v) and 0 <= v < 2**30, "a non-negative number of MiB"),
     "fp32_grads": (lambda v: type(v) is bool, "true or false"),
     "sequence_parallel": (lambda v: type(v) is bool, "true or false"),
-    "loss_kernel": (
-        lambda v: v in ("torch", "loss-parallel", "fused"),
-        "torch, loss-parallel, fused",
-    ),
+    "loss_kernel": (lambda v: v in LOSS_KERNELS, ", ".join(LOSS_KERNELS)),
     "layer_recompute": (lambda v: isinstance(v, str), 'a string such as "full:0-11"'),
     "layer_zero": (lambda v: isinstance(v, str), 'a string such as "3:0-11"'),
 }
