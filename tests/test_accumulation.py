@@ -57,6 +57,7 @@ def test_accumulated_repeats_the_passes_and_not_the_step(a100):
         TrainingSettings(),
         TrainingSettings(zero=3, recompute="full"),
         TrainingSettings(zero=1, fp32_grads=True),
+        TrainingSettings(zero=2, overlap="grad"),
     ],
 )
 @pytest.mark.parametrize("count", [1, 2, 4])

@@ -125,7 +125,7 @@ def test_a_tensor_larger_than_a_bucket_is_one_collective_of_its_own(a100):
     assert sorted((c.phase, c.kind, c.count) for c in zero3.comm) == [
         ("bwd", "all_gather", 1.0),
         ("fwd", "all_gather", 1.0),
-        ("grad", "reduce_scatter", 1.0),
+        ("reduce", "reduce_scatter", 1.0),
     ]
     # exactly one ring's latency per collective: 7 steps on 8 devices, plus the bytes
     gather = next(c for c in zero3.comm if c.phase == "fwd")

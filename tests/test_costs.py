@@ -5,7 +5,7 @@ as flops / (peak x efficiency), no overlap, one collective per parameter tensor)
 import pytest
 
 from planner.cost.operators import op_cost, operand_infos
-from planner.cost.records import seconds
+from planner.cost.records import accumulated, seconds
 from planner.cost.redistribution import edge_cost
 from planner.cost.settings import TrainingSettings
 from planner.cluster.mesh import parse_mesh
@@ -116,7 +116,7 @@ def test_memory_of_strategies(setup, a100):
     )
     assert zero.memory.params == K * N * BF16 / 8 and zero.memory.optimizer == K * N * 12 / 8
     kinds = sorted((c.kind, c.phase) for c in zero.comm)
-    assert kinds == [("all_gather", "bwd"), ("all_gather", "fwd"), ("reduce_scatter", "grad")]
+    assert kinds == [("all_gather", "bwd"), ("all_gather", "fwd"), ("reduce_scatter", "reduce")]
 
 
 def test_layernorm_split_of_normalised_dim_allreduces_statistics(a100):
@@ -134,3 +134,21 @@ def test_layernorm_split_of_normalised_dim_allreduces_statistics(a100):
         ("all_reduce", "bwd", stats),
         ("all_reduce", "fwd", stats),
     ]
+
+
+@pytest.mark.parametrize("zero, reductions", [(1, 1), (2, 3), (3, 3)])
+def test_zero_2_and_3_reduce_scatter_every_micro_batch(setup, a100, zero, reductions):
+    """By hand, 3 micro-batches of the data-parallel matmul: ZeRO-1 keeps the whole gradient and
+    reduce-scatters it once a step (Megatron-LM's distributed optimizer); ZeRO-2/3 keep only the
+    shard, so each micro-batch's backward reduce-scatters its gradient (FSDP2's default,
+    pytorch/pytorch#126166; DeepSpeed stage 2/3): 3 reduce-scatters of K x N bf16 on 8 devices,
+    plus ZeRO-3's two gathers per micro-batch."""
+    graph, mesh, _, infos = setup
+    settings = TrainingSettings(zero=zero, overlap="none", bucket_bytes=0)
+    one = op_cost(graph.operator("mm"), ("b",), mesh, settings, infos["mm"], V1(a100))
+    three = accumulated(one, 3)
+    gathers = (
+        3 * 2 * ring("all_gather", K * N * BF16) if zero == 3 else ring("all_gather", K * N * BF16)
+    )
+    expected = 3 * (one.fwd_s + one.bwd_s) + reductions * ring("reduce_scatter", K * N * BF16)
+    assert seconds(three, mesh, V1(a100)) == pytest.approx(expected + gathers, rel=1e-12)

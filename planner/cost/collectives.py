@@ -15,15 +15,16 @@ from dataclasses import dataclass
 from typing import Sequence
 
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
+# The phases a micro-batch repeats: its passes and, under ZeRO-2/3, the reduce-scatter of its
+# gradients (``reduce``); ``grad`` and ``opt`` run once a step.
+PER_MICROBATCH = ("fwd", "bwd", "reduce")
 
 
 @dataclass(frozen=True, slots=True)
 class Collective:
     """Bytes moved by ``count`` collectives of one kind on one mesh axis in one phase."""
 
-    phase: (
-        str  # fwd | bwd (per micro-batch) | grad (gradient sync) | opt (after the optimizer step)
-    )
+    phase: str  # fwd | bwd | reduce (per micro-batch) | grad (gradient sync) | opt (after the step)
     kind: str
     axis: int
     nbytes: float

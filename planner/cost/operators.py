@@ -270,21 +270,22 @@ def _hidden_seconds(
     param_comm: list[Collective], fwd_s: float, bwd_s: float, mesh: Mesh, overlap: str
 ) -> tuple[float, float]:
     """Seconds of this operator's parameter collectives that run behind its own compute, per pass
-    and per step: with ``grad`` the gradient reduction behind the backward pass; with ``full``
-    first the gathers (ZeRO-3's, prefetched; sequence parallelism's re-gather of a saved input),
-    then the reduction behind what is left of the backward pass."""
+    and per step: with ``grad`` the gradient reduction behind the backward pass (ZeRO-2/3's every
+    micro-batch, a pass's; otherwise the step's); with ``full`` first the gathers (ZeRO-3's,
+    prefetched; sequence parallelism's re-gather of a saved input), then the reduction behind what
+    is left of the backward pass."""
     if overlap == "none":
         return 0.0, 0.0
-    spent = {"fwd": 0.0, "bwd": 0.0, "grad": 0.0, "opt": 0.0}
+    spent = dict.fromkeys(("fwd", "bwd", "reduce", "grad", "opt"), 0.0)
     for c in param_comm:
         axis = mesh.axes[c.axis]
         spent[c.phase] += collective_seconds(
             c.kind, axis.size, axis.bandwidth, axis.latency, c.nbytes, c.count
         )
-    if overlap == "grad":
-        return 0.0, min(spent["grad"], bwd_s)
-    gathers = min(spent["fwd"], fwd_s) + min(spent["bwd"], bwd_s)
-    return gathers, min(spent["grad"], bwd_s - min(spent["bwd"], bwd_s))
+    gathers = 0.0 if overlap == "grad" else min(spent["fwd"], fwd_s) + min(spent["bwd"], bwd_s)
+    left = bwd_s - (0.0 if overlap == "grad" else min(spent["bwd"], bwd_s))
+    reduce = min(spent["reduce"], left)
+    return gathers + reduce, min(spent["grad"], left - reduce)
 
 
 def bucket_share(tensor_bytes: float, bucket_bytes: float) -> float:
@@ -305,13 +306,19 @@ def _sharded_param_comm(z: int, dp_axes, nbytes: float, grad_nbytes: float, mesh
     """ZeRO 1-3: gradients reduce-scattered, axis by axis; parameters all-gathered before use in
     both passes (ZeRO-3) or the updated shards after the optimizer step (ZeRO-1/2).
 
+    ZeRO-1 keeps the whole gradient and reduce-scatters it once a step (``grad``: Megatron-LM's
+    distributed optimizer, torch's pipeline stage). ZeRO-2/3 keep only the shard, so every
+    micro-batch's backward reduce-scatters (``reduce``): FSDP2 without
+    ``set_requires_gradient_sync(False)``, torchtitan's choice (pytorch/pytorch#126166,
+    pytorch/torchtitan#1710), and DeepSpeed's stage 2/3 gradient accumulation.
+
     Innermost axis first (NCCL's and FSDP's hybrid order, as ``hierarchical_all_reduce``): the
     whole buffer is reduce-scattered over the fast inner link and only the shard crosses the
     outer one; gathering mirrors it (the outer axis gathers the smallest piece)."""
     comm: list[Collective] = []
     buffer, grad_buffer = nbytes, grad_nbytes
     for ax in reversed(dp_axes):
-        comm.append(Collective("grad", "reduce_scatter", ax, grad_buffer))
+        comm.append(Collective("grad" if z == 1 else "reduce", "reduce_scatter", ax, grad_buffer))
         if z == 3:  # parameters gathered before use, in both passes
             comm.append(Collective("fwd", "all_gather", ax, buffer))
             comm.append(Collective("bwd", "all_gather", ax, buffer))
@@ -346,7 +353,7 @@ def _param_cost(
             replace(
                 c,
                 count=bucket_share(
-                    grad_nbytes if c.phase == "grad" else nbytes, settings.bucket_bytes
+                    grad_nbytes if c.phase in ("grad", "reduce") else nbytes, settings.bucket_bytes
                 ),
             )
             for c in comm

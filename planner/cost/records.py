@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 
 from planner.cluster.mesh import Mesh
 from planner.cluster.profiles import MachineProfile
-from planner.cost.collectives import Collective, collective_seconds
+from planner.cost.collectives import PER_MICROBATCH, Collective, collective_seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,17 +82,15 @@ def sum_records(records: "list[CostRecord] | tuple[CostRecord, ...]") -> CostRec
     return CostRecord(comm=merge_comm(tuple(comm)), memory=memory, **totals)
 
 
-PER_PASS = ("fwd", "bwd")  # the phases a micro-batch repeats; grad and opt run once a step
-
-
 def accumulated(record: CostRecord, num_microbatches: int) -> CostRecord:
     """A step of ``num_microbatches`` micro-batches (gradient accumulation) from the record of
-    one: the passes' FLOPs, compute, re-runs, hidden seconds and collectives repeat, the
-    gradient sync and optimizer step (and the sync hidden behind the last backward pass) run once,
-    and memory is one micro-batch's (they run one after another)::
+    one: the passes' FLOPs, compute, re-runs, hidden seconds and collectives repeat (ZeRO-2/3's
+    gradient reduce-scatter too, as DeepSpeed and FSDP2 accumulate: sharded), the gradient sync
+    and optimizer step (and the sync hidden behind the last backward pass) run once, and memory is
+    one micro-batch's (they run one after another)::
 
-        time(M) = M (fwd_s + bwd_s - hidden_s + comm_fwd + comm_bwd) + opt_s + comm_grad
-                  + comm_opt - hidden_sync_s"""
+        time(M) = M (fwd_s + bwd_s - hidden_s + comm_fwd + comm_bwd + comm_reduce) + opt_s
+                  + comm_grad + comm_opt - hidden_sync_s"""
     if num_microbatches == 1:
         return record
     m = num_microbatches
@@ -100,7 +98,7 @@ def accumulated(record: CostRecord, num_microbatches: int) -> CostRecord:
         record.fwd_flops * m,
         record.bwd_flops * m,
         tuple(
-            replace(c, nbytes=c.nbytes * m, count=c.count * m) if c.phase in PER_PASS else c
+            replace(c, nbytes=c.nbytes * m, count=c.count * m) if c.phase in PER_MICROBATCH else c
             for c in record.comm
         ),
         record.memory,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from planner.cluster.mesh import Mesh
 from planner.cluster.profiles import SYMBOLIC
-from planner.cost.collectives import bytes_sent
+from planner.cost.collectives import PER_MICROBATCH, bytes_sent
 from planner.cost.operators import output_layouts
 from planner.cost.records import sum_records
 from planner.cost.settings import TrainingSettings
@@ -90,7 +90,7 @@ def predicted_pipeline_collectives(
             (
                 c.kind,
                 (mesh.names[c.axis],),
-                c.nbytes * (num_microbatches if c.phase in ("fwd", "bwd") else 1),
+                c.nbytes * (num_microbatches if c.phase in PER_MICROBATCH else 1),
             )
             for c in record.comm
             if c.axis >= 0 and c.nbytes > 0

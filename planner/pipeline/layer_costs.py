@@ -13,6 +13,7 @@ import numpy as np
 
 from planner.cluster.mesh import Mesh, MeshAxis
 from planner.cluster.profiles import MachineProfile
+from planner.cost.collectives import PER_MICROBATCH
 from planner.cost.operators import op_cost, operand_infos, output_layouts, signature_ids
 from planner.cost.records import CostRecord, breakdown, seconds, sum_records
 from planner.cost.settings import INTEGER_BYTES, TrainingSettings
@@ -22,8 +23,6 @@ from planner.errors import SettingsError
 from planner.ir.crossing import crossing_tensors
 from planner.ir.graph import Graph
 from planner.pipeline.schedule import LayerChain
-
-PER_MICROBATCH = ("fwd", "bwd")
 
 
 def layer_of(graph: Graph) -> list[int]:
@@ -259,11 +258,11 @@ def _time_parts(record, mesh: Mesh, profile: MachineProfile) -> tuple[float, ...
     """A record's per-micro-batch seconds by term (``timeline.PARTS``); they add up to
     ``_phase_seconds(record, ..., PER_MICROBATCH)``."""
     weight = profile.compute_weight
-    comm = [
+    comm = [  # forward; backward with ZeRO-2/3's reduce-scatter of its gradients
         breakdown(
-            CostRecord(comm=tuple(c for c in record.comm if c.phase == phase)), mesh, profile
+            CostRecord(comm=tuple(c for c in record.comm if c.phase in phases)), mesh, profile
         ).comm_s
-        for phase in PER_MICROBATCH
+        for phases in (("fwd",), ("bwd", "reduce"))
     ]
     return (
         weight * record.fwd_s,
