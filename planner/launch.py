@@ -239,8 +239,14 @@ def _torchtitan_runs(settings: TrainingSettings) -> TrainingSettings:
     return replace(settings, loss_kernel="loss-parallel")
 
 
+def _megatron_runs(settings: TrainingSettings) -> TrainingSettings:
+    """Megatron-LM's loss: megatron-core's vocabulary-parallel cross-entropy, which writes the
+    gradient into its saved softmax (megatron/core/tensor_parallel/cross_entropy.py)."""
+    return replace(settings, loss_kernel="fused")
+
+
 TARGETS = {
-    "megatron": Target("megatron", _megatron_check, export_megatron),
+    "megatron": Target("megatron", _megatron_check, export_megatron, _megatron_runs),
     "torchtitan": Target("torchtitan", _torchtitan_check, export_torchtitan, _torchtitan_runs),
 }
 
@@ -282,7 +288,13 @@ def plan_for(engine: str, model: str, mesh=None, device="a100-80g", **options) -
     for name in ("intra", "admits"):
         if name in options:
             raise SettingsError(f"{name}: set by the engine's search (plan_for)")
-    settings = chosen.runs(options.pop("settings", None) or TrainingSettings())
+    given = options.pop("settings", None) or TrainingSettings()
+    settings = chosen.runs(given)
+    if given.loss_kernel not in (TrainingSettings().loss_kernel, settings.loss_kernel):
+        raise SettingsError(
+            f"--loss-kernel: {engine} runs its own loss kernel ({settings.loss_kernel}), "
+            f"got {given.loss_kernel!r}"
+        )
     if settings.dtype == "bf16" and not settings.fp32_grads:
         settings = replace(settings, fp32_grads=True)
     found = api3d.plan_pipeline(

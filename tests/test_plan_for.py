@@ -64,3 +64,23 @@ def test_the_cli_plans_for_an_engine(tmp_path, capsys):
     assert main(argv + ["megatron", "--pp", "2", "--json", str(out), "-q"]) == 0
     assert main(["export", "--plan", str(out), "--target", "megatron"]) == 0
     assert "--pipeline-model-parallel-size 2" in capsys.readouterr().out
+
+
+def test_each_engine_plans_with_its_own_loss_kernel():
+    """megatron-core's vocabulary-parallel cross-entropy writes the gradient into its saved softmax
+    (no buffer), torchtitan's loss-parallel keeps three on vocabulary-sharded logits: the search
+    for each engine prices its kernel, and refuses another one asked for."""
+    kernels = {
+        engine: plan_for(engine, "llama3-8b", "gpu=4", "h100-80g", batch=8, seq=512, degrees=[1])
+        for engine in ("megatron", "torchtitan")
+    }
+    assert kernels["megatron"].settings.loss_kernel == "fused"
+    assert kernels["torchtitan"].settings.loss_kernel == "loss-parallel"
+    with pytest.raises(SettingsError, match="--loss-kernel: megatron runs its own loss kernel"):
+        plan_for(
+            "megatron",
+            GPT,
+            "gpu=4",
+            batch=16,
+            settings=TrainingSettings(loss_kernel="loss-parallel"),
+        )

@@ -139,8 +139,8 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
         choices=list(TARGETS),
         help="the whole-cluster search restricted to what this engine runs as the plan costs it "
         "(Megatron-LM's stage plans at every tensor degree of a node; the engine's ZeRO, "
-        "recompute and schedule options; bf16 reduces gradients in fp32, as both do), so the "
-        "answer exports with `planner export --target ENGINE`",
+        "recompute and schedule options and its loss kernel; bf16 reduces gradients in fp32, as "
+        "both do), so the answer exports with `planner export --target ENGINE`",
     )
 
 
