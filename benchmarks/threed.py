@@ -8,7 +8,7 @@ layers), data parallelism the rest, micro-batch 1 or 2, recompute none/selective
 and writes, per case, the search's iteration time, status and wall time, the best fitting grid
 point and the ratio search / grid (<= 1: the search is not beaten by the grid); and `plan --for
 megatron` (the search restricted to what Megatron-LM runs) with its ratio to the same grid costed
-as Megatron-LM runs a bf16 line (fp32 main gradients), every point of which it may choose.
+as Megatron-LM runs a bf16 line (fp32 main gradients, fused loss), every point of which it may choose.
 
   python benchmarks/threed.py [--cases a,b] [--out results/threed.csv]
 """
@@ -39,11 +39,13 @@ GPUS_PER_NODE = 8
 
 
 def best_grid_point(
-    model, device, world, batch, seq, layers, fp32_grads: bool = False
+    model, device, world, batch, seq, layers, megatron: bool = False
 ) -> tuple[float, str, int]:
     """The fastest fitting point of ``planner.grid3d``'s grid: (iteration s, its flags, points
-    that fit)."""
-    points = grid_points(world, GPUS_PER_NODE, layers, batch, fp32_grads=fp32_grads)
+    that fit); ``megatron``: as Megatron-LM runs a bf16 line (fp32 main gradients, its fused
+    vocabulary-parallel cross-entropy)."""
+    engine = {"fp32_grads": True, "loss_kernel": "fused"} if megatron else {}
+    points = grid_points(world, GPUS_PER_NODE, layers, batch, **engine)
     best, point, fitting = grid_best(model, device, points, batch, seq)
     if best is None:
         return float("inf"), "", fitting
@@ -85,8 +87,8 @@ def run_case(name: str) -> dict:
 
 
 def _megatron_grid(model, device, world, batch, seq, layers, engine) -> dict:
-    """The grid as Megatron-LM runs it (fp32 main gradients under bf16, as `plan --for megatron`
-    costs it): its best point and the ratio of the engine's search to it."""
+    """The grid as Megatron-LM runs it (fp32 main gradients under bf16 and its fused loss, as
+    `plan --for megatron` costs it): its best point and the ratio of the engine's search to it."""
     grid_time, flags, _ = best_grid_point(model, device, world, batch, seq, layers, True)
     return {
         "megatron_grid_best_s": grid_time,

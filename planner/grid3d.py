@@ -40,6 +40,7 @@ class GridPoint:
     # fp32 main gradients, as Megatron-LM runs every bf16 line (validate_args sets
     # accumulate_allreduce_grads_in_fp32 under --bf16)
     fp32_grads: bool = False
+    loss_kernel: str = "torch"  # the engine's cross-entropy (settings.LOSS_KERNELS)
 
     @property
     def settings(self) -> TrainingSettings:
@@ -48,6 +49,7 @@ class GridPoint:
             zero=self.zero,
             sequence_parallel=self.tp > 1,
             fp32_grads=self.fp32_grads,
+            loss_kernel=self.loss_kernel,
         )
 
     @property
@@ -58,6 +60,7 @@ class GridPoint:
             f"--recompute {self.recompute} --zero {self.zero}"
             + (" --sequence-parallel" if self.tp > 1 else "")
             + (" --fp32-grads" if self.fp32_grads else "")
+            + (f" --loss-kernel {self.loss_kernel}" if self.loss_kernel != "torch" else "")
         )
 
 
@@ -69,6 +72,7 @@ def grid_points(
     micro_batches: tuple[int, ...] = (1, 2),
     zeros: tuple[int, ...] = (0, 1, 2, 3),
     fp32_grads: bool = False,
+    loss_kernel: str = "torch",
 ) -> list[GridPoint]:
     """Every point of the grid (see the module docstring), in a fixed order."""
     node = min(world, gpus_per_node)
@@ -78,7 +82,7 @@ def grid_points(
     for tp, pp, b, r, z in itertools.product(tps, pps, micro_batches, RECOMPUTE, zeros):
         dp, rest = divmod(world, tp * pp)
         if rest == 0 and batch % (dp * b) == 0:
-            points.append(GridPoint(tp, pp, dp, b, r, z, fp32_grads))
+            points.append(GridPoint(tp, pp, dp, b, r, z, fp32_grads, loss_kernel))
     return points
 
 
