@@ -21,6 +21,7 @@ import pandas as pd
 import planner
 from experiments.common import add_output_options, png_path, pyplot, results_table, run, write_png
 from planner.cluster.profiles import get_profile
+from planner.cost.settings import RECOMPUTE_MODES
 
 DATA = Path(__file__).resolve().parent / "data"
 GIB = 2**30
@@ -64,7 +65,7 @@ def _read(path: Path) -> list[dict]:
 def costed(ref: dict) -> dict:
     """One configuration costed as given, with the parts of its fullest stage; a recompute policy
     the planner does not express is reported as NOT_MODELLED, without figures."""
-    if ref["recompute"] not in ("none", "selective", "full"):
+    if ref["recompute"] not in RECOMPUTE_MODES:
         return {
             **_config(ref),
             "status": "NOT_MODELLED",

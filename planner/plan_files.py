@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from planner.cost.settings import LOSS_KERNELS
+from planner.cost.settings import AUTO, LOSS_KERNELS, RECOMPUTE_MODES
 from planner.errors import SettingsError
 from planner.jsonfile import read_json
 
@@ -72,8 +72,8 @@ _SETTING_CHECKS = {
         '0, 1, 2, 3 or "auto"',
     ),
     "recompute": (
-        lambda v: v in ("none", "selective", "full", "auto") or type(v) is bool,
-        "one of none, selective, full, auto",
+        lambda v: v in RECOMPUTE_MODES + (AUTO,) or type(v) is bool,
+        f"one of {', '.join(RECOMPUTE_MODES + (AUTO,))}",
     ),
     "overlap": (lambda v: v in ("none", "grad", "full"), "one of none, grad, full"),
     "bucket_mb": (lambda v: _is_number(v) and 0 <= v < 2**30, "a non-negative number of MiB"),

@@ -152,6 +152,9 @@ def test_a_user_line_is_costed_as_evaluate_costs_its_degrees():
 def test_what_megatron_cannot_say_is_refused():
     with pytest.raises(SettingsError, match="GPipe"):
         export_megatron(_given(tp=1, pp=2, dp=4, micro_batch=1, schedule="gpipe"))
+    with pytest.raises(SettingsError, match="no operator-level selective checkpointing"):
+        policy = TrainingSettings(recompute="selective-op")
+        export_megatron(_given(tp=1, pp=2, dp=4, micro_batch=1, settings=policy))
     data = _given(tp=2, pp=1, dp=4, micro_batch=1)
     q = next(op for op in data["operators"] if op["name"] == "h0.attn.q")
     q["strategy"] = {axis: "h" for axis in q["strategy"]}

@@ -248,3 +248,55 @@ def test_the_loss_kernel_sets_the_backward_buffers(kernel, tp, buffers):
     tokens = 2 * 128
     assert stage["logits_bytes"] == tokens * (4096 / tp * 4 + 4)  # softmax shard and labels
     assert stage["working_bytes"] == pytest.approx(buffers * stage["logits_bytes"])
+
+
+def test_torchtitan_operator_policy_keeps_attention_and_every_other_matmul(a100):
+    """torchtitan's SelectiveAC (torchtitan/distributed/activation_checkpoint.py: the default save
+    set of compute-intensive ops and the policy that re-runs every second aten.mm of a block):
+    a LLaMA layer keeps its input, the q, v, gate and down projections' outputs (matmuls 1, 3, 5
+    and 7 of the block) and the attention kernel's output, plus the rope table; by hand, bytes
+    2 s b (h + h + kv + h + f + h) + 2 s d. It re-runs the norms, k, o and up projections and
+    the elementwise operators; its time lies between no recompute and full recompute."""
+    from planner.zoo.llama import LlamaConfig, llama
+
+    cfg = LlamaConfig(layers=1, hidden=1024, heads=8, kv_heads=2, ffn=3584, seq=512, vocab=1000)
+    s, b, h, f, d = cfg.seq, 2, cfg.hidden, cfg.ffn, cfg.hidden // cfg.heads
+    graph, mesh = llama(cfg, batch=b), parse_mesh("1", a100)
+    settings = TrainingSettings(recompute="selective-op")
+    infos = operand_infos(graph, settings)
+    layer = [op for op in graph.operators if op.layer == 0]
+    kept = sum(
+        op_cost(op, (None,), mesh, settings, infos[op.name], a100).memory.activations
+        for op in layer
+    )
+    assert kept == 2 * s * b * (4 * h + 2 * d + f) + 2 * s * d
+    rerun = {op.name.split(".")[-1] for op in layer if infos[op.name][0].rerun}
+    assert rerun == {
+        "attn_norm",
+        "k_proj",
+        "rope_q",
+        "rope_k",
+        "o_proj",
+        "attn_residual",
+        "mlp_norm",
+        "up_proj",
+        "silu",
+        "swiglu",
+        "mlp_residual",
+    }
+    model = "llama:layers=2,hidden=1024,heads=8,kv_heads=2,ffn=3584,seq=512,vocab=1000"
+    times = [
+        api3d.evaluate_3d(
+            model,
+            "h100-80g",
+            tp=1,
+            pp=1,
+            dp=1,
+            micro_batch=2,
+            batch=2,
+            settings=TrainingSettings(recompute=mode),
+            fit_required=False,
+        ).pipeline.iteration_time_s
+        for mode in ("none", "selective-op", "full")
+    ]
+    assert times[0] < times[1] < times[2]

@@ -42,6 +42,12 @@ CASES = (
     ),
     (dict(tp=8, pp=1, dp=8, micro_batch=1), FSDP),
     (
+        dict(tp=1, pp=1, dp=64, micro_batch=2),
+        TrainingSettings(
+            zero=3, fp32_grads=True, loss_kernel="loss-parallel", recompute="selective-op"
+        ),
+    ),
+    (
         dict(tp=1, pp=1, dp=64, micro_batch=1),
         TrainingSettings(fp32_grads=True, loss_kernel="loss-parallel"),
     ),
@@ -351,3 +357,29 @@ def test_torchtitan_defaults_and_unpriced_keys_are_read(tmp_path):
         (reduce, "mixed_precision_reduce"),
     ):
         assert code[0] == 2 and message in code[2], code
+
+
+@needs_torchtitan
+def test_the_stock_8b_config_reads_with_its_operator_policy(tmp_path):
+    """torchtitan's llama3_8b config checkpoints with SelectiveAC (its operator policy): read as
+    recompute selective-op (it was refused before), and an edited policy is refused by name."""
+    config = export_torchtitan(_plan_file(tp=1, pp=1, dp=64, micro_batch=1, settings=FSDP)).text
+    (tmp_path / "forced.py").write_text(
+        _edited(
+            config,
+            "from torchtitan.distributed.activation_checkpoint import SelectiveAC",
+            "config.activation_checkpoint = SelectiveAC.Config("
+            'force_recompute_mm_shapes_by_fqns=["w1"])',
+        )
+    )
+    out = tmp_path / "stock.json"
+    base = ["evaluate", "--device", "h100-80g", "--from-torchtitan"]
+    stock, forced = _read_as_written(
+        [
+            base + ["llama3", "--config", "llama3_8b", "--dp", "8", "--json", str(out)],
+            base + [str(tmp_path / "forced.py")],
+        ]
+    )
+    assert stock[0] == 0, stock
+    assert json.loads(out.read_text())["settings"]["recompute"] == "selective-op"
+    assert forced[0] == 2 and "SelectiveAC with its default policy" in forced[2], forced

@@ -1,5 +1,5 @@
-"""What recompute re-runs: the operators of each layer by its mode, and the attention core that
-selective recompute drops (Korthikanti et al. 2022)."""
+"""What recompute re-runs: the operators of each layer by its mode, the attention core that
+selective recompute drops (Korthikanti et al. 2022) and what torchtitan's operator policy keeps."""
 
 from __future__ import annotations
 
@@ -37,3 +37,29 @@ def attention_core(graph: Graph) -> frozenset[str]:
         elif category == "elementwise" and len(op.inputs) == 1 and op.inputs[0].tensor in core:
             core.update(o.tensor for o in op.outputs)
     return frozenset(core)
+
+
+# torchtitan's SelectiveAC (torchtitan/distributed/activation_checkpoint.py, _get_default_save_ops
+# and the policy of SelectiveAC._wrap_block): a layer keeps the outputs of compute-intensive and
+# communication operators and re-runs the rest, except that of its weight matmuls (aten.mm and
+# aten.linear, counted from 1 in forward order within the layer) it keeps only the odd ones.
+WEIGHT_MATMULS = ("linear", "matmul", "einsum")
+
+
+def operator_policy_kept(graph: Graph) -> frozenset[str]:
+    """The operators whose outputs torchtitan's operator policy keeps: every contraction (the
+    attention kernel, batched matmuls, convolutions, MoE dispatch) but, of each layer's weight
+    matmuls, the 1st, 3rd, 5th... (a LLaMA block keeps q, v, gate and down projections and re-runs
+    k, o and up)."""
+    kept, count = set(), {}
+    for op in graph.operators:  # graph order is the forward order
+        if REGISTRY[op.kind].category != "contraction":
+            continue
+        if op.kind in WEIGHT_MATMULS and any(
+            graph.tensor(o.tensor).role == "param" for o in op.inputs
+        ):
+            count[op.layer] = count.get(op.layer, 0) + 1
+            if count[op.layer] % 2 == 0:
+                continue
+        kept.add(op.name)
+    return frozenset(kept)

@@ -23,7 +23,11 @@ OPTIMIZER_BYTES = {
 OVERLAP = ("none", "grad", "full")
 # the kernel of the loss's backward pass (its buffers: planner.pipeline.layer_costs)
 LOSS_KERNELS = ("torch", "loss-parallel", "fused")
+# the recompute ladder the searches climb, least memory saved first
 RECOMPUTE = ("none", "selective", "full")
+# every mode a plan may run: the ladder and torchtitan's operator policy (SelectiveAC), which keeps
+# the outputs of the attention kernel and of every other matmul of a layer and re-runs the rest
+RECOMPUTE_MODES = ("none", "selective", "selective-op", "full")
 ZERO_STAGES = (0, 1, 2, 3)
 # recompute / ZeRO decided per layer by the exact search (``layer_recompute``, ``layer_zero``)
 AUTO = "auto"
@@ -50,11 +54,14 @@ class TrainingSettings:
 
     ``recompute``: ``none``; ``selective`` (Korthikanti et al. 2022: the attention core, from the
     scores to the softmax and its dropout, is re-run in the backward pass instead of kept);
-    ``full`` (only layer inputs are kept; every layer is re-run). ``True``/``False`` read as
-    ``full``/``none``. ``auto``: the exact search chooses per layer (``layer_recompute`` then holds
-    its choice as ``(layer, mode)`` pairs; a layer not listed, and any operator outside the layers,
-    runs without recompute). ``zero``: the ZeRO stage on data-parallel axes, or ``auto``: the exact
-    search chooses 0-3 per layer (``layer_zero``; operators outside the layers keep stage 0).
+    ``selective-op`` (torchtitan's SelectiveAC: each layer keeps the outputs of its attention
+    kernel, other batched contractions and every other matmul, and re-runs the rest); ``full`` (only
+    layer inputs are kept; every layer is re-run). ``True``/``False`` read as ``full``/``none``.
+    ``auto``: the exact search chooses none, selective or full per layer (``layer_recompute`` then
+    holds its choice as ``(layer, mode)`` pairs; a layer not listed, and any operator outside the
+    layers, runs without recompute). ``zero``: the ZeRO stage on data-parallel axes, or ``auto``:
+    the exact search chooses 0-3 per layer (``layer_zero``; operators outside the layers keep stage
+    0).
     ``sequence_parallel``: an activation that a tensor-parallel operator reads
     replicated is kept 1/t-sharded for the backward pass and gathered again there (Megatron-LM's
     sequence-parallel linear; the search places norms, dropouts and residuals sequence-sharded
@@ -92,9 +99,11 @@ class TrainingSettings:
         metadata=_option(
             "--recompute",
             "activation recompute: selective = the attention core (scores, softmax, its dropout) "
-            "is re-run instead of kept; full = only layer inputs are kept; auto = the exact method "
-            "chooses one of these per layer when memory binds",
-            RECOMPUTE + (AUTO,),
+            "is re-run instead of kept; selective-op = torchtitan's operator policy: the outputs "
+            "of the attention kernel and of every other matmul of a layer are kept, the rest "
+            "re-run; full = only layer inputs are kept; auto = the exact method chooses none, "
+            "selective or full per layer when memory binds",
+            RECOMPUTE_MODES + (AUTO,),
         ),
     )
     overlap: str = field(
@@ -149,9 +158,9 @@ class TrainingSettings:
     def __post_init__(self) -> None:
         if isinstance(self.recompute, bool):
             object.__setattr__(self, "recompute", "full" if self.recompute else "none")
-        if self.recompute not in RECOMPUTE + (AUTO,):
+        if self.recompute not in RECOMPUTE_MODES + (AUTO,):
             raise SettingsError(
-                f"--recompute: must be one of {', '.join(RECOMPUTE + (AUTO,))}, got "
+                f"--recompute: must be one of {', '.join(RECOMPUTE_MODES + (AUTO,))}, got "
                 f"{self.recompute!r}"
             )
         _check_layers("layer_recompute", self.layer_recompute, RECOMPUTE)

@@ -136,6 +136,11 @@ def _parallel_args(run: LaunchRun) -> list[str]:
 
 def _settings_args(settings: TrainingSettings) -> list[str]:
     args: list[str] = []
+    if settings.recompute == "selective-op":
+        raise SettingsError(
+            "--target megatron: Megatron-LM has no operator-level selective checkpointing "
+            "(torchtitan's policy); plan with --recompute selective or full"
+        )
     if settings.recompute == "selective":
         args += ["--recompute-granularity", "selective"]
     elif settings.recompute == "full":

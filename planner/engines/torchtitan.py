@@ -22,15 +22,17 @@ torchtitan/config/configs.py):
     parallelism.data_parallel_replicate_degree  dp under ZeRO-0 (DDP: torchtitan runs it on a 1-D
                                               mesh only, no tensor or pipeline parallelism)
     training.local_batch_size / global_batch_size / seq_len
-    activation_checkpoint                     none, or FullAC (recompute full)
+    activation_checkpoint                     none, SelectiveAC (recompute selective-op: its
+                                              operator policy) or FullAC (recompute full)
 
 torchtitan keeps fp32 master weights and reduces gradients in fp32 under bf16 mixed precision
 (``mixed_precision_param`` bfloat16, ``mixed_precision_reduce`` float32): a plan exports when its
 settings say so (dtype bf16 with fp32 gradients). Refused, with the field: models other than
 torchtitan's LLaMA 3 flavors, ZeRO-1 without pipelining (torchtitan has none), selective
-recompute (torchtitan's selective AC is an operator policy, not Korthikanti's attention-core
-recompute), per-layer choices, DDP beside tensor or pipeline parallelism, and ZeRO-2/3 beside
-pipelining (torch's stages run FSDP2 as ZeRO-1 there: engines.torchtitan_read._zero).
+recompute (torchtitan's selective AC is the operator policy, ``selective-op``, not Korthikanti's
+attention-core recompute), per-layer choices, DDP beside tensor or pipeline parallelism, and
+ZeRO-2/3 beside pipelining (torch's stages run FSDP2 as ZeRO-1 there:
+engines.torchtitan_read._zero).
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ def check_expressible(run: LaunchRun) -> None:
         raise SettingsError(
             "--target torchtitan: torchtitan's selective activation checkpointing is an operator "
             "policy, not the attention-core recompute the plan costs (plan with --recompute "
-            "none or full)"
+            "selective-op, none or full)"
         )
     if s.zero == 0 and run.data_parallel > 1 and run.world_size > run.data_parallel:
         raise SettingsError(
@@ -129,7 +131,7 @@ def config_file(run: LaunchRun, title: str) -> str:
         f"--config {CONFIG_NAME}",
         f'(N x G = {run.world_size} GPUs; MODULE: this file\'s name, importable)."""',
         "",
-        "from torchtitan.distributed.activation_checkpoint import FullAC",
+        "from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC",
         "from torchtitan.models.llama3 import config_registry",
         "",
         "",
@@ -169,7 +171,9 @@ def _training_lines(run: LaunchRun) -> list[str]:
     is one micro-batch and the rest is gradient accumulation (global > local x dp)."""
     steps = run.global_batch // (run.micro_batch * run.data_parallel)
     local = run.micro_batch * (steps if run.pipeline_parallel > 1 else 1)
-    ac = "FullAC.Config()" if run.settings.recompute == "full" else "None"
+    ac = {"full": "FullAC.Config()", "selective-op": "SelectiveAC.Config()"}.get(
+        run.settings.recompute, "None"
+    )
     return [
         f"    config.training.local_batch_size = {local}",
         f"    config.training.global_batch_size = {run.global_batch}",

@@ -194,26 +194,38 @@ def _zero(reshard: str, shard: int, pp: int) -> int:
     return 1
 
 
-def _settings(config, shard: int, pp: int) -> TrainingSettings:
-    from torchtitan.distributed.activation_checkpoint import FullAC
+def _recompute(ac) -> str:
+    """torchtitan's activation checkpointing as a recompute mode: none, FullAC (full) or
+    SelectiveAC with its default policy (selective-op); others, and a SelectiveAC whose save set
+    or forced recomputes differ from the policy the planner costs, are refused."""
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 
+    if ac is None:
+        return "none"
+    if type(ac) is FullAC.Config:
+        return "full"
+    if type(ac) is SelectiveAC.Config and ac.force_recompute_mm_shapes_by_fqns == list(
+        SelectiveAC.Config().force_recompute_mm_shapes_by_fqns
+    ):
+        return "selective-op"
+    raise SettingsError(
+        f"--from-torchtitan: activation checkpointing {type(ac).__qualname__} is not modelled "
+        "(none, FullAC or SelectiveAC with its default policy)"
+    )
+
+
+def _settings(config, shard: int, pp: int) -> TrainingSettings:
     if config.training.mixed_precision_param != "bfloat16":
         raise SettingsError(
             "--from-torchtitan: training.mixed_precision_param other than bfloat16 is not "
             "modelled (the planner prices bf16 compute with fp32 master weights and gradients)"
-        )
-    ac = config.activation_checkpoint
-    if ac is not None and not isinstance(ac, FullAC.Config):
-        raise SettingsError(
-            f"--from-torchtitan: activation checkpointing {type(ac).__qualname__} is not "
-            "modelled (none or full)"
         )
     zero = _zero(config.parallelism.fsdp_reshard_after_forward, shard, pp)
     sequence_parallel = config.parallelism.enable_sequence_parallel
     return TrainingSettings(
         dtype="bf16",
         zero=zero,
-        recompute="full" if ac is not None else "none",
+        recompute=_recompute(config.activation_checkpoint),
         fp32_grads=True,
         sequence_parallel=bool(sequence_parallel and config.parallelism.tensor_parallel_degree > 1),
         # torchtitan's cross_entropy_loss: its loss-parallel kernel on vocabulary-sharded logits

@@ -156,7 +156,9 @@ def _working_memory(
             kept[key] = op_cost(
                 op, chosen[i], mesh, plain, infos[op.name], profile
             ).memory.activations
-        rerun[layer[i]] += kept[key] - records[i].memory.activations
+        # per operator, what the re-run makes again (an output the operator policy caches
+        # though no backward reads it is kept, not re-made: never negative)
+        rerun[layer[i]] += max(0.0, kept[key] - records[i].memory.activations)
     return np.maximum(working, rerun)
 
 

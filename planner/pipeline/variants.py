@@ -25,7 +25,9 @@ def variants(settings: TrainingSettings, stage: Mesh) -> list[TrainingSettings]:
     parallel = [settings.sequence_parallel]
     if not settings.sequence_parallel and stage.num_devices > 1:
         parallel.append(True)
-    recomputes = RECOMPUTE[RECOMPUTE.index(settings.recompute) :]
+    # torchtitan's operator policy is not on the ladder: given, it is tried, then full
+    ladder = RECOMPUTE if settings.recompute in RECOMPUTE else ("selective-op", "full")
+    recomputes = ladder[ladder.index(settings.recompute) :]
     zeros = range(settings.zero, 4)
     return [
         replace(settings, sequence_parallel=sp, recompute=r, zero=z)
