@@ -15,7 +15,7 @@ from planner.cluster.cluster import Cluster, check_given_cluster, make_cluster
 from planner.cluster.mesh import Mesh
 from planner.cluster.profiles import DEFAULT_HARDWARE_CSV, MachineProfile, get_profile
 from planner.cost.problem import Problem, build_problem
-from planner.cost.settings import AUTO, TrainingSettings
+from planner.cost.settings import AUTO, RECOMPUTE, TrainingSettings
 from planner.errors import InfeasibleError, SettingsError
 from planner.ir.graph import Graph
 from planner.ir.rebatch import rebatched
@@ -101,13 +101,15 @@ def plan_pipeline(
     hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV,
     progress: Progress | None = None,
     admits: Callable[[Plan3D], bool] | None = None,
+    recompute_ladder: tuple[str, ...] = RECOMPUTE,
 ) -> Plan3D:
     """3D plan: pipeline degree over the outer part of the mesh, ``intra`` plans per stage,
     ``method`` cuts.
 
     ``mesh`` defaults to ``node=devices/gpus_per_node,gpu=gpus_per_node`` for the profile;
     ``degrees``, ``counts`` (micro-batch counts) and ``cuts`` pin parts of the search; ``admits``
-    keeps only the plans it accepts (``planner.launch.plan_for``: what an engine runs)."""
+    keeps only the plans it accepts and ``recompute_ladder`` sets the recompute modes the
+    escalation climbs (``planner.launch.plan_for``: what an engine runs)."""
     if isinstance(mesh, Cluster):
         check_given_cluster(mesh, device, memory, devices)
         device = mesh.profile
@@ -122,7 +124,7 @@ def plan_pipeline(
     # user's choice
     tensor = escalate and intra in ("exact", "megatron-grid")
     pinned = (_tuple(degrees), _tuple(counts), cuts, escalate, fit_required, tensor, admits)
-    options = threed.PipelineOptions(schedule, method, *pinned)
+    options = threed.PipelineOptions(schedule, method, *pinned, tuple(recompute_ladder))
     planner = stage_planner(intra, time_limit_s, seed, jobs)
     return threed.plan_pipeline(
         load, cluster, global_batch, settings, options, planner, intra, progress

@@ -14,7 +14,7 @@ from typing import Callable
 
 from planner import api3d
 from planner.cluster.profiles import DEFAULT_HARDWARE_CSV, MachineProfile, get_profile
-from planner.cost.settings import AUTO, TrainingSettings
+from planner.cost.settings import AUTO, RECOMPUTE, TrainingSettings
 from planner.engines.launch_run import LaunchRun
 from planner.engines.megatron import megatron_args, shell_line
 from planner.engines.megatron_read import read_megatron
@@ -226,12 +226,14 @@ def _torchtitan_check(run: LaunchRun) -> None:
 class Target:
     """An engine a plan launches on: ``check`` raises SettingsError for a configuration the engine
     cannot run as the plan costs it; ``export`` writes a plan JSON's configuration, re-costed;
-    ``runs`` the training settings as the engine runs them (its kernels)."""
+    ``runs`` the training settings as the engine runs them (its kernels); ``recompute_ladder``
+    the recompute modes it offers, least memory saved first."""
 
     name: str
     check: Callable[[LaunchRun], None]
     export: Callable[..., LaunchExport]
     runs: Callable[[TrainingSettings], TrainingSettings] = lambda settings: settings
+    recompute_ladder: tuple[str, ...] = RECOMPUTE
 
 
 def _torchtitan_runs(settings: TrainingSettings) -> TrainingSettings:
@@ -247,7 +249,14 @@ def _megatron_runs(settings: TrainingSettings) -> TrainingSettings:
 
 TARGETS = {
     "megatron": Target("megatron", _megatron_check, export_megatron, _megatron_runs),
-    "torchtitan": Target("torchtitan", _torchtitan_check, export_torchtitan, _torchtitan_runs),
+    # torchtitan's activation checkpointing: none, SelectiveAC (its operator policy) or FullAC
+    "torchtitan": Target(
+        "torchtitan",
+        _torchtitan_check,
+        export_torchtitan,
+        _torchtitan_runs,
+        ("none", "selective-op", "full"),
+    ),
 }
 
 
@@ -285,7 +294,7 @@ def plan_for(engine: str, model: str, mesh=None, device="a100-80g", **options) -
     ``admits``. bf16 plans reduce gradients in fp32, as both engines do by default (Megatron-LM's
     main gradients, torchtitan's ``mixed_precision_reduce``)."""
     chosen = target(engine)
-    for name in ("intra", "admits"):
+    for name in ("intra", "admits", "recompute_ladder"):
         if name in options:
             raise SettingsError(f"{name}: set by the engine's search (plan_for)")
     given = options.pop("settings", None) or TrainingSettings()
@@ -304,6 +313,7 @@ def plan_for(engine: str, model: str, mesh=None, device="a100-80g", **options) -
         settings=settings,
         intra="megatron-grid",
         admits=admits(chosen, str(model), options.get("seq")),
+        recompute_ladder=chosen.recompute_ladder,
         **options,
     )
     said = (

@@ -16,9 +16,10 @@ SELECTIVE = TrainingSettings(recompute="selective", fp32_grads=True)
 
 
 def test_a_torchtitan_search_answers_what_torchtitan_runs():
-    """torchtitan has no selective recompute (its selective AC is an operator policy): asked for
-    at least selective, the unrestricted search keeps selective, which torchtitan's export
-    refuses; the search for torchtitan answers full recompute, which exports to the same time."""
+    """torchtitan has no attention-core selective recompute (its selective AC is an operator
+    policy): asked for at least selective, the unrestricted search keeps selective, which
+    torchtitan's export refuses; the search for torchtitan climbs torchtitan's own ladder and
+    answers its operator policy (selective-op), which exports to the same time."""
     kw = dict(batch=8, seq=512, degrees=[1])
     free = api3d.plan_pipeline(
         "llama3-8b", "gpu=4", "h100-80g", settings=SELECTIVE, intra="megatron-grid", **kw
@@ -27,8 +28,12 @@ def test_a_torchtitan_search_answers_what_torchtitan_runs():
     with pytest.raises(SettingsError, match="selective"):
         TARGETS["torchtitan"].check(launch_run(plan_data(free, "llama3-8b", 512)))
     found = plan_for("torchtitan", "llama3-8b", "gpu=4", "h100-80g", settings=SELECTIVE, **kw)
-    assert found.settings.recompute == "full"
+    assert found.settings.recompute == "selective-op"
     assert found.pipeline.iteration_time_s > free.pipeline.iteration_time_s  # a real restriction
+    assert (
+        "SelectiveAC.Config()"
+        in TARGETS["torchtitan"].export(plan_data(found, "llama3-8b", 512)).text
+    )
     export = TARGETS["torchtitan"].export(plan_data(found, "llama3-8b", 512))
     assert export.gap == pytest.approx(0, abs=1e-3)
 

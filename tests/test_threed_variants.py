@@ -11,7 +11,7 @@ import pytest
 from planner.api3d import plan_pipeline
 from planner.cluster.mesh import parse_mesh
 from planner.cluster.profiles import get_profile
-from planner.cost.settings import TrainingSettings
+from planner.cost.settings import RECOMPUTE, TrainingSettings
 from planner.errors import InfeasibleError
 from planner.pipeline.variants import variants
 
@@ -50,6 +50,22 @@ def test_the_menu_holds_every_combination_at_least_the_given_settings():
     assert all(v.sequence_parallel for v in narrower)
     single = parse_mesh("1", get_profile("a100-80g"))
     assert not any(v.sequence_parallel for v in variants(TrainingSettings(), single))
+
+
+def test_an_engine_climbs_its_own_recompute_ladder():
+    """torchtitan's ladder holds its operator policy in place of Megatron-LM's selective
+    recompute; a given mode off the ladder is tried first, then the modes that save more."""
+    stage = parse_mesh("1", get_profile("a100-80g"))
+    torchtitan = ("none", "selective-op", "full")
+
+    def modes(recompute, ladder=RECOMPUTE):
+        given = TrainingSettings(recompute=recompute, zero=3)
+        return [v.recompute for v in variants(given, stage, ladder)]
+
+    assert modes("none", torchtitan) == ["none", "selective-op", "full"]
+    assert modes("selective", torchtitan) == ["selective", "selective-op", "full"]
+    assert modes("selective-op") == ["selective-op", "full"]
+    assert modes("none") == ["none", "selective", "full"]
 
 
 # memory limits: none binding, then tight enough that recompute or ZeRO must help

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from planner.cost.settings import TrainingSettings
+from planner.cost.settings import RECOMPUTE, TrainingSettings
 from planner.errors import InfeasibleError, SettingsError
 from planner.ir.graph import Graph
 from planner.cluster.cluster import Cluster
@@ -73,6 +73,8 @@ class PipelineOptions:
     # a plan the caller can use (an engine's expressible configurations: planner.launch.plan_for);
     # None: every plan
     admits: Callable[[Plan3D], bool] | None = None
+    # the recompute modes the escalation climbs (an engine's own: planner.launch.Target)
+    recompute_ladder: tuple[str, ...] = RECOMPUTE
 
 
 # stage planners that pick strategies by a fixed pattern, without the costed tables
@@ -146,7 +148,7 @@ def _degree(search: DegreeSearch, p: int, settings, o: PipelineOptions, rows: li
             # not the fastest on its stage mesh, so beside it every candidate is tried
             break
         sub = candidate.mesh
-        variants = setting_variants(settings, sub) if o.escalate else [settings]
+        variants = setting_variants(settings, sub, o.recompute_ladder) if o.escalate else [settings]
         if candidate.tensor_axis is not None:
             # Megatron-LM's stage plan runs tensor parallelism with sequence parallelism
             variants = [v for v in variants if v.sequence_parallel] or variants

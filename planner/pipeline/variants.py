@@ -12,22 +12,25 @@ from __future__ import annotations
 from dataclasses import replace
 
 from planner.cluster.mesh import Mesh
-from planner.cost.settings import RECOMPUTE, TrainingSettings
+from planner.cost.settings import RECOMPUTE, RECOMPUTE_MODES, TrainingSettings
 from planner.errors import SettingsError
 
 
-def variants(settings: TrainingSettings, stage: Mesh) -> list[TrainingSettings]:
+def variants(
+    settings: TrainingSettings, stage: Mesh, ladder: tuple[str, ...] = RECOMPUTE
+) -> list[TrainingSettings]:
     """The settings a stage may run under, the given ones first: every combination of sequence
-    parallelism (when the stage mesh can split operators), a recompute mode at least the given one
-    and a ZeRO stage at least the given one (ZeRO-1 to 3, 3 being FSDP), as practitioners combine
-    them; the search keeps the fastest that fits (a cheaper-looking one may not fit, and ZeRO-1
-    can be faster than none: its optimizer step is 1/d as heavy)."""
+    parallelism (when the stage mesh can split operators), a recompute mode of ``ladder`` that
+    saves at least the given one's memory (``RECOMPUTE_MODES`` order; the given one first) and a
+    ZeRO stage at least the given one (ZeRO-1 to 3, 3 being FSDP), as practitioners combine them;
+    the search keeps the fastest that fits (a cheaper-looking one may not fit, and ZeRO-1 can be
+    faster than none: its optimizer step is 1/d as heavy). An engine climbs its own ladder
+    (torchtitan's has its operator policy in place of Megatron-LM's selective recompute)."""
     parallel = [settings.sequence_parallel]
     if not settings.sequence_parallel and stage.num_devices > 1:
         parallel.append(True)
-    # torchtitan's operator policy is not on the ladder: given, it is tried, then full
-    ladder = RECOMPUTE if settings.recompute in RECOMPUTE else ("selective-op", "full")
-    recomputes = ladder[ladder.index(settings.recompute) :]
+    order = RECOMPUTE_MODES.index
+    recomputes = [settings.recompute] + [r for r in ladder if order(r) > order(settings.recompute)]
     zeros = range(settings.zero, 4)
     return [
         replace(settings, sequence_parallel=sp, recompute=r, zero=z)
