@@ -8,7 +8,8 @@ layers), data parallelism the rest, micro-batch 1 or 2, recompute none/selective
 and writes, per case, the search's iteration time, status and wall time, the best fitting grid
 point and the ratio search / grid (<= 1: the search is not beaten by the grid); and `plan --for
 megatron` (the search restricted to what Megatron-LM runs) with its ratio to the same grid costed
-as Megatron-LM runs a bf16 line (fp32 main gradients, fused loss), every point of which it may choose.
+as Megatron-LM runs a bf16 line (fp32 main gradients, fused loss), every point of which it may
+choose.
 
   python benchmarks/threed.py [--cases a,b] [--out results/threed.csv]
 """

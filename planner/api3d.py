@@ -104,12 +104,10 @@ def plan_pipeline(
     recompute_ladder: tuple[str, ...] = RECOMPUTE,
 ) -> Plan3D:
     """3D plan: pipeline degree over the outer part of the mesh, ``intra`` plans per stage,
-    ``method`` cuts.
-
-    ``mesh`` defaults to ``node=devices/gpus_per_node,gpu=gpus_per_node`` for the profile;
+    ``method`` cuts. ``mesh`` defaults to ``node=devices/gpus_per_node,gpu=gpus_per_node``;
     ``degrees``, ``counts`` (micro-batch counts) and ``cuts`` pin parts of the search; ``admits``
-    keeps only the plans it accepts and ``recompute_ladder`` sets the recompute modes the
-    escalation climbs (``planner.launch.plan_for``: what an engine runs)."""
+    (the plans kept) and ``recompute_ladder`` (the modes climbed): an engine's, from
+    ``planner.launch.plan_for``."""
     if isinstance(mesh, Cluster):
         check_given_cluster(mesh, device, memory, devices)
         device = mesh.profile

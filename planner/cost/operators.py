@@ -40,7 +40,13 @@ from planner.cost.strategy import (
     shard_factor,
 )
 from planner.ir.graph import Graph, Operator
-from planner.cost.recompute import attention_core, operator_policy_kept, recompute_modes
+from planner.cost.recompute import (
+    attention_core,
+    kept_for_backward,
+    operator_policy_kept,
+    policy_outputs,
+    recompute_modes,
+)
 from planner.ir.ops import REGISTRY
 
 
@@ -90,13 +96,15 @@ def _operand_infos(graph: Graph, settings: TrainingSettings) -> dict[str, tuple[
     )
     rerun_ops = {op.name for op in graph.operators if any(o.tensor in core for o in op.outputs)}
     kept_ops = operator_policy_kept(graph) if "selective-op" in mode.values() else frozenset()
-    policy = _operator_policy(graph, mode, kept_ops)
+    policy = policy_outputs(graph, mode, kept_ops)
     rerun_ops |= {op.name for op in graph.operators if mode[op.name] == "selective-op"} - kept_ops
     owner: dict[str, str] = {}
     for op in graph.operators:
         for operand in op.inputs:
             t = graph.tensor(operand.tensor)
-            if t.role == "param" or (operand.saved and _kept(t, mode[op.name], core, policy)):
+            if t.role == "param" or (
+                operand.saved and kept_for_backward(t, mode[op.name], core, policy)
+            ):
                 owner.setdefault(t.name, op.name)
             elif mode[op.name] == "selective-op" and policy.get(t.name):
                 # the policy caches the output whether or not the backward pass reads it
@@ -125,28 +133,6 @@ def _operand_infos(graph: Graph, settings: TrainingSettings) -> dict[str, tuple[
             )
         infos[op.name] = tuple(row)
     return infos
-
-
-def _operator_policy(graph: Graph, mode: dict[str, str], kept: frozenset[str]) -> dict[str, bool]:
-    """Under torchtitan's operator policy (``selective-op``): per tensor made in such a layer,
-    whether the policy keeps it (its maker is in ``kept``: ``recompute.operator_policy_kept``)."""
-    return {
-        o.tensor: op.name in kept
-        for op in graph.operators
-        if mode[op.name] == "selective-op"
-        for o in op.outputs
-    }
-
-
-def _kept(tensor, mode: str, core: frozenset[str], policy: dict[str, bool]) -> bool:
-    """Whether a saved input of an operator under recompute ``mode`` is kept for the backward
-    pass: full keeps layer inputs only, selective all but the attention core, the operator
-    policy layer inputs and what its kept operators make."""
-    if mode == "full":
-        return tensor.checkpoint
-    if mode == "selective-op":
-        return tensor.checkpoint or policy.get(tensor.name, True)
-    return tensor.name not in core
 
 
 def op_signature(op: Operator, infos: tuple[OperandInfo, ...]) -> tuple:

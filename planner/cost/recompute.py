@@ -63,3 +63,25 @@ def operator_policy_kept(graph: Graph) -> frozenset[str]:
                 continue
         kept.add(op.name)
     return frozenset(kept)
+
+
+def policy_outputs(graph: Graph, mode: dict[str, str], kept: frozenset[str]) -> dict[str, bool]:
+    """Under torchtitan's operator policy (``selective-op``): per tensor made in such a layer,
+    whether the policy keeps it (its maker is in ``kept``: ``recompute.operator_policy_kept``)."""
+    return {
+        o.tensor: op.name in kept
+        for op in graph.operators
+        if mode[op.name] == "selective-op"
+        for o in op.outputs
+    }
+
+
+def kept_for_backward(tensor, mode: str, core: frozenset[str], policy: dict[str, bool]) -> bool:
+    """Whether a saved input of an operator under recompute ``mode`` is kept for the backward
+    pass: full keeps layer inputs only, selective all but the attention core, the operator
+    policy layer inputs and what its kept operators make."""
+    if mode == "full":
+        return tensor.checkpoint
+    if mode == "selective-op":
+        return tensor.checkpoint or policy.get(tensor.name, True)
+    return tensor.name not in core
