@@ -266,3 +266,28 @@ def test_megatron_lm_accepts_the_exported_lines(published):
             run.pipeline_parallel,
             run.model.layers,
         )
+
+
+@pytest.mark.slow
+@pytest.mark.heavy  # the engine's whole search on 64 to 1,024 GPUs: about 6 min on 2 cores
+@pytest.mark.skipif(find_spec("megatron") is None, reason="megatron-core not installed")
+@pytest.mark.parametrize("model, mesh, device, batch", [p[:4] for p in PUBLISHED])
+def test_plan_for_megatron_answers_a_line_megatron_lm_accepts(model, mesh, device, batch):
+    """The three acceptance models planned by `plan --for megatron` (unpinned): the line exports,
+    reads back through --from-megatron to the plan's time within 0.1% and passes Megatron-LM's
+    own parse_args, validate_args and TransformerConfig."""
+    from planner.launch import plan_data, plan_for
+
+    plan = plan_for("megatron", model, mesh, device, batch=batch)
+    export = export_megatron(plan_data(plan, model, None))
+    assert abs(export.gap) <= 1e-3
+    done = subprocess.run(
+        [sys.executable, "-c", VALIDATE], input=export.line, text=True, capture_output=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    dp, tp, pp, _ = map(int, done.stdout.split()[-4:])
+    assert (tp, pp, dp) == (
+        export.run.tensor_parallel,
+        plan.pipeline.stages,
+        export.run.data_parallel,
+    )

@@ -383,3 +383,31 @@ def test_the_stock_8b_config_reads_with_its_operator_policy(tmp_path):
     assert stock[0] == 0, stock
     assert json.loads(out.read_text())["settings"]["recompute"] == "selective-op"
     assert forced[0] == 2 and "SelectiveAC with its default policy" in forced[2], forced
+
+
+@pytest.mark.slow
+@pytest.mark.heavy  # the engine's whole search on 64 and 512 GPUs: about 4 min on 2 cores
+@needs_torchtitan
+def test_plan_for_torchtitan_reads_back_through_torchtitan(tmp_path):
+    """The acceptance models torchtitan trains, planned by `plan --for torchtitan` (unpinned):
+    each config file loads through torchtitan's own ConfigManager and costs the plan's time."""
+    from planner.launch import plan_data, plan_for
+
+    files, expected = [], []
+    for model, mesh, batch in (
+        ("llama3-8b", "node=8,gpu=8", 256),
+        ("llama3-70b", "node=64,gpu=8", 512),
+    ):
+        plan = plan_for("torchtitan", model, mesh, "h100-80g", batch=batch)
+        files.append(tmp_path / f"planner_for_{len(files)}.py")
+        files[-1].write_text(export_torchtitan(plan_data(plan, model, None)).text)
+        expected.append(plan.pipeline.iteration_time_s)
+    done = subprocess.run(
+        [sys.executable, "-c", READ_BACK, *map(str, files)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(done.stdout.splitlines()[-1])
+    assert [row[0] for row in rows] == pytest.approx(expected, rel=1e-3)
