@@ -222,6 +222,21 @@ def test_evaluate_prints_and_writes_the_memory_parts_per_stage(tmp_path):
     assert stage["memory_bytes"] < 78e9  # it trained: it fits
 
 
+def _one_stage(model: str, settings: TrainingSettings, tp: int = 1):
+    """One H100 stage of ``tp`` devices, two samples in one micro-batch, costed as given."""
+    return api3d.evaluate_3d(
+        model,
+        "h100-80g",
+        tp=tp,
+        pp=1,
+        dp=1,
+        micro_batch=2,
+        batch=2,
+        settings=settings,
+        fit_required=False,
+    )
+
+
 @pytest.mark.parametrize(
     "kernel, tp, buffers",
     [("torch", 2, 2), ("loss-parallel", 2, 3), ("loss-parallel", 1, 2), ("fused", 2, 0)],
@@ -233,16 +248,10 @@ def test_the_loss_kernel_sets_the_backward_buffers(kernel, tp, buffers):
     vocabulary-sharded logits (zeros_like, exp and their sum: torchtitan/components/loss.py) and
     PyTorch's 2 on whole ones, megatron-core's vocabulary-parallel cross-entropy 0 (in place:
     megatron/core/tensor_parallel/cross_entropy.py)."""
-    plan = api3d.evaluate_3d(
+    plan = _one_stage(
         "llama:layers=2,hidden=256,heads=4,kv_heads=2,seq=128,vocab=4096",
-        "h100-80g",
-        tp=tp,
-        pp=1,
-        dp=1,
-        micro_batch=2,
-        batch=2,
-        settings=TrainingSettings(loss_kernel=kernel),
-        fit_required=False,
+        TrainingSettings(loss_kernel=kernel),
+        tp,
     )
     stage = plan.to_dict()["stages"][0]
     tokens = 2 * 128
@@ -286,17 +295,7 @@ def test_torchtitan_operator_policy_keeps_attention_and_every_other_matmul(a100)
     }
     model = "llama:layers=2,hidden=1024,heads=8,kv_heads=2,ffn=3584,seq=512,vocab=1000"
     times = [
-        api3d.evaluate_3d(
-            model,
-            "h100-80g",
-            tp=1,
-            pp=1,
-            dp=1,
-            micro_batch=2,
-            batch=2,
-            settings=TrainingSettings(recompute=mode),
-            fit_required=False,
-        ).pipeline.iteration_time_s
+        _one_stage(model, TrainingSettings(recompute=mode)).pipeline.iteration_time_s
         for mode in ("none", "selective-op", "full")
     ]
     assert times[0] < times[1] < times[2]

@@ -144,6 +144,19 @@ print(json.dumps(out))
 """
 
 
+def _read_back(files: list) -> list:
+    """Each config file read by torchtitan's ConfigManager and costed (``READ_BACK``), in a
+    process of its own: [iteration s, tp, pp, dp, schedule, ZeRO stage, torchtitan's dp]."""
+    done = subprocess.run(
+        [sys.executable, "-c", READ_BACK, *map(str, files)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
 @needs_torchtitan
 def test_torchtitan_reads_the_configs_back_to_the_same_time(tmp_path):
     """In a process of its own: importing torchtitan changes torch's global state."""
@@ -169,14 +182,7 @@ def test_torchtitan_reads_the_configs_back_to_the_same_time(tmp_path):
     files.append(tmp_path / "planner_tt_70b.py")
     files[-1].write_text(export_torchtitan(data).text)
     expected.append((data["iteration_time_s"], dict(tp=8, pp=8, dp=8), PIPELINED_FSDP))
-    done = subprocess.run(
-        [sys.executable, "-c", READ_BACK, *map(str, files)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    for row, (time_s, degrees, settings) in zip(json.loads(done.stdout.splitlines()[-1]), expected):
+    for row, (time_s, degrees, settings) in zip(_read_back(files), expected):
         assert row[0] == pytest.approx(time_s, rel=1e-3)
         assert row[1:4] == [degrees["tp"], degrees["pp"], degrees["dp"]]
         assert row[4] == degrees.get("schedule", "1f1b") and row[5] == settings.zero
@@ -402,12 +408,4 @@ def test_plan_for_torchtitan_reads_back_through_torchtitan(tmp_path):
         files.append(tmp_path / f"planner_for_{len(files)}.py")
         files[-1].write_text(export_torchtitan(plan_data(plan, model, None)).text)
         expected.append(plan.pipeline.iteration_time_s)
-    done = subprocess.run(
-        [sys.executable, "-c", READ_BACK, *map(str, files)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    rows = json.loads(done.stdout.splitlines()[-1])
-    assert [row[0] for row in rows] == pytest.approx(expected, rel=1e-3)
+    assert [row[0] for row in _read_back(files)] == pytest.approx(expected, rel=1e-3)
