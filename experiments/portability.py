@@ -22,7 +22,6 @@ import sys
 import time
 
 import planner
-from planner.cluster.mesh import parse_mesh
 from planner.cluster.profiles import get_profile
 from experiments.common import add_output_options, png_path, pyplot, results_table, run, write_png
 
@@ -46,21 +45,17 @@ def variations(base: dict, quick: bool) -> list[tuple[str, dict]]:
 
 
 def degrees(result) -> dict:
-    """Pipeline, data and tensor-parallel degrees of a 3D plan (tensor: linear layers split off the
-    batch)."""
-    mesh = parse_mesh(result.stage_mesh, get_profile("symbolic"))
-    sizes = dict(zip(mesh.names, mesh.shape))
-    dims = dict(result.tensor_parallel_dims)
-    dp = math.prod(sizes[a] for a, d in dims.items() if d == "b")
-    tp_inter = math.prod(sizes[a] for a, d in dims.items() if d not in (None, "b") and a == "node")
-    tp_intra = math.prod(sizes[a] for a, d in dims.items() if d not in (None, "b") and a != "node")
+    """Pipeline, data and tensor-parallel degrees of a 3D plan, from its layout (tensor parallel
+    across nodes: on a tensor axis of the ``node`` level)."""
+    layout = result.layout
+    tp_inter = math.prod(a.size for a in layout.tensor_axes if a.level == "node")
     return {
-        "pipeline_degree": result.pipeline.stages,
-        "data_parallel_degree": dp,
-        "tensor_parallel_intra_node": tp_intra,
+        "pipeline_degree": layout.pipeline_degree,
+        "data_parallel_degree": layout.data_parallel_degree,
+        "tensor_parallel_intra_node": layout.tensor_parallel_degree // tp_inter,
         "tensor_parallel_inter_node": tp_inter,
-        "tensor_parallel_degree": tp_intra * tp_inter,
-        "stage_mesh": result.stage_mesh,
+        "tensor_parallel_degree": layout.tensor_parallel_degree,
+        "stage_mesh": layout.stage_mesh,
         "split_dims": " ".join(f"{a}:{d or '-'}" for a, d in result.tensor_parallel_dims),
     }
 

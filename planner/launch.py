@@ -20,6 +20,7 @@ from planner.engines.megatron import megatron_args, shell_line
 from planner.engines.megatron_read import read_megatron
 from planner.engines.torchtitan import check_expressible, config_file, flavor
 from planner.errors import SettingsError
+from planner.pipeline.layout import ROLES, TENSOR, axis_roles
 from planner.pipeline.plan3d import Plan3D
 from planner.pipeline.schedule import parse_schedule
 from planner.zoo import model_config
@@ -98,27 +99,51 @@ def launch_run(data: dict) -> LaunchRun:
 
 
 def _degrees(data: dict) -> tuple[int, int]:
-    """(tensor, data) parallel degrees of the stage mesh: the one axis on which the layers'
-    linears split a non-batch dim is tensor parallel, the others data parallel."""
-    sizes = {}
-    for part in str(data["pipeline"]["stage_mesh"]).split(","):
-        name, _, size = part.rpartition("=")
-        sizes[name or "gpu"] = int(size)
-    split = {
-        axis
-        for op in data["operators"]
-        if op["kind"] == "linear" and op.get("layer") is not None
-        for axis, dim in op["strategy"].items()
-        if dim not in (None, "b")
-    }
+    """(tensor, data) parallel degrees of the plan's ``layout`` (``pipeline.layout``); a file
+    written before plans carried one gets its layout's roles from its operators, by the same
+    rule (``layout.axis_roles``)."""
+    layout = data.get("layout")
+    if layout is not None:
+        axes = _layout_axes(layout)
+    else:
+        sizes = []
+        for part in str(data["pipeline"]["stage_mesh"]).split(","):
+            name, _, size = part.rpartition("=")
+            sizes.append((name or "gpu", int(size)))
+        linears = [
+            tuple(op["strategy"].get(name) for name, _ in sizes)
+            for op in data["operators"]
+            if op["kind"] == "linear" and op.get("layer") is not None
+        ]
+        roles = axis_roles([name for name, _ in sizes], linears)
+        axes = [(name, size, role) for (name, size), role in zip(sizes, roles)]
+    split = [(name, size) for name, size, role in axes if role == TENSOR]
     if len(split) > 1:
         raise SettingsError(
             f"--plan: field 'operators': the layers' linears split model dims on {len(split)} "
-            f"mesh axes ({', '.join(sorted(split))}); Megatron-LM's tensor parallelism is one "
-            "axis (plan with --method megatron)"
+            f"mesh axes ({', '.join(sorted(name for name, _ in split))}); Megatron-LM's tensor "
+            "parallelism is one axis (plan with --method megatron)"
         )
-    tp = sizes[next(iter(split))] if split else 1
-    return tp, math.prod(sizes.values()) // tp
+    tp = split[0][1] if split else 1
+    return tp, math.prod(size for _, size, _ in axes) // tp
+
+
+def _layout_axes(layout) -> list[tuple[str, int, str]]:
+    """(name, size, role) of each axis of a plan file's ``layout.mesh_axes``, checked."""
+    axes = layout.get("mesh_axes") if isinstance(layout, dict) else None
+    try:
+        found = [(str(a["name"]), a["size"], a["role"]) for a in axes]
+    except (TypeError, KeyError):
+        found = []
+    if not found or any(
+        isinstance(size, bool) or not isinstance(size, int) or size < 1 or role not in ROLES
+        for _, size, role in found
+    ):
+        raise SettingsError(
+            "--plan: field 'layout.mesh_axes': a list of {name, size, level, role} (a positive "
+            f"size, role one of {', '.join(ROLES)})"
+        )
+    return found
 
 
 def export_megatron(

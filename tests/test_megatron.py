@@ -158,6 +158,10 @@ def test_what_megatron_cannot_say_is_refused():
     data = _given(tp=2, pp=1, dp=4, micro_batch=1)
     q = next(op for op in data["operators"] if op["name"] == "h0.attn.q")
     q["strategy"] = {axis: "h" for axis in q["strategy"]}
+    with pytest.raises(SettingsError, match="one axis"):  # a file without a layout: its operators
+        launch_run({**data, "layout": None})
+    for axis in data["layout"]["mesh_axes"]:
+        axis["role"] = "tensor"
     with pytest.raises(SettingsError, match="one axis"):
         launch_run(data)
     slower = _given(tp=2, pp=1, dp=4, micro_batch=1)

@@ -103,6 +103,19 @@ def _strategy_lines(plan: Plan) -> list[str]:
     return lines
 
 
+def _layout_lines(result: Plan3D) -> list[str]:
+    """The plan's configuration as one line: its degrees and each stage-mesh axis's role."""
+    layout = result.layout
+    if layout is None:
+        return []
+    axes = ", ".join(f"{a.name}={a.size} {a.role} on {a.level}" for a in layout.mesh_axes)
+    return [
+        f"layout: pp {layout.pipeline_degree} x dp {layout.data_parallel_degree} x tp "
+        f"{layout.tensor_parallel_degree} ({axes}); micro-batch per replica "
+        f"{layout.micro_batch_per_replica}"
+    ]
+
+
 def format_3d(result: Plan3D) -> str:
     """A 3D plan: pipeline, per-stage time and memory, stage plan, and the candidates compared."""
     pipe = result.pipeline
@@ -120,6 +133,7 @@ def format_3d(result: Plan3D) -> str:
         f"settings: recompute {result.settings.recompute}, zero {result.settings.zero}, sequence "
         f"parallel {'on' if result.settings.sequence_parallel else 'off'}; linear layers split: "
         + ", ".join(f"{a}:{d or '-'}" for a, d in result.tensor_parallel_dims),
+        *_layout_lines(result),
         f"search time {result.search_time_s:.2f} s",
         *(f"note: {note}" for note in result.notes),
         *_memory_parts_lines(result),

@@ -17,6 +17,7 @@ from planner.cost.settings import TrainingSettings
 from planner.cost.strategy import Strategy
 from planner.ir.graph import Graph
 from planner.pipeline.layer_costs import layer_of, model_chain
+from planner.pipeline.layout import make_layout
 from planner.pipeline.plan3d import Plan3D
 from planner.pipeline.schedule import Evaluator, LayerChain, PipelinePlan
 from planner.pipeline.search import METHODS, given_cuts, stage_breakdown
@@ -251,6 +252,9 @@ def assemble(
         for k, axis in enumerate(sub.axes)
     )
     tied_sync = Evaluator(chain, pipe.stages, pipe.schedule, math.inf).tied_sync(pipe.cuts)
+    in_layers = [strategies[op.name] for op in linear if op.layer is not None]
+    axes = tuple((axis.name, axis.size) for axis in sub.axes)
+    layout = make_layout(pipe, axes, mesh.names, in_layers, settings)
     return Plan3D(
         graph.name,
         mesh.spec,
@@ -269,6 +273,7 @@ def assemble(
         tied_sync_s=float(tied_sync),
         operator_layers=tuple(op.layer for op in graph.operators),
         reserve_bytes=profile.reserve_bytes,
+        layout=layout,
     )
 
 

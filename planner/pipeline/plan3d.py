@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.cost.settings import TrainingSettings
+from planner.pipeline.layout import ParallelLayout
 from planner.pipeline.schedule import PipelinePlan
 from planner.pipeline.timeline import StageDetail
 from planner.plans import FAILED
@@ -62,6 +63,8 @@ class Plan3D:
     # the device's memory outside the plan's tensors (CUDA context, NCCL buffers, workspaces),
     # not in stage_memory_bytes: the default budget is the device's memory less it
     reserve_bytes: float = 0.0
+    # the configuration as one value: degrees, stage mesh axes, micro-batches, ZeRO, SP, recompute
+    layout: ParallelLayout | None = None
 
     @property
     def status(self) -> str:
@@ -151,6 +154,7 @@ class Plan3D:
                 "stage_mesh": self.stage_mesh,
             },
             "settings": self.settings.to_dict(),
+            "layout": self.layout.to_dict() if self.layout is not None else None,
             "stages": [
                 {"stage": k, "time_per_microbatch_s": t, "memory_bytes": m}
                 for k, (t, m) in enumerate(zip(self.stage_times_s, self.stage_memory_bytes))
