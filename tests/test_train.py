@@ -312,3 +312,28 @@ def test_a_ranks_exception_names_where_it_was_raised():
         == "[rank1]: IndexError: list index out of range (at torch/distributed/tensor/_api.py:12 "
         "in shard)"
     )
+
+
+@pytest.mark.slow  # 4 gloo processes, about 12 s each on 2 cores
+@pytest.mark.parametrize(
+    "degrees",
+    [
+        ["--tp", "2", "--dp", "2", "--pp", "1"],  # a 2x2 logical stage mesh: dp=2,tp=2
+        ["--tp", "2", "--dp", "1", "--pp", "2", "--cuts", "1"],  # uneven cuts: 1 + 3 layers
+    ],
+)
+def test_tensor_parallel_3d_plans_with_a_vocabulary_parallel_loss_train_on_four_processes(
+    tmp_path, degrees
+):
+    """Megatron-LM's stage plan splits the output layer's vocabulary, so the loss normalises over
+    a split dim: the runner gathers the logits first (as the executor does) and each rank gets its
+    own slice of their gradient back (refused before with "splits a dim it normalises over"). Both
+    runs' losses within 1e-4 of one process (the command's exit code checks the tolerance)."""
+    from planner.cli import main
+
+    spec = "gpt:layers=4,hidden=64,heads=4,seq=32,vocab=128"
+    plan = tmp_path / "p3.json"
+    argv = ["evaluate", "--model", spec, *degrees, "--micro-batch", "2", "--batch", "8"]
+    argv += ["--sequence-parallel", "--dtype", "fp32", "--optimizer", "sgd"]
+    assert main(argv + ["--json", str(plan), "-q"]) == 0
+    assert main(["run-torch", "--plan", str(plan), "--steps", "3", "--nproc", "4"]) == 0
