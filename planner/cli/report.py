@@ -116,6 +116,17 @@ def _layout_lines(result: Plan3D) -> list[str]:
     ]
 
 
+def _bound_lines(result: Plan3D) -> list[str]:
+    """The proven gap: the plan against the time no configuration of the space can beat."""
+    if result.gap is None:
+        return []
+    return [
+        f"lower bound {result.lower_bound_s:.3f} s per iteration for any configuration of the 3D "
+        f"space (every operator's compute spread over all devices, no communication or bubble): "
+        f"this plan is at most {result.gap:.1%} from the optimum"
+    ]
+
+
 def format_3d(result: Plan3D) -> str:
     """A 3D plan: pipeline, per-stage time and memory, stage plan, and the candidates compared."""
     pipe = result.pipeline
@@ -134,6 +145,7 @@ def format_3d(result: Plan3D) -> str:
         f"parallel {'on' if result.settings.sequence_parallel else 'off'}; linear layers split: "
         + ", ".join(f"{a}:{d or '-'}" for a, d in result.tensor_parallel_dims),
         *_layout_lines(result),
+        *_bound_lines(result),
         f"search time {result.search_time_s:.2f} s",
         *(f"note: {note}" for note in result.notes),
         *_memory_parts_lines(result),

@@ -65,6 +65,9 @@ class Plan3D:
     reserve_bytes: float = 0.0
     # the configuration as one value: degrees, stage mesh axes, micro-batches, ZeRO, SP, recompute
     layout: ParallelLayout | None = None
+    # seconds no configuration of the whole 3D space beats on this model and cluster
+    # (``planner.pipeline.bound``); None: not computed
+    lower_bound_s: float | None = None
 
     @property
     def status(self) -> str:
@@ -96,6 +99,14 @@ class Plan3D:
     @property
     def fits_memory(self) -> bool:
         return self.pipeline.fits_memory
+
+    @property
+    def gap(self) -> float | None:
+        """How far above the lower bound the plan is (0.03: within 3% of the optimum of the whole
+        space); None without a plan or a bound."""
+        if not self.found or not self.lower_bound_s:
+            return None
+        return self.pipeline.iteration_time_s / self.lower_bound_s - 1
 
     def summary_row(self, timings: bool = True) -> dict:
         """One flat CSV row: configuration, pipeline shape and headline figures."""
@@ -140,6 +151,8 @@ class Plan3D:
             "intra_status": self.intra_status,
             "iteration_time_s": pipe.iteration_time_s,
             "bottleneck_s": pipe.bottleneck_s,
+            "lower_bound_s": self.lower_bound_s,
+            "gap": self.gap,
             "max_memory_bytes": pipe.max_memory_bytes,
             "memory_limit_bytes": self.memory_limit_bytes,
             "reserve_bytes": self.reserve_bytes,
