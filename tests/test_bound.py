@@ -96,3 +96,22 @@ def test_the_plan_file_and_the_report_carry_the_bound():
     assert data["lower_bound_s"] == plan.lower_bound_s > 0
     assert data["gap"] == pytest.approx(plan.pipeline.iteration_time_s / plan.lower_bound_s - 1)
     assert f"at most {plan.gap:.1%} from the optimum" in format_3d(plan)
+
+
+def test_the_branch_bound_prunes_without_changing_the_plan():
+    """A settings variant whose bound (its re-runs included, the least pipeline bubble) is not below
+    the fastest plan so far is skipped: the same plan, fewer candidates costed (8 GiB: the plan runs
+    no recompute; without the bound every degree also costs its recompute variants)."""
+    from unittest import mock
+
+    import planner.pipeline.threed as threed
+
+    spec = "gpt:layers=8,hidden=2048,heads=16,seq=2048,vocab=8192"
+    kw = dict(batch=64, memory=8 * 2**30)
+    pruned = api3d.plan_pipeline(spec, "node=2,gpu=4", "a100-80g", **kw)
+    with mock.patch.object(threed, "_branch_bound", lambda *args: None):
+        full = api3d.plan_pipeline(spec, "node=2,gpu=4", "a100-80g", **kw)
+    assert pruned.pipeline.iteration_time_s == full.pipeline.iteration_time_s
+    assert pruned.layout == full.layout
+    assert len(pruned.candidates) < len(full.candidates) / 2
+    assert {c["recompute"] for c in full.candidates} > {c["recompute"] for c in pruned.candidates}

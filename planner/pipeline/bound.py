@@ -30,19 +30,34 @@ from dataclasses import replace
 
 from planner.cluster.mesh import Mesh, MeshAxis
 from planner.cluster.profiles import MachineProfile
-from planner.cost.settings import TrainingSettings
+from planner.cost.settings import AUTO, TrainingSettings
 from planner.cost.terms import plan_terms
 from planner.ir.graph import Graph
 
 
 def compute_bound(
-    graph: Graph, devices: int, profile: MachineProfile, settings: TrainingSettings
+    graph: Graph,
+    devices: int,
+    profile: MachineProfile,
+    settings: TrainingSettings,
+    recompute: bool = False,
 ) -> float:
     """Seconds no configuration of ``devices`` devices can beat for one step of ``graph`` (built at
     the whole global batch) under ``settings``' dtype: the sum over operators of their forward and
-    backward seconds on one device, over the device count (see the module docstring)."""
+    backward seconds on one device, over the device count (see the module docstring).
+    ``recompute``: the bound of the configurations that run ``settings.recompute`` (the forward
+    passes it re-runs are work too)."""
     one = Mesh((MeshAxis("one", 1, 1.0, 0.0),))
-    plain = replace(settings, recompute="none", zero=0, sequence_parallel=False)
+    mode = settings.recompute if recompute and settings.recompute != AUTO else "none"
+    plain = replace(settings, recompute=mode, zero=0, sequence_parallel=False)
     terms = plan_terms(graph, one, profile, plain, [(None,)] * len(graph.operators))
     seconds = sum(record.fwd_s + record.bwd_s for record in terms.ops)
     return profile.compute_weight * seconds / devices
+
+
+def pipeline_factor(stages: int, chunks: int, max_count: int) -> float:
+    """What a pipeline of ``stages`` stages (``chunks`` model chunks per device) multiplies the
+    bound by at ``max_count`` micro-batches at most: with T = sum_k T_k / v + (M - 1/v) max_k T_k
+    (``planner.pipeline.schedule``) and sum_k T_k >= p x bound / M (the stages share the work),
+    T >= bound x (1 + (p - 1) / (v M))."""
+    return 1.0 + (stages - 1) / (chunks * max_count)

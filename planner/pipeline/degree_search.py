@@ -42,6 +42,11 @@ def faster(best: Plan3D | None, candidate: Plan3D | None) -> Plan3D | None:
     return best
 
 
+def faster_time(beat: float, best: Plan3D | None) -> float:
+    """The fastest of ``beat`` seconds and ``best``'s iteration time."""
+    return min(beat, best.pipeline.iteration_time_s) if best is not None else beat
+
+
 def _candidate_row(stages: int, stage_mesh: str, stage_plan: str, variant, pipe) -> dict:
     """One row of the candidates a 3D search compared (``Plan3D.candidates``)."""
     return {
@@ -123,6 +128,9 @@ class DegreeSearch:
     intra_method: str = "exact"
     # the plans the caller can use (threed.PipelineOptions.admits); None: all
     admits: Callable[[Plan3D], bool] | None = None
+    # (settings variant, stages) -> seconds no plan of them beats (planner.pipeline.bound); None:
+    # no pruning
+    bound: Callable[[TrainingSettings, int], float] | None = None
 
     def degree(self, sub: Mesh, settings: TrainingSettings, p: int) -> tuple[Plan3D | None, bool]:
         """The best plan of ``p`` stages on ``sub`` under ``settings`` (None: no stage plan), and
@@ -186,16 +194,19 @@ class DegreeSearch:
         )
         return plan, free
 
-    def escalated(self, sub: Mesh, p: int, variants, rows: list) -> tuple:
+    def escalated(self, sub: Mesh, p: int, variants, rows: list, beat: float = math.inf) -> tuple:
         """The plans of ``p`` stages under every variant (``variants.variants``: least recompute
         first): (the first plan, the fastest that fits or None, whether a variant of the least
         recompute fits with the memory limit not binding); a row per plan is added to ``rows``. A
         variant with more recompute than one of the same sequence parallelism and ZeRO stage that
         fits without the memory limit binding is skipped: for every stage plan, count and cuts a
-        re-run only adds compute, so it cannot be faster."""
+        re-run only adds compute, so it cannot be faster. So is a variant whose lower bound is not
+        below the fastest plan so far (``beat``, or one of these)."""
         first, best, free, relaxed = None, None, set(), False
         for variant in variants:
-            if (variant.sequence_parallel, variant.zero) in free:
+            if (variant.sequence_parallel, variant.zero) in free or self._beaten(
+                variant, p, faster_time(beat, best)
+            ):
                 continue
             candidate, unbound = self.degree(sub, variant, p)
             if candidate is None or (self.admits is not None and not self.admits(candidate)):
@@ -208,6 +219,10 @@ class DegreeSearch:
                 free.add((variant.sequence_parallel, variant.zero))
                 relaxed = relaxed or variant.recompute == variants[0].recompute
         return first, best, relaxed
+
+    def _beaten(self, variant: TrainingSettings, p: int, fastest: float) -> bool:
+        """Whether no plan of ``variant`` on ``p`` stages can beat ``fastest`` seconds."""
+        return self.bound is not None and self.bound(variant, p) >= fastest
 
     def _cuts(self, chain: LayerChain, p: int, limit: float) -> PipelinePlan:
         """The cut search's plan, or the even split where that fits and is faster (a heuristic

@@ -32,7 +32,7 @@ from planner.ir.graph import Graph
 from planner.cluster.cluster import Cluster
 from planner.cluster.mesh import Mesh
 from planner.cluster.profiles import MachineProfile
-from planner.pipeline.bound import compute_bound
+from planner.pipeline.bound import compute_bound, pipeline_factor
 from planner.pipeline.layer_costs import layer_of, plan_valid, model_chain
 from planner.pipeline.schedule import parse_schedule
 from planner.pipeline.variants import check_choices, variants as setting_variants
@@ -44,6 +44,7 @@ from planner.pipeline.degree_search import (
     assemble,
     exact_stage_plan,
     faster,
+    faster_time,
 )
 from planner.pipeline.stage_meshes import (
     SEARCH,
@@ -108,12 +109,13 @@ def plan_pipeline(
     search = DegreeSearch(
         load, mesh, cluster.profile, batch, memory_limit, o.schedule, o.method, counts,
         stage_planner, o.cuts, intra_method=intra_method, admits=o.admits,
+        bound=_branch_bound(load(batch), cluster, o.schedule, max(counts)),
     )  # fmt: skip
     best, first, rows = None, None, []
     progress = progress or (lambda done, total, what: None)
     for done, p in enumerate(degrees):
         progress(done, len(degrees), "pipeline degrees")
-        found, fitting = _degree(search, p, settings, o, rows)
+        found, fitting = _degree(search, p, settings, o, rows, faster_time(math.inf, best))
         first, best = first or found, faster(best, fitting)
     progress(len(degrees), len(degrees), "pipeline degrees")
     best = best or (None if o.fit_required else first)
@@ -130,9 +132,29 @@ def plan_pipeline(
     return replace(best, candidates=tuple(rows), lower_bound_s=bound, search_time_s=elapsed)
 
 
-def _degree(search: DegreeSearch, p: int, settings, o: PipelineOptions, rows: list) -> tuple:
+def _branch_bound(graph: Graph, cluster: Cluster, schedule: str, max_count: int) -> Callable:
+    """(settings variant, stages) -> the seconds none of their plans beats: the compute bound with
+    the variant's re-runs, times the pipeline's least bubble (``planner.pipeline.bound``)."""
+    _, chunks = parse_schedule(schedule)
+    devices, profile = cluster.mesh.num_devices, cluster.profile
+
+    @functools.lru_cache(maxsize=None)
+    def by_mode(variant: TrainingSettings) -> float:
+        return compute_bound(graph, devices, profile, variant, recompute=True)
+
+    def bound(variant: TrainingSettings, stages: int) -> float:
+        plain = replace(variant, zero=0, sequence_parallel=False)  # neither changes compute
+        return by_mode(plain) * pipeline_factor(stages, chunks, max_count)
+
+    return bound
+
+
+def _degree(
+    search: DegreeSearch, p: int, settings, o: PipelineOptions, rows: list, beat: float
+) -> tuple:
     """Every stage mesh candidate of degree ``p`` (``stage_meshes.candidates``) under its settings
-    variants: (the first plan, the fastest that fits)."""
+    variants: (the first plan, the fastest that fits); variants whose bound is not below ``beat``
+    seconds are skipped."""
     first, best, relaxed = None, None, False
     for candidate in stage_candidates(search.mesh, p, o.tensor_meshes):
         own = candidate.plan == SEARCH
@@ -152,7 +174,7 @@ def _degree(search: DegreeSearch, p: int, settings, o: PipelineOptions, rows: li
             costed=own and search.intra_method not in PATTERNS,
             intra_method=search.intra_method if own else candidate.plan,
         )
-        found, fitting, unbound = planned.escalated(sub, p, variants, rows)
+        found, fitting, unbound = planned.escalated(sub, p, variants, rows, faster_time(beat, best))
         first, best = first or found, faster(best, fitting)
         relaxed = relaxed or (own and unbound)
     return first, best
