@@ -11,7 +11,10 @@ megatron` (the search restricted to what Megatron-LM runs) with its ratio to the
 as Megatron-LM runs a bf16 line (fp32 main gradients, fused loss), every point of which it may
 choose.
 
-  python benchmarks/threed.py [--cases a,b] [--out results/threed.csv]
+Each row also carries the case's lower bound (``planner.pipeline.bound``: no configuration of the
+space beats it) and the gaps of the search's plan and of the best grid point above it.
+
+  python benchmarks/threed.py [--cases a,b] [--out results/threed.csv] [--add-bounds]
 """
 
 from __future__ import annotations
@@ -23,7 +26,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import pandas as pd  # noqa: E402
+
 import planner  # noqa: E402
+from planner.api3d import model_loader  # noqa: E402
+from planner.cost.settings import TrainingSettings  # noqa: E402
+from planner.pipeline.bound import compute_bound  # noqa: E402
 from experiments.common import results_table, run  # noqa: E402
 from planner.errors import SettingsError  # noqa: E402
 from planner.grid3d import grid_best, grid_points  # noqa: E402
@@ -86,7 +94,35 @@ def run_case(name: str) -> dict:
         "for_megatron_s": engine.pipeline.iteration_time_s,
         "for_megatron_wall_s": engine_wall,
         **_megatron_grid(model, device, world, batch, seq, layers, engine),
+        **bound_columns(name, pipe.iteration_time_s, grid_time),
     }
+
+
+def bound_columns(name: str, search_s: float, grid_s: float) -> dict:
+    """The case's lower bound (no configuration of the space beats it: ``planner.pipeline.bound``)
+    and how far above it the search's plan and the best grid point are."""
+    model, device, mesh, batch, seq, _ = CASES[name]
+    cluster = planner.make_cluster(mesh, device)
+    graph = model_loader(model, seq)(batch)
+    bound = compute_bound(graph, cluster.mesh.num_devices, cluster.profile, TrainingSettings())
+    return {
+        "lower_bound_s": bound,
+        "search_gap": search_s / bound - 1,
+        "grid_gap": grid_s / bound - 1,
+    }
+
+
+def add_bounds(path: str) -> None:
+    """Fill the bound columns of the rows of ``path`` (``--add-bounds``: the bound is a function
+    of the case alone, so the rows need no re-run)."""
+    table = pd.read_csv(path)
+    columns = [
+        bound_columns(row.case, row.search_iteration_s, row.grid_best_s)
+        for row in table.itertuples()
+    ]
+    for key in ("lower_bound_s", "search_gap", "grid_gap"):
+        table[key] = [c[key] for c in columns]
+    table.to_csv(path, index=False)
 
 
 def _megatron_grid(model, device, world, batch, seq, layers, engine) -> dict:
@@ -105,7 +141,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--out", default="results/threed.csv")
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument(
+        "--add-bounds", action="store_true", help="only fill the bound columns of --out's rows"
+    )
     args = parser.parse_args(argv)
+    if args.add_bounds:
+        add_bounds(args.out)
+        return 0
     args.plot = False
     names = args.cases.split(",")
     for name in names:

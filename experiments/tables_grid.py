@@ -35,6 +35,7 @@ def threed(path: Path) -> str:
     """benchmarks/threed.py: the 3D search beside the best point of a Megatron-style grid."""
     d = pd.read_csv(path)
     engine = "for_megatron_s" in d.columns  # results written before `plan --for` have none
+    bound = "lower_bound_s" in d.columns  # nor before the lower bound
     lines = [
         "| case | `plan --pipeline auto` (s) | its configuration | search wall (s) | best grid "
         "point (s) | its flags | search / grid |"
@@ -43,9 +44,11 @@ def threed(path: Path) -> str:
             "gradients |"
             if engine
             else ""
-        ),
+        )
+        + (" lower bound (s) | search gap | grid gap |" if bound else ""),
         "| --- | ---: | --- | ---: | ---: | --- | ---: |"
-        + (" ---: | ---: | ---: |" if engine else ""),
+        + (" ---: | ---: | ---: |" if engine else "")
+        + (" ---: | ---: | ---: |" if bound else ""),
     ]
     for r in d.itertuples():
         lines.append(
@@ -58,6 +61,7 @@ def threed(path: Path) -> str:
                 if engine
                 else ""
             )
+            + (f" {r.lower_bound_s:.3f} | {r.search_gap:.1%} | {r.grid_gap:.1%} |" if bound else "")
         )
     return "\n".join(lines)
 
