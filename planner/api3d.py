@@ -102,12 +102,14 @@ def plan_pipeline(
     progress: Progress | None = None,
     admits: Callable[[Plan3D], bool] | None = None,
     recompute_ladder: tuple[str, ...] = RECOMPUTE,
+    certify: bool = False,
 ) -> Plan3D:
     """3D plan: pipeline degree over the outer part of the mesh, ``intra`` plans per stage,
     ``method`` cuts. ``mesh`` defaults to ``node=devices/gpus_per_node,gpu=gpus_per_node``;
     ``degrees``, ``counts`` (micro-batch counts) and ``cuts`` pin parts of the search; ``admits``
     (the plans kept) and ``recompute_ladder`` (the modes climbed): an engine's, from
-    ``planner.launch.plan_for``."""
+    ``planner.launch.plan_for``; ``certify``: exhaustive over the stated space
+    (``planner.pipeline.threed.certified``), OPTIMAL when every solve is proven."""
     if isinstance(mesh, Cluster):
         check_given_cluster(mesh, device, memory, devices)
         device = mesh.profile
@@ -122,7 +124,14 @@ def plan_pipeline(
     # user's choice
     tensor = escalate and intra in ("exact", "megatron-grid")
     pinned = (_tuple(degrees), _tuple(counts), cuts, escalate, fit_required, tensor, admits)
-    options = threed.PipelineOptions(schedule, method, *pinned, tuple(recompute_ladder))
+    if certify is not False and (certify is not True or intra not in ("exact", "megatron-grid")):
+        raise SettingsError(
+            f"certify: True or False, with the exact stage planner (or an engine's search), got "
+            f"{certify!r} with --method {intra}"
+        )
+    options = threed.PipelineOptions(
+        schedule, method, *pinned, tuple(recompute_ladder), certify=certify
+    )
     planner = stage_planner(intra, time_limit_s, seed, jobs)
     return threed.plan_pipeline(
         load, cluster, global_batch, settings, options, planner, intra, progress

@@ -184,6 +184,7 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         cuts=args.cuts,
         hardware_csv=args.hardware,
         progress=progress_bar(args),
+        **({"certify": True} if getattr(args, "certify", False) else {}),
     )
     return _finish_3d(result, args)
 

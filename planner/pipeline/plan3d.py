@@ -68,18 +68,21 @@ class Plan3D:
     # seconds no configuration of the whole 3D space beats on this model and cluster
     # (``planner.pipeline.bound``); None: not computed
     lower_bound_s: float | None = None
+    # found by the certified search and proven optimal over its stated space (threed.certified)
+    certified: bool = False
 
     @property
     def status(self) -> str:
         """The flat plans' words (``plans.PlanResult``): INFEASIBLE when no candidate fits; GIVEN
         for a plan costed as given (cuts, count and stage plan: ``evaluate_3d``, a plan file);
+        OPTIMAL for a certified search proven over its stated space (``threed.certified``);
         otherwise HEURISTIC: the stage plans and the cuts may each be exact, but the search over
         degrees, micro-batches and settings that composes them proves no optimum."""
         if self.pipeline.status in FAILED:
             return self.pipeline.status
         if self.pipeline.status == "GIVEN" and self.intra_status == "GIVEN":
             return "GIVEN"
-        return "HEURISTIC"
+        return "OPTIMAL" if self.certified else "HEURISTIC"
 
     @property
     def found(self) -> bool:

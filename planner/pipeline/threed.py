@@ -77,6 +77,8 @@ class PipelineOptions:
     admits: Callable[[Plan3D], bool] | None = None
     # the recompute modes the escalation climbs (an engine's own: planner.launch.Target)
     recompute_ladder: tuple[str, ...] = RECOMPUTE
+    # exhaustive over the stated space (see ``certified``): OPTIMAL when every solve is proven
+    certify: bool = False
 
 
 # stage planners that pick strategies by a fixed pattern, without the costed tables
@@ -107,9 +109,10 @@ def plan_pipeline(
     load = functools.lru_cache(maxsize=None)(load)
     degrees, counts = _search_space(load, batch, mesh, o.schedule, o.degrees, o.counts, o.cuts)
     search = DegreeSearch(
-        load, mesh, cluster.profile, batch, memory_limit, o.schedule, o.method, counts,
-        stage_planner, o.cuts, intra_method=intra_method, admits=o.admits,
-        bound=_branch_bound(load(batch), cluster, o.schedule, max(counts)),
+        load, mesh, cluster.profile, batch, memory_limit, o.schedule,
+        "exact" if o.certify else o.method, counts, stage_planner, o.cuts,
+        intra_method=intra_method, admits=o.admits,
+        bound=_branch_bound(load(batch), cluster, o.schedule, max(counts)), certify=o.certify,
     )  # fmt: skip
     best, first, rows = None, None, []
     progress = progress or (lambda done, total, what: None)
@@ -128,8 +131,34 @@ def plan_pipeline(
         raise _nothing_fits(rows, memory_limit)
     # the gap's proof: no configuration of the space beats it (planner.pipeline.bound)
     bound = compute_bound(load(batch), mesh.num_devices, cluster.profile, settings)
-    elapsed = time.perf_counter() - start
-    return replace(best, candidates=tuple(rows), lower_bound_s=bound, search_time_s=elapsed)
+    best = replace(best, candidates=tuple(rows), lower_bound_s=bound)
+    if o.certify:
+        best = certified(best, search.unproven)
+    return replace(best, search_time_s=time.perf_counter() - start)
+
+
+def certified(plan: Plan3D, unproven: list) -> Plan3D:
+    """A certified search's plan: OPTIMAL over the stated space when every stage plan of the
+    search's own planner was proven, else the plan with a note naming what was not.
+
+        space = { (p, stage mesh, stage plan, settings, M, cuts) :
+                  p in the pipeline degrees (outer parts of the mesh, at most the layers);
+                  stage mesh in stage_meshes.candidates(p);
+                  stage plan in { the exact intra-operator plan at micro-batch batch / M under the
+                                  settings, data parallelism, Megatron-LM's plan on the tp axis };
+                  settings in the variants (sequence parallelism, the recompute ladder, ZeRO);
+                  M a micro-batch count; cuts any composition of the layers into p stages }
+
+    Exhaustive: every (p, stage mesh, plan family, settings, M) is costed and cut by the exact DP
+    (``search.exact_dp``); only branches whose lower bound is not below the best are skipped
+    (``planner.pipeline.bound``)."""
+    if unproven:
+        note = (
+            f"not certified: {len(unproven)} stage plan solve(s) proved no optimum (first: "
+            f"{unproven[0]}); raise --time-limit"
+        )
+        return replace(plan, notes=(*plan.notes, note))
+    return replace(plan, certified=True)
 
 
 def _branch_bound(graph: Graph, cluster: Cluster, schedule: str, max_count: int) -> Callable:
@@ -158,7 +187,7 @@ def _degree(
     first, best, relaxed = None, None, False
     for candidate in stage_candidates(search.mesh, p, o.tensor_meshes):
         own = candidate.plan == SEARCH
-        if not own and relaxed and search.intra_method == "exact":
+        if not own and relaxed and search.intra_method == "exact" and not o.certify:
             # memory does not bind at this degree (see stage_meshes); a fixed pattern's plan is
             # not the fastest on its stage mesh, so beside it every candidate is tried
             break
