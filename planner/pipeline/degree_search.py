@@ -128,23 +128,25 @@ class DegreeSearch:
     intra_method: str = "exact"
     # the plans the caller can use (threed.PipelineOptions.admits); None: all
     admits: Callable[[Plan3D], bool] | None = None
-    # (settings variant, stages) -> seconds no plan of them beats (planner.pipeline.bound); None:
-    # no pruning
-    bound: Callable[[TrainingSettings, int], float] | None = None
+    # (settings variant, stages, count or None) -> seconds no plan of them beats
+    # (planner.pipeline.bound); None: no pruning
+    bound: Callable | None = None
     # exhaustive over the stated space (threed.PipelineOptions.certify): every count's own stage
     # plan, no pruning but by bounds; the stage plans whose solve proved no optimum are listed in
     # ``unproven``
     certify: bool = False
     unproven: list = field(default_factory=list)
 
-    def degree(self, sub: Mesh, settings: TrainingSettings, p: int) -> tuple[Plan3D | None, bool]:
+    def degree(
+        self, sub: Mesh, settings: TrainingSettings, p: int, fastest: float = math.inf
+    ) -> tuple[Plan3D | None, bool]:
         """The best plan of ``p`` stages on ``sub`` under ``settings`` (None: no stage plan), and
         whether it fits with the memory limit not binding. The stage plan is solved at the
         reference count, then again at the count the cut search picked when that differs (a plan
         solved for micro-batches of 64 can lose 12% at 128: Llama 3 70B on 64 H100s), and the
         faster of the two is kept. Certified: ``_every_count``."""
         if self.certify:
-            return self._every_count(sub, settings, p), False
+            return self._every_count(sub, settings, p, fastest), False
         plan, free = self._at(sub, settings, p, None)
         count = plan.pipeline.num_microbatches if plan is not None else 0
         if plan is not None and plan.fits_memory and count != reference_count(self.counts, p):
@@ -153,20 +155,26 @@ class DegreeSearch:
                 return again, again_free
         return plan, free
 
-    def _every_count(self, sub: Mesh, settings: TrainingSettings, p: int) -> Plan3D | None:
+    def _every_count(
+        self, sub: Mesh, settings: TrainingSettings, p: int, fastest: float
+    ) -> Plan3D | None:
         """The fastest fitting plan (else the first) over every micro-batch count, each with the
         stage plan solved at that count and a chain of that count alone, so the cut search's
-        optimum at each count is over the count's own stage plan."""
+        optimum at each count is over the count's own stage plan; a count whose bound is not
+        below the fastest plan so far is skipped."""
         first, best = None, None
         for count in self.counts:
+            limit = faster_time(fastest, best)
+            if self.bound is not None and self.bound(settings, p, count) >= limit:
+                continue
             plan, _ = self._at(sub, settings, p, count, [count])
             if plan is None:
                 continue
             if self.costed and plan.intra_status != "OPTIMAL":
                 self.unproven.append(f"{p} stages of {sub.spec}, {count} micro-batches")
             first = first or plan
-            if plan.fits_memory:
-                best = faster(best, plan)
+            if plan.fits_memory and (self.admits is None or self.admits(plan)):
+                best = faster(best, plan)  # only a plan the caller keeps bounds the others
         return best or first
 
     def _at(
@@ -232,7 +240,7 @@ class DegreeSearch:
             skipped = (variant.sequence_parallel, variant.zero) in free and not self.certify
             if skipped or self._beaten(variant, p, faster_time(beat, best)):
                 continue
-            candidate, unbound = self.degree(sub, variant, p)
+            candidate, unbound = self.degree(sub, variant, p, faster_time(beat, best))
             if candidate is None or (self.admits is not None and not self.admits(candidate)):
                 continue
             first = first or candidate

@@ -112,7 +112,7 @@ def plan_pipeline(
         load, mesh, cluster.profile, batch, memory_limit, o.schedule,
         "exact" if o.certify else o.method, counts, stage_planner, o.cuts,
         intra_method=intra_method, admits=o.admits,
-        bound=_branch_bound(load(batch), cluster, o.schedule, max(counts)), certify=o.certify,
+        bound=_branch_bound(load, cluster, o.schedule, batch, counts), certify=o.certify,
     )  # fmt: skip
     best, first, rows = None, None, []
     progress = progress or (lambda done, total, what: None)
@@ -161,19 +161,24 @@ def certified(plan: Plan3D, unproven: list) -> Plan3D:
     return replace(plan, certified=True)
 
 
-def _branch_bound(graph: Graph, cluster: Cluster, schedule: str, max_count: int) -> Callable:
-    """(settings variant, stages) -> the seconds none of their plans beats: the compute bound with
-    the variant's re-runs, times the pipeline's least bubble (``planner.pipeline.bound``)."""
+def _branch_bound(load: Callable, cluster: Cluster, schedule: str, batch: int, counts) -> Callable:
+    """(settings variant, stages, micro-batch count or None) -> the seconds none of their plans
+    beats: the compute bound with the variant's re-runs, times the pipeline's least bubble; at a
+    given count M, M times the bound of one micro-batch of batch / M (smaller micro-batches run
+    less efficiently; ``planner.pipeline.bound``)."""
     _, chunks = parse_schedule(schedule)
-    devices, profile = cluster.mesh.num_devices, cluster.profile
+    devices, profile, most = cluster.mesh.num_devices, cluster.profile, max(counts)
 
     @functools.lru_cache(maxsize=None)
-    def by_mode(variant: TrainingSettings) -> float:
-        return compute_bound(graph, devices, profile, variant, recompute=True)
+    def by_mode(variant: TrainingSettings, count: int) -> float:
+        work = compute_bound(load(batch // count), devices, profile, variant, recompute=True)
+        return count * work
 
-    def bound(variant: TrainingSettings, stages: int) -> float:
+    def bound(variant: TrainingSettings, stages: int, count: int | None = None) -> float:
         plain = replace(variant, zero=0, sequence_parallel=False)  # neither changes compute
-        return by_mode(plain) * pipeline_factor(stages, chunks, max_count)
+        if count is None:
+            return by_mode(plain, 1) * pipeline_factor(stages, chunks, most)
+        return by_mode(plain, count) * pipeline_factor(stages, chunks, count)
 
     return bound
 
