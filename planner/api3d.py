@@ -107,9 +107,8 @@ def plan_pipeline(
     """3D plan: pipeline degree over the outer part of the mesh, ``intra`` plans per stage,
     ``method`` cuts. ``mesh`` defaults to ``node=devices/gpus_per_node,gpu=gpus_per_node``;
     ``degrees``, ``counts`` (micro-batch counts) and ``cuts`` pin parts of the search; ``admits``
-    (the plans kept) and ``recompute_ladder`` (the modes climbed): an engine's, from
-    ``planner.launch.plan_for``; ``certify``: exhaustive over the stated space
-    (``planner.pipeline.threed.certified``), OPTIMAL when every solve is proven."""
+    and ``recompute_ladder``: an engine's (``planner.launch.plan_for``); ``certify``: exhaustive
+    over the stated space, OPTIMAL when every solve is proven (``threed.certified``)."""
     if isinstance(mesh, Cluster):
         check_given_cluster(mesh, device, memory, devices)
         device = mesh.profile
@@ -119,23 +118,25 @@ def plan_pipeline(
     cluster = make_cluster(mesh, profile, memory, devices)
     load = model_loader(model, seq)
     global_batch = _global_batch(model, batch, seq)
-    # the grid of Megatron-LM's stage plans at every tensor degree of a node (tp = 1 is data
-    # parallelism); other stage planners (megatron: tensor parallel on the innermost axis) are the
-    # user's choice
+    # Megatron-LM's stage plans at every tensor degree of a node; other planners: the user's choice
     tensor = escalate and intra in ("exact", "megatron-grid")
     pinned = (_tuple(degrees), _tuple(counts), cuts, escalate, fit_required, tensor, admits)
+    _check_certify(certify, intra)
+    options = threed.PipelineOptions(schedule, method, *pinned, tuple(recompute_ladder), certify)
+    planner = stage_planner(intra, time_limit_s, seed, jobs)
+    return threed.plan_pipeline(
+        load, cluster, global_batch, settings, options, planner, intra, progress
+    )
+
+
+def _check_certify(certify, intra: str) -> None:
+    """A certified search proves optimality over stage plans it solves exactly (or an engine's
+    fixed patterns, which it costs as they are)."""
     if certify is not False and (certify is not True or intra not in ("exact", "megatron-grid")):
         raise SettingsError(
             f"certify: True or False, with the exact stage planner (or an engine's search), got "
             f"{certify!r} with --method {intra}"
         )
-    options = threed.PipelineOptions(
-        schedule, method, *pinned, tuple(recompute_ladder), certify=certify
-    )
-    planner = stage_planner(intra, time_limit_s, seed, jobs)
-    return threed.plan_pipeline(
-        load, cluster, global_batch, settings, options, planner, intra, progress
-    )
 
 
 def _tuple(values) -> tuple | None:
