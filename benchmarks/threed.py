@@ -14,7 +14,11 @@ choose.
 Each row also carries the case's lower bound (``planner.pipeline.bound``: no configuration of the
 space beats it) and the gaps of the search's plan and of the best grid point above it.
 
+The certified search (``plan --pipeline auto --certify``) runs with ``--add-certified`` (its
+status, time and wall time beside the composed search's).
+
   python benchmarks/threed.py [--cases a,b] [--out results/threed.csv] [--add-bounds]
+                              [--add-certified]
 """
 
 from __future__ import annotations
@@ -125,6 +129,33 @@ def add_bounds(path: str) -> None:
     table.to_csv(path, index=False)
 
 
+def certified_columns(name: str, search_s: float) -> dict:
+    """The certified search of the case (``--certify``: exhaustive over its stated space):
+    status, iteration time, wall time, and today's composed search over it (<= 1: never worse)."""
+    model, device, mesh, batch, seq, _ = CASES[name]
+    start = time.perf_counter()
+    plan = planner.plan_pipeline(model, mesh, device, batch=batch, seq=seq, certify=True)
+    return {
+        "certified_status": plan.status,
+        "certified_iteration_s": plan.pipeline.iteration_time_s,
+        "certified_wall_s": time.perf_counter() - start,
+        "search_over_certified": search_s / plan.pipeline.iteration_time_s,
+    }
+
+
+def add_certified(path: str, names: list[str]) -> None:
+    """Fill the certified search's columns of the rows of ``path`` whose case is in ``names``
+    (``--add-certified``: runs the certified search alone, beside the committed rows)."""
+    table = pd.read_csv(path)
+    for index, row in table.iterrows():
+        if row["case"] in names:
+            found = certified_columns(row["case"], row["search_iteration_s"])
+            print(f"{row['case']}: certified {found}", flush=True)
+            for key, value in found.items():
+                table.loc[index, key] = value
+    table.to_csv(path, index=False)
+
+
 def _megatron_grid(model, device, world, batch, seq, layers, engine) -> dict:
     """The grid as Megatron-LM runs it (fp32 main gradients under bf16 and its fused loss, as
     `plan --for megatron` costs it): its best point and the ratio of the engine's search to it."""
@@ -144,9 +175,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--add-bounds", action="store_true", help="only fill the bound columns of --out's rows"
     )
+    parser.add_argument(
+        "--add-certified",
+        action="store_true",
+        help="only run the certified search (--certify) of --cases and fill its columns",
+    )
     args = parser.parse_args(argv)
     if args.add_bounds:
         add_bounds(args.out)
+        return 0
+    if args.add_certified:
+        add_certified(args.out, args.cases.split(","))
         return 0
     args.plot = False
     names = args.cases.split(",")
