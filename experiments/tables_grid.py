@@ -36,6 +36,7 @@ def threed(path: Path) -> str:
     d = pd.read_csv(path)
     engine = "for_megatron_s" in d.columns  # results written before `plan --for` have none
     bound = "lower_bound_s" in d.columns  # nor before the lower bound
+    certified = "certified_status" in d.columns  # nor before --certify
     lines = [
         "| case | `plan --pipeline auto` (s) | its configuration | search wall (s) | best grid "
         "point (s) | its flags | search / grid |"
@@ -45,10 +46,16 @@ def threed(path: Path) -> str:
             if engine
             else ""
         )
-        + (" lower bound (s) | search gap | grid gap |" if bound else ""),
+        + (" lower bound (s) | search gap | grid gap |" if bound else "")
+        + (
+            " `--certify` (s) | its status | its wall (s) | search / certified |"
+            if certified
+            else ""
+        ),
         "| --- | ---: | --- | ---: | ---: | --- | ---: |"
         + (" ---: | ---: | ---: |" if engine else "")
-        + (" ---: | ---: | ---: |" if bound else ""),
+        + (" ---: | ---: | ---: |" if bound else "")
+        + (" ---: | --- | ---: | ---: |" if certified else ""),
     ]
     for r in d.itertuples():
         lines.append(
@@ -62,8 +69,19 @@ def threed(path: Path) -> str:
                 else ""
             )
             + (f" {r.lower_bound_s:.3f} | {r.search_gap:.1%} | {r.grid_gap:.1%} |" if bound else "")
+            + (_certified_cells(r) if certified else "")
         )
     return "\n".join(lines)
+
+
+def _certified_cells(r) -> str:
+    """The certified search's cells of a threed row (blank where it was not run)."""
+    if not isinstance(r.certified_status, str):
+        return " - | not run | - | - |"
+    return (
+        f" {r.certified_iteration_s:.3f} | {r.certified_status} | {r.certified_wall_s:.1f} | "
+        f"{r.search_over_certified:.3f} |"
+    )
 
 
 def symbolic(path: Path) -> str:
