@@ -1157,6 +1157,27 @@ CASES = [
         None,
     ),
     (
+        "pipeline --certify, optimality required",
+        ["pipeline", "--model", GPT, "--mesh", "2", "--batch", "2", "--certify"]
+        + ["--require-optimal", "--json", "out.json"],
+        0,
+        lambda t, c, o: _json(t)["status"] == "OPTIMAL",
+    ),
+    (  # the stage solves are reported FEASIBLE: nothing certified, exit 4
+        "pipeline --certify --require-optimal, a solve not proven",
+        ["pipeline", "--model", GPT, "--mesh", "2", "--batch", "2", "--certify"]
+        + ["--require-optimal"],
+        4,
+        None,
+    ),
+    (
+        "plan --pipeline auto --certify",
+        ["plan", "--model", GPT, "--mesh", "2", "--batch", "2", "--pipeline", "auto", "--certify"],
+        0,
+        lambda t, c, o: "): OPTIMAL" in o,
+    ),
+    ("plan --certify without pipeline", ["plan", "--model", "mlp", "--certify"], 2, None),
+    (
         "evaluate common options",
         [
             "evaluate",
