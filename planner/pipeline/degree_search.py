@@ -42,6 +42,20 @@ def faster(best: Plan3D | None, candidate: Plan3D | None) -> Plan3D | None:
     return best
 
 
+def remembered(planner: StagePlanner, cache: dict, pattern: tuple) -> StagePlanner:
+    """A fixed pattern's stage planner (data parallelism, Megatron-LM's) that reuses what it chose
+    for a graph on a stage mesh: its strategies depend on the graph, the mesh and sequence
+    parallelism (``search.baselines``), not on the ZeRO stage, recompute or the count's costs."""
+
+    def plan(problem: Problem) -> tuple[tuple[Strategy, ...], str]:
+        key = (pattern, id(problem.graph), problem.mesh, problem.settings.sequence_parallel)
+        if key not in cache:
+            cache[key] = (problem.graph, planner(problem))  # the graph kept: its id stays its own
+        return cache[key][1]
+
+    return plan
+
+
 def faster_time(beat: float, best: Plan3D | None) -> float:
     """The fastest of ``beat`` seconds and ``best``'s iteration time."""
     return min(beat, best.pipeline.iteration_time_s) if best is not None else beat
@@ -136,6 +150,8 @@ class DegreeSearch:
     # ``unproven``
     certify: bool = False
     unproven: list = field(default_factory=list)
+    # the fixed patterns' strategies by (pattern, graph, stage mesh, SP) (``remembered``)
+    patterns: dict = field(default_factory=dict)
 
     def degree(
         self, sub: Mesh, settings: TrainingSettings, p: int, fastest: float = math.inf
@@ -199,10 +215,7 @@ class DegreeSearch:
             return None, False
         chain, status, strategies, graph = found
         pipe = self._cuts(chain, p, self.memory_limit)
-        free = pipe.fits_memory and (
-            math.isinf(self.memory_limit)
-            or self._cuts(chain, p, math.inf).iteration_time_s >= pipe.iteration_time_s
-        )
+        free = self._unbound(chain, p, pipe)
         if (
             pipe.status == "INFEASIBLE"
             and not pipe.fits_memory
@@ -251,6 +264,17 @@ class DegreeSearch:
                 free.add((variant.sequence_parallel, variant.zero))
                 relaxed = relaxed or variant.recompute == variants[0].recompute
         return first, best, relaxed
+
+    def _unbound(self, chain: LayerChain, p: int, pipe: PipelinePlan) -> bool:
+        """Whether the plan fits with the memory limit not binding (the certified search skips
+        nothing by it, so it does not ask)."""
+        return pipe.fits_memory and (
+            math.isinf(self.memory_limit)
+            or (
+                not self.certify
+                and self._cuts(chain, p, math.inf).iteration_time_s >= pipe.iteration_time_s
+            )
+        )
 
     def _beaten(self, variant: TrainingSettings, p: int, fastest: float) -> bool:
         """Whether no plan of ``variant`` on ``p`` stages can beat ``fastest`` seconds."""

@@ -67,6 +67,16 @@ def _dp_at(ev: Evaluator, m: int, bottleneck: float) -> tuple[float, tuple[int, 
     return float(best[p, layers]), tuple(reversed(cuts))
 
 
+def _one_stage(ev: Evaluator, start: float) -> PipelinePlan:
+    """The exact plan of a one-stage pipeline: the fastest micro-batch count that fits."""
+    best = None
+    for m in range(len(ev.chain.counts)):
+        value = ev.objective((), m)
+        if value < math.inf and (best is None or value < best[0]):
+            best = (value, m)
+    return make_result(ev, "exact", () if best else None, best[1] if best else None, start)
+
+
 def exact_dp(
     chain: LayerChain, stages: int, schedule: str = "1f1b", memory_limit: float = math.inf
 ) -> PipelinePlan:
@@ -80,8 +90,8 @@ def exact_dp(
     ev = Evaluator(chain, stages, schedule, memory_limit)
     layers = chain.num_layers
     best: tuple[float, tuple[int, ...], int] | None = None
-    if stages > layers:
-        return make_result(ev, "exact", None, None, start)
+    if stages > layers or stages == 1:  # one stage has no cuts: each count is costed alone
+        return make_result(ev, "exact", None, None, start) if stages > 1 else _one_stage(ev, start)
     starts = []
     for m, count in enumerate(chain.counts):
         prefix = ev._time[:, m]

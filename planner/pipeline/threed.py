@@ -45,6 +45,7 @@ from planner.pipeline.degree_search import (
     exact_stage_plan,
     faster,
     faster_time,
+    remembered,
 )
 from planner.pipeline.stage_meshes import (
     SEARCH,
@@ -201,9 +202,12 @@ def _degree(
         if candidate.tensor_axis is not None:
             # Megatron-LM's stage plan runs tensor parallelism with sequence parallelism
             variants = [v for v in variants if v.sequence_parallel] or variants
+        chosen = candidate.planner(search.stage_planner)
+        if not own:
+            chosen = remembered(chosen, search.patterns, (candidate.plan, candidate.tensor_axis))
         planned = replace(
             search,
-            stage_planner=candidate.planner(search.stage_planner),
+            stage_planner=chosen,
             # the fixed patterns cost only the strategies they pick (``problem.skeleton``)
             costed=own and search.intra_method not in PATTERNS,
             intra_method=search.intra_method if own else candidate.plan,
