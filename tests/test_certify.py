@@ -102,6 +102,8 @@ def test_the_cli_option_is_honoured_and_refused_where_it_cannot_hold(capsys):
     assert "): OPTIMAL" in capsys.readouterr().out
     assert main(base + ["--pipeline", "auto"]) == 0
     assert "): HEURISTIC" in capsys.readouterr().out
+    assert main(base + ["--pipeline", "auto", "--certify", "--pp", "2"]) == 0
+    assert "certified over the stated space with --pp pinned" in capsys.readouterr().out
     assert main(base + ["--certify"]) == 2  # a flat plan has no 3D space
     assert "--certify" in capsys.readouterr().err
     assert main(base + ["--pipeline", "auto", "--certify", "--method", "sapp"]) == 2

@@ -134,11 +134,19 @@ def plan_pipeline(
     bound = compute_bound(load(batch), mesh.num_devices, cluster.profile, settings)
     best = replace(best, candidates=tuple(rows), lower_bound_s=bound)
     if o.certify:
-        best = certified(best, search.unproven)
+        best = certified(best, search.unproven, _pins(o))
     return replace(best, search_time_s=time.perf_counter() - start)
 
 
-def certified(plan: Plan3D, unproven: list) -> Plan3D:
+def _pins(o: PipelineOptions) -> tuple[str, ...]:
+    """What the caller pinned of the stated space (a certified plan is optimal over the rest)."""
+    pinned = (("--pp", o.degrees), ("--num-microbatches", o.counts), ("--cuts", o.cuts))
+    return tuple(flag for flag, value in pinned if value is not None) + (
+        () if o.escalate else ("the settings (no escalation)",)
+    )
+
+
+def certified(plan: Plan3D, unproven: list, pins: tuple[str, ...] = ()) -> Plan3D:
     """A certified search's plan: OPTIMAL over the stated space when every stage plan of the
     search's own planner was proven, else the plan with a note naming what was not.
 
@@ -159,7 +167,8 @@ def certified(plan: Plan3D, unproven: list) -> Plan3D:
             f"{unproven[0]}); raise --time-limit"
         )
         return replace(plan, notes=(*plan.notes, note))
-    return replace(plan, certified=True)
+    said = (f"certified over the stated space with {', '.join(pins)} pinned",) if pins else ()
+    return replace(plan, certified=True, notes=(*plan.notes, *said))
 
 
 def _branch_bound(load: Callable, cluster: Cluster, schedule: str, batch: int, counts) -> Callable:
