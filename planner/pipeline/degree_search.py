@@ -164,12 +164,24 @@ class DegreeSearch:
         if self.certify:
             return self._every_count(sub, settings, p, fastest), False
         plan, free = self._at(sub, settings, p, None)
+        if (plan is None or not plan.fits_memory) and self._unsplit(sub, p):
+            # the reference micro-batch is too small to split over the stage's devices, so its
+            # plan replicates where data parallelism would fit: solved again at the largest
+            again, again_free = self._at(sub, settings, p, self.counts[0])
+            if again is not None and again.fits_memory:
+                return again, again_free
         count = plan.pipeline.num_microbatches if plan is not None else 0
         if plan is not None and plan.fits_memory and count != reference_count(self.counts, p):
             again, again_free = self._at(sub, settings, p, count)
             if again is not None and again.fits_memory and faster(plan, again) is again:
                 return again, again_free
         return plan, free
+
+    def _unsplit(self, sub: Mesh, p: int) -> bool:
+        """Whether the reference count's micro-batch does not divide over the stage's devices
+        (and a larger micro-batch exists)."""
+        reference = reference_count(self.counts, p)
+        return reference != self.counts[0] and (self.batch // reference) % sub.num_devices != 0
 
     def _every_count(
         self, sub: Mesh, settings: TrainingSettings, p: int, fastest: float
