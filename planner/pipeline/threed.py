@@ -5,10 +5,11 @@ the next: 1, 2, 4, 8, 16, 32, 64 on node=8,gpu=8; at most the number of layers),
 are the mesh less that part and its tensor-parallel factorings (``planner.pipeline.stage_meshes``).
 The intra-operator plan is solved once per p and stage mesh (by the exact search, or by the method
 the caller passes; Megatron-LM's pattern on a tensor-parallel factoring) at a reference micro-batch
-count M_ref = the smallest divisor of the batch >= 2p, then that plan is re-costed at every
-candidate micro-batch count M (every divisor of the batch for which the plan still divides the
-micro-batch b = batch / M), which gives the layer chain (costs stay symbolic: nothing is
-measured). Operators outside layers (embedding, head, loss) join the
+count M_ref = the smallest divisor of the batch >= 2p (again at the largest micro-batch when
+batch / M_ref does not divide over the stage's devices and the plan does not fit), then that plan
+is re-costed at every candidate micro-batch count M (every divisor of the batch for which the plan
+still divides the micro-batch b = batch / M), which gives the layer chain (costs stay symbolic:
+nothing is measured). Operators outside layers (embedding, head, loss) join the
 first and the last layer. The cut search (CSIMD by default) picks cuts and M; the memory check is
 the schedule's (1F1B: stage k holds min(p - k, M) micro-batches). Stages need not hold equal
 layer counts: the cut search places every cut, and the ``even`` method gives stage k the layers
