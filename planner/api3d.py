@@ -25,7 +25,6 @@ from planner.pipeline.plan3d import Plan3D, replicated_linears
 from planner.pipeline.stage_chain import StageChain
 from planner.plan_files import pipeline_fields
 from planner.plans import strategies_from_mapping
-from planner.search.exact import solve_exact
 from planner.search.reduce import Progress
 
 
@@ -66,9 +65,6 @@ def stage_planner(
         )
 
     def run(problem: Problem) -> tuple[tuple, str]:
-        if method == "exact" and AUTO not in (problem.settings.recompute, problem.settings.zero):
-            # only the strategies are read: no Plan is costed from them
-            return _exact_strategies(problem, time_limit_s, seed, jobs)
         found = api.plan_problem(
             problem, math.inf, "dp" if method == "zero" else method, time_limit_s, seed, jobs
         )
@@ -79,16 +75,6 @@ def stage_planner(
         return tuple(tuple(d for _, d in a.strategy) for a in found.operators), found.status
 
     return run
-
-
-def _exact_strategies(problem: Problem, time_limit_s: float, seed: int, jobs: int) -> tuple:
-    """The exact stage plan's strategies and status (the search ``methods`` registers as exact)."""
-    result, _ = solve_exact(problem, math.inf, time_limit_s, seed, jobs)
-    if result.choice is None:
-        raise InfeasibleError(
-            f"--method exact: no stage plan on {problem.mesh.spec} ({result.explanation})"
-        )
-    return tuple(t.strategies[c] for t, c in zip(problem.ops, result.choice)), result.status
 
 
 def plan_pipeline(
