@@ -155,13 +155,19 @@ def gathered_dims(op, strategy: Strategy) -> set[str]:
     return {d for d in strategy if d in norm}
 
 
+def gathered_strategy(op, strategy: Strategy) -> Strategy:
+    """``strategy`` less the mesh axes that split a dim the operator normalises over: runners
+    gather those dims first and run the operator whole on those axes."""
+    gathered = gathered_dims(op, strategy)
+    return tuple(None if d in gathered else d for d in strategy) if gathered else strategy
+
+
 def run_op(
     graph: Graph, op, strategy: Strategy, inputs: list[Sharded], mesh: Mesh
 ) -> list[Sharded]:
     """One operator under one strategy on every device."""
     mesh_shape = mesh.shape
-    gathered = gathered_dims(op, strategy)
-    local_strategy = tuple(None if d in gathered else d for d in strategy)
+    local_strategy = gathered_strategy(op, strategy)
     args = []
     grads = graph.grad_tensors()
     for slot, t in enumerate(inputs):

@@ -262,10 +262,11 @@ class DegreeSearch:
         below the fastest plan so far (``beat``, or one of these)."""
         first, best, free, relaxed = None, None, set(), False
         for variant in variants:
+            fastest = faster_time(beat, best)
             skipped = (variant.sequence_parallel, variant.zero) in free and not self.certify
-            if skipped or self._beaten(variant, p, faster_time(beat, best)):
+            if skipped or self._beaten(variant, p, fastest):
                 continue
-            candidate, unbound = self.degree(sub, variant, p, faster_time(beat, best))
+            candidate, unbound = self.degree(sub, variant, p, fastest)
             if candidate is None or (self.admits is not None and not self.admits(candidate)):
                 continue
             first = first or candidate

@@ -119,13 +119,13 @@ def run_ops(
     from planner.cost.strategy import forward_layout, input_layout
     from planner.engines.torch import xp as torch_xp
     from planner.engines.torch.edges import PlannedEdge
-    from planner.engines.executor import gathered_dims
+    from planner.engines.executor import gathered_dims, gathered_strategy
     from planner.engines.interpret import run_operator
 
     inputs = {(op, slot): layout for op, slot, layout in exported.inputs}
     grads = graph.grad_tensors()
     for op in ops:
-        args, strategy = [], _gathered_strategy(op, strategies[op.name], gathered_dims)
+        args, strategy = [], gathered_strategy(op, strategies[op.name])
         for slot, operand in enumerate(op.inputs):
             layout = inputs[(op.name, slot)]
             if strategy != strategies[op.name]:  # the normalised dims gathered, as the executor
@@ -142,15 +142,6 @@ def run_ops(
         outs = _run_local(op, strategy, args, shape, coord, run_operator, torch_xp, gathered_dims)
         for operand, (local, layout) in zip(op.outputs, outs):
             produced[operand.tensor] = (local, layout)
-
-
-def _gathered_strategy(op, strategy, gathered_dims):
-    """``strategy`` less the mesh axes that split a dim the operator normalises over (a
-    vocabulary-parallel cross-entropy, a softmax over split keys): the runner gathers those dims
-    first, as ``executor.run_op`` does, and runs the operator whole on those axes. DTensor's
-    transposed edge hands each rank its own slice of the gathered input's gradient."""
-    gathered = gathered_dims(op, strategy)
-    return tuple(None if d in gathered else d for d in strategy) if gathered else strategy
 
 
 def _strides(shape) -> tuple[int, ...]:
