@@ -88,3 +88,43 @@ def test_collective_formula_by_hand():
     assert bytes_sent("all_reduce", 8, 800.0) == 1400.0
     assert bytes_sent("reduce_scatter", 1, 800.0) == 0.0
     assert sum_records([]).comm == ()
+
+
+@pytest.mark.parametrize("changed", [None, 2])
+def test_layer_sums_walk_identical_layers_once_and_equal_the_plan_terms(changed):
+    """``layer_sums`` sums each distinct layer once: its per-layer sums equal those of the whole
+    walk (``plan_terms``) exactly, on a model of identical layers under a data-parallel plan and
+    under one where a single operator of layer ``changed`` takes another strategy (that layer must
+    not be taken for its neighbours)."""
+    from planner.api import resolve_model
+    from planner.cluster.mesh import parse_mesh
+    from planner.cluster.profiles import load_profiles
+    from planner.cost.terms import layer_sums, plan_terms
+    from planner.pipeline.layer_costs import layer_of
+    from planner.search.baselines import data_parallel
+
+    profile = load_profiles()["a100-80g"]
+    graph = resolve_model("gpt:layers=4,hidden=256,heads=4,seq=64,vocab=512", batch=8)
+    mesh = parse_mesh("2x2", profile)
+    settings_ = TrainingSettings(zero=1)
+    problem = build_problem(graph, mesh, profile, settings_)
+    strategies = list(data_parallel(problem))
+    if changed is not None:
+        i = next(
+            i for i, t in enumerate(problem.ops) if t.op.layer == changed and len(t.strategies) > 1
+        )
+        strategies[i] = next(s for s in problem.ops[i].strategies if s != strategies[i])
+    layer = layer_of(graph)
+    n = max(layer) + 1
+    op_records, sums = layer_sums(graph, mesh, profile, settings_, strategies, layer, n)
+    terms = plan_terms(graph, mesh, profile, settings_, strategies)
+    assert list(op_records) == list(terms.ops)
+    per_layer = [[] for _ in range(n)]
+    for i, record in enumerate(terms.ops):
+        per_layer[layer[i]].append(record)
+    for src, dst, slot, record in terms.edges:
+        per_layer[layer[dst]].append(record)
+    expected = [sum_records(records) for records in per_layer]
+    assert sums == expected
+    middle = sums[1:-1]  # the first and last layers hold the embedding and the head
+    assert (len({id(s) for s in middle}) == 1) == (changed is None)

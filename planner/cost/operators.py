@@ -80,7 +80,21 @@ def operand_infos(
     """Per operator, its inputs' facts. A tensor's memory is counted once, at its first consumer;
     what recompute drops is not kept (full: all but layer inputs; selective: the attention core).
     Built once per (graph, settings) and shared: read it, never change it."""
-    return graph.derived(("operand_infos", settings), lambda: _operand_infos(graph, settings))
+    return graph.derived(
+        ("operand_infos", *infos_settings(settings)), lambda: _operand_infos(graph, settings)
+    )
+
+
+def infos_settings(settings: TrainingSettings) -> tuple:
+    """The settings ``operand_infos`` reads (precision, recompute and ZeRO, per layer too): the
+    variants of a 3D search that differ elsewhere (sequence parallelism, overlap) share them."""
+    return (
+        settings.dtype,
+        settings.recompute,
+        settings.layer_recompute,
+        settings.zero,
+        settings.layer_zero,
+    )
 
 
 def _operand_infos(graph: Graph, settings: TrainingSettings) -> dict[str, tuple[OperandInfo, ...]]:
@@ -162,7 +176,13 @@ def signature_ids(graph: Graph, settings: TrainingSettings) -> tuple[int, ...]:
             ids.setdefault(op_signature(op, infos[op.name]), len(ids)) for op in graph.operators
         )
 
-    return graph.derived(("signature_ids", settings), build)
+    return graph.derived(("signature_ids", *infos_settings(settings)), build)
+
+
+def op_costs(graph: Graph, mesh: Mesh, profile: MachineProfile, settings: TrainingSettings) -> dict:
+    """The records ``op_cost`` gave on this graph under (mesh, profile, settings), by (signature id,
+    strategy): a problem's tables and the plans a search re-costs on the same graph share them."""
+    return graph.derived(("op_costs", mesh, profile, settings), dict)
 
 
 def op_cost(

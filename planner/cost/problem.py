@@ -25,9 +25,10 @@ from planner.cost.operators import (
     OperandInfo,
     input_layouts,
     op_cost,
-    op_signature,
+    op_costs,
     operand_infos,
     output_layouts,
+    signature_ids,
 )
 from planner.cost.records import CostRecord, accumulated, sum_records, seconds
 from planner.cost.settings import TrainingSettings
@@ -65,6 +66,9 @@ class Problem:
     num_microbatches: int = 1
     # the edge matrices built so far, shared with the problems ``rebuilt`` from this one
     edge_matrices: dict = field(default_factory=dict, repr=False)
+    # id(table) -> (table, content digest): shared with the copies ``replace`` makes (restricted,
+    # conditioned), which reuse most tables, so a segment's hash reads each table's bytes once
+    digests: dict = field(default_factory=dict, repr=False)
 
     @property
     def all_edges(self) -> tuple[EdgeTable, ...]:
@@ -122,10 +126,21 @@ def _build_op_table(
     settings: TrainingSettings,
     unit_s: float,
     passes: int = 1,
+    memo: tuple[dict, int] | None = None,
 ) -> OpTable:
+    """The op's table of strategies; ``memo``: the graph's ``op_costs`` and the op's signature id
+    (records computed once per graph, mesh and settings, shared with the plans re-costed there)."""
     candidates = []
     for strategy in enumerate_strategies(op, mesh):
-        record = op_cost(op, strategy, mesh, settings, infos, profile)
+        if memo is None:
+            record = op_cost(op, strategy, mesh, settings, infos, profile)
+        else:
+            known, sid = memo
+            record = known.get((sid, strategy))
+            if record is None:
+                record = known[sid, strategy] = op_cost(
+                    op, strategy, mesh, settings, infos, profile
+                )
         signature = (output_layouts(op, strategy), input_layouts(op, strategy, infos))
         candidates.append(
             (
@@ -278,13 +293,13 @@ def _build(
     matrices: dict,
 ) -> Problem:
     infos = operand_infos(graph, settings)
-    op_cache: dict[tuple, OpTable] = {}
+    op_cache: dict[int, OpTable] = {}
     tables = []
-    for op in graph.operators:
-        key = op_signature(op, infos[op.name])
+    known = op_costs(graph, mesh, profile, settings)
+    for op, key in zip(graph.operators, signature_ids(graph, settings)):
         if key not in op_cache:
             op_cache[key] = _build_op_table(
-                op, infos[op.name], mesh, profile, settings, unit_s, passes
+                op, infos[op.name], mesh, profile, settings, unit_s, passes, (known, key)
             )
         cached = op_cache[key]
         tables.append(

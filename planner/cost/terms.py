@@ -12,11 +12,12 @@ from typing import Sequence
 from planner.cost.operators import (
     input_layouts,
     op_cost,
+    op_costs,
     operand_infos,
     output_layouts,
     signature_ids,
 )
-from planner.cost.records import CostRecord
+from planner.cost.records import CostRecord, sum_records
 from planner.cost.redistribution import edge_cost
 from planner.cost.settings import TrainingSettings
 from planner.ir.graph import Graph
@@ -107,46 +108,123 @@ def plan_terms(
     ``op_records`` may carry records already computed for some operators (a problem's tables);
     identical operators (same signature and strategy) and identical edges (same shape and
     layouts) are costed once."""
-    infos = operand_infos(graph, settings)
-    producer = {
-        o.tensor: (i, k) for i, op in enumerate(graph.operators) for k, o in enumerate(op.outputs)
-    }
-    keys = list(zip(signature_ids(graph, settings), strategies))
-    # per key: (output layouts, input layouts); identical ops share them
-    layouts: dict[tuple, tuple] = {}
-    for key, op, strategy in zip(keys, graph.operators, strategies):
-        if key not in layouts:
-            layouts[key] = (
-                output_layouts(op, strategy),
-                input_layouts(op, strategy, infos[op.name]),
-            )
+    walk = _Walk(graph, mesh, profile, settings, strategies)
     op_terms, edge_terms = [], []
-    cache: dict[tuple, CostRecord] = {}
-    op_cache: dict[tuple, CostRecord] = {}
-    for i, (op, strategy, key) in enumerate(zip(graph.operators, strategies, keys)):
+    for i, reads in enumerate(input_producers(graph)):
         given = op_records[i] if op_records is not None else None
-        if given is None:
-            if key not in op_cache:
-                op_cache[key] = op_cost(op, strategy, mesh, settings, infos[op.name], profile)
-            given = op_cache[key]
-        op_terms.append(given)
-        ins = layouts[key][1]
-        for slot, operand in enumerate(op.inputs):
-            if operand.tensor not in producer:
-                continue
-            src, k = producer[operand.tensor]
-            info, out = infos[op.name][slot], layouts[keys[src]][0][k]
-            edge = (info.shape, info.elem_bytes, info.edge_grad, out, ins[slot])
-            if edge not in cache:
-                cache[edge] = edge_cost(
-                    info.shape, info.elem_bytes, out, ins[slot], mesh.shape, info.edge_grad
-                )
-            edge_terms.append((src, i, slot, cache[edge]))
-    tie_terms = _tie_terms(graph, infos, layouts, keys, mesh, cache)
+        op_terms.append(walk.op_record(i) if given is None else given)
+        edge_terms += [(src, i, slot, walk.edge_record(i, slot, src, k)) for slot, src, k in reads]
+    tie_terms = _tie_terms(graph, walk.infos, walk.layouts, walk.kid, mesh, walk.edges)
     return PlanTerms(tuple(op_terms), tuple(edge_terms), tuple(tie_terms))
 
 
-def _tie_terms(graph: Graph, infos, layouts: dict, keys: list, mesh: Mesh, cache: dict) -> list:
+def layer_sums(
+    graph: Graph,
+    mesh: Mesh,
+    profile: MachineProfile,
+    settings: TrainingSettings,
+    strategies: Sequence[Strategy],
+    layer: Sequence[int],
+    n: int,
+) -> tuple[list[CostRecord], list[CostRecord]]:
+    """Every operator's record, and per position 0..n-1 (``layer[i]``: operator i's) the sum of
+    its operators' records and of the records of the edges into them (``plan_terms``' terms, in
+    its order). Positions with the same operators, strategies and incoming edges are summed once:
+    the identical layers of a model are walked as one."""
+    walk = _Walk(graph, mesh, profile, settings, strategies)
+    reads, kid = input_producers(graph), walk.kid
+    members: list[list[int]] = [[] for _ in range(n)]
+    for i, position in enumerate(layer):
+        members[position].append(i)
+    summed: dict[tuple, CostRecord] = {}
+    sums = []
+    for ops in members:
+        key = tuple((kid[i], tuple((slot, kid[src], k) for slot, src, k in reads[i])) for i in ops)
+        if key not in summed:
+            terms = [walk.op_record(i) for i in ops] + [
+                walk.edge_record(i, slot, src, k) for i in ops for slot, src, k in reads[i]
+            ]
+            summed[key] = sum_records(terms)
+        sums.append(summed[key])
+    return [walk.op_record(i) for i in range(len(kid))], sums
+
+
+class _Walk:
+    """One plan's walk state: each distinct (signature, strategy) gets a small id, and its layouts
+    and record are computed once; an edge's record is keyed by its ends' ids and slots (the walk
+    hashes ints, not layouts)."""
+
+    def __init__(self, graph: Graph, mesh: Mesh, profile, settings, strategies) -> None:
+        self.graph, self.mesh, self.profile, self.settings = graph, mesh, profile, settings
+        self.strategies = strategies
+        self.infos = operand_infos(graph, settings)
+        ids: dict[tuple, int] = {}
+        self.kid = [
+            ids.setdefault(key, len(ids)) for key in zip(signature_ids(graph, settings), strategies)
+        ]
+        self.keys = list(ids)  # (signature id, strategy) of each id
+        self.memo = op_costs(graph, mesh, profile, settings)
+        self.layouts: list = [None] * len(ids)
+        self.records: list = [None] * len(ids)
+        for op, strategy, k in zip(graph.operators, strategies, self.kid):
+            if self.layouts[k] is None:
+                operands = self.infos[op.name]
+                self.layouts[k] = (
+                    output_layouts(op, strategy),
+                    input_layouts(op, strategy, operands),
+                )
+        self.edges: dict[tuple, CostRecord] = {}
+
+    def op_record(self, i: int) -> CostRecord:
+        k = self.kid[i]
+        if self.records[k] is None:
+            key = self.keys[k]
+            if key not in self.memo:
+                op = self.graph.operators[i]
+                self.memo[key] = op_cost(
+                    op, key[1], self.mesh, self.settings, self.infos[op.name], self.profile
+                )
+            self.records[k] = self.memo[key]
+        return self.records[k]
+
+    def edge_record(self, i: int, slot: int, src: int, k: int) -> CostRecord:
+        key = (self.kid[src], k, self.kid[i], slot)
+        if key not in self.edges:
+            info = self.infos[self.graph.operators[i].name][slot]
+            self.edges[key] = edge_cost(
+                info.shape,
+                info.elem_bytes,
+                self.layouts[self.kid[src]][0][k],
+                self.layouts[self.kid[i]][1][slot],
+                self.mesh.shape,
+                info.edge_grad,
+            )
+        return self.edges[key]
+
+
+def input_producers(graph: Graph) -> tuple[tuple[tuple[int, int, int], ...], ...]:
+    """Per operator, (input slot, producer op, producer's output slot) of each input an operator
+    makes (graph inputs have no edge): a fact of the graph, built once."""
+
+    def build():
+        producer = {
+            o.tensor: (i, k)
+            for i, op in enumerate(graph.operators)
+            for k, o in enumerate(op.outputs)
+        }
+        return tuple(
+            tuple(
+                (slot, *producer[o.tensor])
+                for slot, o in enumerate(op.inputs)
+                if o.tensor in producer
+            )
+            for op in graph.operators
+        )
+
+    return graph.derived(("input_producers",), build)
+
+
+def _tie_terms(graph: Graph, infos, layouts: list, keys: list, mesh: Mesh, cache: dict) -> list:
     """One term per tied read: the owner's layout of the parameter against the reader's."""
     tie_terms = []
     for owner, owner_slot, reader, slot in tied_reads(graph, infos):

@@ -15,10 +15,10 @@ from planner.cluster.mesh import Mesh, MeshAxis
 from planner.cluster.profiles import MachineProfile
 from planner.cost.collectives import PER_MICROBATCH
 from planner.cost.operators import op_cost, operand_infos, output_layouts, signature_ids
-from planner.cost.records import CostRecord, breakdown, seconds, sum_records
+from planner.cost.records import CostRecord, breakdown, seconds
 from planner.cost.settings import INTEGER_BYTES, TrainingSettings
 from planner.cost.strategy import REPLICATE, Strategy, divides
-from planner.cost.terms import plan_terms
+from planner.cost.terms import layer_sums
 from planner.errors import SettingsError
 from planner.ir.crossing import crossing_tensors
 from planner.ir.graph import Graph
@@ -26,19 +26,24 @@ from planner.pipeline.schedule import LayerChain
 
 
 def layer_of(graph: Graph) -> list[int]:
+    """Per operator, its position in the layer chain: its layer counted from the first; operators
+    outside layers join the first (before any layer) or the last (after)."""
     layers = [op.layer for op in graph.operators]
     known = [layer for layer in layers if layer is not None]
     if not known:
         raise SettingsError(f"--model: {graph.name} has no layers to pipeline")
-    first, last = min(known), max(known)
+    return list(graph.derived(("layer_of",), lambda: _positions(layers, min(known), max(known))))
+
+
+def _positions(layers: list, first: int, last: int) -> tuple[int, ...]:
     out, seen = [], False
     for layer in layers:
         seen = seen or layer is not None
         out.append(layer - first if layer is not None else (0 if not seen else last - first))
-    return out
+    return tuple(out)
 
 
-def _layer_arrays(records: list, summed: dict, mesh: Mesh, profile: MachineProfile) -> dict:
+def _layer_arrays(records: list, mesh: Mesh, profile: MachineProfile) -> dict:
     """Per layer: time per micro-batch and its parts, gradient sync, static and activation memory
     (each distinct record's phases computed once)."""
     phases = {
@@ -47,7 +52,7 @@ def _layer_arrays(records: list, summed: dict, mesh: Mesh, profile: MachineProfi
             _phase_seconds(r, mesh, profile, ("grad", "opt")),
             _time_parts(r, mesh, profile),
         )
-        for r in summed.values()
+        for r in {id(r): r for r in records}.values()
     }
     return {
         "time": np.array([phases[id(r)][0] for r in records]),
@@ -77,33 +82,20 @@ def cost_layers(
     layer = layer_of(graph)
     n = max(layer) + 1
     chosen = [strategies[op.name] for op in graph.operators]
-    terms = plan_terms(graph, mesh, profile, settings, chosen)
-    per_layer: list[list] = [[] for _ in range(n)]
-    for i, record in enumerate(terms.ops):
-        per_layer[layer[i]].append(record)
-    for src, dst, slot, record in terms.edges:
-        per_layer[layer[dst]].append(record)
+    op_records, records = layer_sums(graph, mesh, profile, settings, chosen, layer, n)
     out_bytes = _crossing_bytes(graph, mesh, settings, chosen, layer, n)
-    # identical layers hold the same (cached) term objects
-    summed: dict[tuple[int, ...], CostRecord] = {}
-    records = []
-    for layer_terms in per_layer:
-        key = tuple(map(id, layer_terms))
-        if key not in summed:
-            summed[key] = sum_records(layer_terms)
-        records.append(summed[key])
     logits = np.zeros(n)
-    for i, record in enumerate(terms.ops):  # the loss's saved softmax, a part of the activations
+    for i, record in enumerate(op_records):  # the loss's saved softmax, a part of the activations
         if graph.operators[i].kind == "cross_entropy":
             logits[layer[i]] += record.memory.activations
     return {
-        **_layer_arrays(records, summed, mesh, profile),
+        **_layer_arrays(records, mesh, profile),
         "logits_memory": logits,
         "out_bytes": out_bytes,
         "working_memory": _working_memory(
-            graph, mesh, profile, settings, chosen, terms.ops, layer, n
+            graph, mesh, profile, settings, chosen, op_records, layer, n
         ),
-        "tied": _tied_parameters(graph, mesh, profile, settings, chosen, infos, terms.ops, layer),
+        "tied": _tied_parameters(graph, mesh, profile, settings, chosen, infos, op_records, layer),
     }
 
 
@@ -114,19 +106,39 @@ def _crossing_bytes(
     crosses it (``planner.ir.crossing``: made at or before l, read after l; a tensor that skips
     stages is handed on at each boundary, as the runners send it), split by ``send_split``."""
     out = np.zeros(n)
-    made = {
-        o.tensor: (i, k) for i, op in enumerate(graph.operators) for k, o in enumerate(op.outputs)
-    }
-    position = {op.name: layer[i] for i, op in enumerate(graph.operators)}
-    elem = {t.name: (INTEGER_BYTES if t.integer else settings.elem_bytes) for t in graph.tensors}
-    for boundary, names in enumerate(crossing_tensors(graph, position, n)):
-        for name in names:
-            i, k = made[name]
+    for boundary, sends in enumerate(_crossing_sends(graph, settings.elem_bytes, layer, n)):
+        for i, k, nbytes in sends:
             layout = output_layouts(graph.operators[i], chosen[i])[k]
-            out[boundary] += (
-                math.prod(graph.tensor(name).shape) * elem[name] / send_split(layout, mesh)
-            )
+            out[boundary] += nbytes / send_split(layout, mesh)
     return out
+
+
+def _crossing_sends(graph: Graph, elem_bytes: int, layer: list[int], n: int) -> list:
+    """Per boundary, (producer op, output slot, whole bytes) of each tensor crossing it: facts of
+    the graph alone, built once per graph (the search re-costs it under many plans)."""
+
+    def build() -> list:
+        made = {
+            o.tensor: (i, k)
+            for i, op in enumerate(graph.operators)
+            for k, o in enumerate(op.outputs)
+        }
+        position = {op.name: layer[i] for i, op in enumerate(graph.operators)}
+        sends = []
+        for names in crossing_tensors(graph, position, n):
+            tensors = [graph.tensor(name) for name in names]
+            sends.append(
+                [
+                    (
+                        *made[t.name],
+                        math.prod(t.shape) * (INTEGER_BYTES if t.integer else elem_bytes),
+                    )
+                    for t in tensors
+                ]
+            )
+        return sends
+
+    return graph.derived(("crossing_sends", elem_bytes, n), build)
 
 
 def _working_memory(
@@ -328,7 +340,20 @@ def model_chain(
 
 
 def plan_valid(graph: Graph, mesh: Mesh, strategies: dict[str, Strategy]) -> bool:
-    distinct = {
-        (op.dims, strategies[op.name]) for op in graph.operators
-    }  # the layers repeat a few operators
-    return all(divides(dict(dims), strategy, mesh) for dims, strategy in distinct)
+    """Whether every operator's strategy still divides its dims (a micro-batch split over more
+    devices than it has samples does not)."""
+    dims, ids = _distinct_dims(graph)
+    # the layers repeat a few operators: each (dims, strategy) pair is checked once
+    distinct = set(zip(ids, (strategies[op.name] for op in graph.operators)))
+    return all(divides(dims[k], strategy, mesh) for k, strategy in distinct)
+
+
+def _distinct_dims(graph: Graph) -> tuple[list[dict], tuple[int, ...]]:
+    """The graph's distinct operator dims, and per operator the index of its own."""
+
+    def build():
+        index: dict = {}
+        ids = tuple(index.setdefault(op.dims, len(index)) for op in graph.operators)
+        return [dict(d) for d in index], ids
+
+    return graph.derived(("distinct_dims",), build)

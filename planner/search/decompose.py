@@ -64,15 +64,37 @@ def find_cuts(problem: Problem) -> list[tuple[int, str]]:
     return cuts
 
 
-def _edge_bytes(problem: Problem, local: dict[int, int], e) -> bytes:
-    src = local.get(e.src, -1)
+def _digest(problem: Problem, obj, content) -> bytes:
+    """The sha256 of ``content(obj)``, computed once per object (``Problem.digests`` keeps the
+    object, so its id is not reused while the digest is held)."""
+    found = problem.digests.get(id(obj))
+    if found is None or found[0] is not obj:
+        found = (obj, hashlib.sha256(content(obj)).digest())
+        problem.digests[id(obj)] = found
+    return found[1]
+
+
+def _table_content(table) -> bytes:
+    return table.cost.tobytes() + b"/" + table.memory.tobytes() + b"/"
+
+
+def _edge_content(e) -> bytes:
     return (
-        b"%d>%d:%d:%d|" % (src, local[e.dst], e.src_slot if src >= 0 else -1, e.dst_slot)
-        + e.cost.tobytes()
+        e.cost.tobytes()
         + e.src_index.tobytes()
         + e.dst_index.tobytes()
         + b"%d" % hash(e.dst_layouts)
     )
+
+
+def _edge_bytes(problem: Problem, local: dict[int, int], e) -> bytes:
+    src = local.get(e.src, -1)
+    return b"%d>%d:%d:%d|" % (
+        src,
+        local[e.dst],
+        e.src_slot if src >= 0 else -1,
+        e.dst_slot,
+    ) + _digest(problem, e, _edge_content)
 
 
 def split_segments(problem: Problem) -> tuple[Segment, ...]:
@@ -128,8 +150,7 @@ def _content_key(
     local = {op: n for n, op in enumerate(ops)}
     digest = hashlib.sha256()
     for op in ops:
-        table = problem.ops[op]
-        digest.update(table.cost.tobytes() + b"/" + table.memory.tobytes() + b"/")
+        digest.update(_digest(problem, problem.ops[op], _table_content))
         for e in by_dst.get(op, ()):
             digest.update(_edge_bytes(problem, local, e))
     if exit_tensor:
