@@ -128,3 +128,23 @@ def test_layer_sums_walk_identical_layers_once_and_equal_the_plan_terms(changed)
     assert sums == expected
     middle = sums[1:-1]  # the first and last layers hold the embedding and the head
     assert (len({id(s) for s in middle}) == 1) == (changed is None)
+
+
+def test_operand_facts_read_only_the_settings_they_are_keyed_by():
+    """``operand_infos`` is shared by settings equal in ``infos_settings`` (a 3D search's
+    sequence-parallel and overlap variants): the facts built under settings that differ elsewhere
+    are equal, and differ where a keyed field does."""
+    from planner.api import resolve_model
+    from planner.cost.operators import _operand_infos, infos_settings
+
+    graph = resolve_model("gpt:layers=2,hidden=128,heads=4,seq=32,vocab=256", batch=4)
+    base = TrainingSettings(recompute="selective", zero=2)
+    others = dataclasses.replace(
+        base, sequence_parallel=True, overlap="grad", fp32_grads=True, bucket_bytes=0.0
+    )
+    assert infos_settings(base) == infos_settings(others)
+    assert _operand_infos(graph, base) == _operand_infos(graph, others)
+    for field, value in (("recompute", "full"), ("zero", 0), ("dtype", "fp32")):
+        changed = dataclasses.replace(base, **{field: value})
+        assert infos_settings(changed) != infos_settings(base)
+        assert _operand_infos(graph, changed) != _operand_infos(graph, base)
