@@ -87,3 +87,39 @@ def test_auto_is_the_fastest_fitting_variant_at_any_degree(memory):
     assert math.isfinite(best)
     auto = plan_pipeline(MODEL, MESH, "a100-80g", batch=16, memory=memory, degrees=[1, 2])
     assert auto.pipeline.iteration_time_s == pytest.approx(best, rel=1e-12)
+
+
+LLAMA = "llama:layers=4,hidden=256,heads=4,kv_heads=2,ffn=512,seq=128,vocab=1024"
+
+
+def test_selective_recompute_is_not_tried_again_where_it_costs_as_none():
+    """A model with fused attention has no attention core: selective recompute re-runs nothing,
+    so its layer chain is the one of no recompute, value for value; the 3D search tries it only
+    when it is the given setting, and the plan is the same either way."""
+    from planner.api import resolve_model
+    from planner.cost.recompute import attention_core
+    from planner.pipeline.layer_costs import cost_layers
+    from planner.search.baselines import data_parallel
+    from planner.cost.problem import build_problem
+
+    graph = resolve_model(LLAMA, batch=4)
+    assert not attention_core(graph)
+    profile = get_profile("a100-80g")
+    mesh = parse_mesh("2x2", profile)
+    plain, selective = TrainingSettings(zero=1), TrainingSettings(zero=1, recompute="selective")
+    problem = build_problem(graph, mesh, profile, plain)
+    strategies = {t.op.name: s for t, s in zip(problem.ops, data_parallel(problem))}
+    a = cost_layers(graph, mesh, profile, plain, strategies)
+    b = cost_layers(graph, mesh, profile, selective, strategies)
+    for key in ("time", "sync", "activation_memory", "static_memory", "working_memory"):
+        assert (a[key] == b[key]).all(), key
+
+    def search(settings):
+        return plan_pipeline(
+            LLAMA, MESH, "a100-80g", batch=16, memory=0.03 * 2**30, settings=settings
+        )
+
+    default, given = search(TrainingSettings()), search(TrainingSettings(recompute="selective"))
+    assert "selective" not in {row["recompute"] for row in default.candidates}
+    assert "selective" in {row["recompute"] for row in given.candidates}
+    assert default.pipeline.iteration_time_s == given.pipeline.iteration_time_s

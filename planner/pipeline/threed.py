@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable
 
+from planner.cost.recompute import attention_core
 from planner.cost.settings import RECOMPUTE, TrainingSettings
 from planner.errors import InfeasibleError, SettingsError
 from planner.ir.graph import Graph
@@ -201,6 +202,7 @@ def _degree(
     variants: (the first plan, the fastest that fits); variants whose bound is not below ``beat``
     seconds are skipped."""
     first, best, relaxed = None, None, False
+    inert = () if attention_core(search.load(search.batch)) else ("selective",)
     for candidate in stage_candidates(search.mesh, p, o.tensor_meshes):
         own = candidate.plan == SEARCH
         if not own and relaxed and search.intra_method == "exact" and not o.certify:
@@ -209,6 +211,11 @@ def _degree(
             break
         sub = candidate.mesh
         variants = setting_variants(settings, sub, o.recompute_ladder) if o.escalate else [settings]
+        # selective recompute re-runs the attention core: a model without one (fused attention)
+        # costs it exactly as no recompute, which comes first and wins ties; not tried again
+        variants = [
+            v for v in variants if v.recompute not in inert or v.recompute == settings.recompute
+        ]
         if candidate.tensor_axis is not None:
             # Megatron-LM's stage plan runs tensor parallelism with sequence parallelism
             variants = [v for v in variants if v.sequence_parallel] or variants
