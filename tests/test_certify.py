@@ -14,7 +14,7 @@ from planner.api3d import model_loader
 from planner.cost.settings import TrainingSettings
 from planner.pipeline.degree_search import exact_stage_plan, stage_chain
 from planner.pipeline.search import brute_force
-from planner.pipeline.stage_meshes import SEARCH, candidates, pipeline_degrees
+from planner.pipeline.stage_meshes import DATA, SEARCH, candidates, pipeline_degrees
 from planner.pipeline.variants import variants
 from planner.cluster.cluster import Cluster
 from planner.api import make_cluster
@@ -34,6 +34,8 @@ def exhaustive(spec: str, mesh: str, batch: int, memory: float | None) -> float:
             options = variants(TrainingSettings(), candidate.mesh, LADDER)
             if candidate.tensor_axis is not None:  # Megatron-LM's plan runs with SP
                 options = [v for v in options if v.sequence_parallel] or options
+            if candidate.plan == DATA:  # no tensor parallelism, no SP (Megatron-LM's rule)
+                options = [v for v in options if not v.sequence_parallel]
             for settings in options:
                 for count in counts:
                     found = stage_chain(

@@ -123,3 +123,19 @@ def test_selective_recompute_is_not_tried_again_where_it_costs_as_none():
     assert "selective" not in {row["recompute"] for row in default.candidates}
     assert "selective" in {row["recompute"] for row in given.candidates}
     assert default.pipeline.iteration_time_s == given.pipeline.iteration_time_s
+
+
+def test_data_parallel_stage_plans_run_without_sequence_parallelism():
+    """Sequence parallelism splits what tensor parallelism leaves replicated: beside data
+    parallelism alone it is off (Megatron-LM's validate_args turns it off at tp 1), so the
+    data-parallel stage plans are tried without it, and with it only when it is given."""
+
+    def rows(settings):
+        plan = plan_pipeline(
+            MODEL, MESH, "a100-80g", batch=16, memory=0.05 * 2**30, settings=settings
+        )
+        return [row for row in plan.candidates if row["stage_plan"] == "dp"]
+
+    default, given = rows(TrainingSettings()), rows(TrainingSettings(sequence_parallel=True))
+    assert default and not any(row["sequence_parallel"] for row in default)
+    assert given and all(row["sequence_parallel"] for row in given)

@@ -50,6 +50,7 @@ from planner.pipeline.degree_search import (
     remembered,
 )
 from planner.pipeline.stage_meshes import (
+    DATA,
     SEARCH,
     candidates as stage_candidates,
     pipeline_degrees,
@@ -157,7 +158,9 @@ def certified(plan: Plan3D, unproven: list, pins: tuple[str, ...] = ()) -> Plan3
                   stage mesh in stage_meshes.candidates(p);
                   stage plan in { the exact intra-operator plan at micro-batch batch / M under the
                                   settings, data parallelism, Megatron-LM's plan on the tp axis };
-                  settings in the variants (sequence parallelism, the recompute ladder, ZeRO);
+                  settings in the variants (sequence parallelism, the recompute ladder, ZeRO;
+                  no sequence parallelism beside data parallelism alone, as Megatron-LM, and no
+                  selective recompute on a model without an attention core: it costs as none);
                   M a micro-batch count; cuts any composition of the layers into p stages }
 
     Exhaustive: every (p, stage mesh, plan family, settings, M) is costed and cut by the exact DP
@@ -216,6 +219,10 @@ def _degree(
         variants = [
             v for v in variants if v.recompute not in inert or v.recompute == settings.recompute
         ]
+        if candidate.plan == DATA and not settings.sequence_parallel:
+            # no tensor parallelism, no sequence parallelism: Megatron-LM turns it off at tp 1
+            # (megatron/training/arguments.py validate_args), and the grid never runs it there
+            variants = [v for v in variants if not v.sequence_parallel]
         if candidate.tensor_axis is not None:
             # Megatron-LM's stage plan runs tensor parallelism with sequence parallelism
             variants = [v for v in variants if v.sequence_parallel] or variants
