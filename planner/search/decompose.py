@@ -99,7 +99,11 @@ def _edge_bytes(problem: Problem, local: dict[int, int], e) -> bytes:
 
 def split_segments(problem: Problem) -> tuple[Segment, ...]:
     """The segments between consecutive single-tensor cuts, each with a canonical content hash."""
-    cuts = find_cuts(problem)
+    # the cuts depend on the edges' ends alone: a problem's copies share them
+    shape = ("cuts", len(problem.ops), tuple((e.src, e.dst, e.tensor) for e in problem.edges))
+    if shape not in problem.digests:
+        problem.digests[shape] = find_cuts(problem)
+    cuts = problem.digests[shape]
     bounds = [-1] + [i for i, _ in cuts] + [len(problem.ops) - 1]
     tensors = [None] + [t for _, t in cuts] + [None]
     producer = {o.tensor: i for i, t in enumerate(problem.ops) for o in t.op.outputs}
@@ -147,16 +151,43 @@ def _content_key(
     exit_producer: int | None,
     by_dst: dict[int, list],
 ) -> str:
+    """The segment's hash, computed once per set of table and edge objects: the conditioned and
+    restricted copies of a problem (``Problem.digests`` is theirs too) replace a few tables and
+    edges and keep the rest, so most of their segments are hashed once."""
+    tables = tuple(problem.ops[op] for op in ops)
+    edges = tuple(e for op in ops for e in by_dst.get(op, ()))
+    index = problem.producer_layout_index(exit_tensor) if exit_tensor else None
+    ident = (
+        "segment",
+        ops,
+        exit_producer,
+        tuple(map(id, tables)),
+        tuple(map(id, edges)),
+        id(index),
+    )
+    found = problem.digests.get(ident)
+    if found is None:
+        # the objects are held with the hash: their ids are not reused while it is kept
+        found = (
+            (tables, edges, index),
+            _segment_hash(problem, ops, tables, edges, exit_producer, index),
+        )
+        problem.digests[ident] = found
+    return found[1]
+
+
+def _segment_hash(problem: Problem, ops, tables, edges, exit_producer, index) -> str:
     local = {op: n for n, op in enumerate(ops)}
     digest = hashlib.sha256()
-    for op in ops:
-        digest.update(_digest(problem, problem.ops[op], _table_content))
-        for e in by_dst.get(op, ()):
+    edges_of: dict[int, list] = {}
+    for e in edges:
+        edges_of.setdefault(e.dst, []).append(e)
+    for op, table in zip(ops, tables):
+        digest.update(_digest(problem, table, _table_content))
+        for e in edges_of.get(op, ()):
             digest.update(_edge_bytes(problem, local, e))
-    if exit_tensor:
-        digest.update(
-            b"exit%d" % local[exit_producer] + problem.producer_layout_index(exit_tensor).tobytes()
-        )
+    if index is not None:
+        digest.update(b"exit%d" % local[exit_producer] + index.tobytes())
     return digest.hexdigest()
 
 

@@ -65,7 +65,7 @@ class Workers:
         if self.size > 1:
             context = multiprocessing.get_context("forkserver")
             # the shared edge-matrix cache stays here: workers only read the problem's own edges
-            sent = replace(problem, edge_matrices={})
+            sent = replace(problem, edge_matrices={}, digests={})
             self.pool = context.Pool(self.size, initializer=_init_worker, initargs=(sent,))
 
     def __enter__(self) -> "Workers":
