@@ -183,3 +183,20 @@ def test_csimd_beats_even_split_on_heterogeneous_chain():
 def test_more_stages_than_layers_is_infeasible():
     assert csimd(random_chain(1, 3), 4).status == "INFEASIBLE"
     assert math.isinf(exact_dp(random_chain(1, 3), 4).iteration_time_s)
+
+
+def test_csimd_on_one_stage_is_the_fastest_count_that_fits():
+    """One stage has no cuts: CSIMD returns the fastest micro-batch count that fits, as the
+    exhaustive search does (memory limits that rule out some counts, and all of them)."""
+    fits = 0
+    for k in range(20):
+        chain = random_chain(300 + k, 6)
+        for limit in (math.inf, float(chain.static_memory.sum() * (1.0 + 0.2 * (k % 5)))):
+            plan, brute = csimd(chain, 1, "1f1b", limit), brute_force(chain, 1, "1f1b", limit)
+            assert plan.status == ("INFEASIBLE" if brute.status == "INFEASIBLE" else "HEURISTIC")
+            if brute.status != "INFEASIBLE":
+                fits += 1
+                assert plan.iteration_time_s == brute.iteration_time_s
+                assert plan.num_microbatches == brute.num_microbatches
+                assert plan.max_memory_bytes <= limit
+    assert 0 < fits < 40

@@ -67,14 +67,15 @@ def _dp_at(ev: Evaluator, m: int, bottleneck: float) -> tuple[float, tuple[int, 
     return float(best[p, layers]), tuple(reversed(cuts))
 
 
-def _one_stage(ev: Evaluator, start: float) -> PipelinePlan:
-    """The exact plan of a one-stage pipeline: the fastest micro-batch count that fits."""
+def _one_stage(ev: Evaluator, start: float, method: str = "exact") -> PipelinePlan:
+    """The exact plan of a one-stage pipeline: the fastest micro-batch count that fits (the
+    smallest on ties)."""
     best = None
     for m in range(len(ev.chain.counts)):
         value = ev.objective((), m)
         if value < math.inf and (best is None or value < best[0]):
             best = (value, m)
-    return make_result(ev, "exact", () if best else None, best[1] if best else None, start)
+    return make_result(ev, method, () if best else None, best[1] if best else None, start)
 
 
 def exact_dp(
@@ -237,6 +238,8 @@ def csimd(
     ev = Evaluator(chain, stages, schedule, memory_limit)
     if stages > chain.num_layers:
         return make_result(ev, "csimd", None, None, start)
+    if stages == 1:  # no cuts: the bisection would only re-find each count's one stage
+        return _one_stage(ev, start, "csimd")
     candidates = range(len(chain.counts))
     best: tuple[float, list[int], int] | None = None
     for m in candidates:
