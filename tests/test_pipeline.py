@@ -200,3 +200,23 @@ def test_csimd_on_one_stage_is_the_fastest_count_that_fits():
                 assert plan.num_microbatches == brute.num_microbatches
                 assert plan.max_memory_bytes <= limit
     assert 0 < fits < 40
+
+
+def test_static_overflow_only_where_no_cut_fits():
+    """``static_overflow`` (a stage's parameter state alone over the limit under every cut) holds
+    only where exhaustive search finds nothing that fits; hand-computed on a 4-layer chain."""
+    from planner.pipeline.degree_search import static_overflow
+
+    chain = dataclasses.replace(random_chain(7, 4), static_memory=np.array([1.0, 2.0, 3.0, 4.0]))
+    assert static_overflow(chain, 2, 4.99) and not static_overflow(chain, 2, 5.0)  # sum / 2 = 5
+    assert static_overflow(chain, 4, 3.99) and not static_overflow(chain, 4, 4.0)  # largest: 4
+    overflowing = 0
+    for k in range(40):
+        chain = random_chain(500 + k, 6)
+        static = float(chain.static_memory.sum())
+        for p in (1, 2, 3):
+            for limit in (static / p * 0.9, static / p * 1.1, static / p * 3):
+                if static_overflow(chain, p, limit):
+                    overflowing += 1
+                    assert brute_force(chain, p, "1f1b", limit).status == "INFEASIBLE"
+    assert 0 < overflowing < 360

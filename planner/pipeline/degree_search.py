@@ -96,11 +96,14 @@ def stage_chain(
     edge_matrices: dict | None = None,
     costed: bool = True,
     columns_cache: dict | None = None,
+    memory_limit: float = math.inf,
 ):
     """Plan the stage sub-mesh at the reference micro-batch count (default: the smallest count of
     at least 2p); the plan's layer chain. ``edge_matrices``: a search's cache of redistribution
     matrices (``build_problem``), shared by its settings variants; ``costed`` off: the planner
-    reads only the problem's skeleton (Megatron's pattern)."""
+    reads only the problem's skeleton (Megatron's pattern). A plan whose parameter state alone
+    cannot fit ``memory_limit`` under any cuts (``static_overflow``) is costed at the reference
+    count only: no count makes it fit."""
     reference = reference or reference_count(counts, p)
     graph = load(batch // reference)
     problem = (
@@ -110,10 +113,22 @@ def stage_chain(
     )
     chosen, status = stage_planner(problem)
     strategies = {t.op.name: s for t, s in zip(problem.ops, chosen)}
-    chain = model_chain(
-        load, batch, counts, sub, profile, settings, strategies, mesh.axes[0], columns_cache
+    cost = lambda at: model_chain(
+        load, batch, at, sub, profile, settings, strategies, mesh.axes[0], columns_cache
     )
+    chain = cost([reference]) if reference in counts and len(counts) > 1 else None
+    if chain is None or not static_overflow(chain, p, memory_limit):
+        chain = cost(counts)
     return None if chain is None else (chain, status, strategies, graph)
+
+
+def static_overflow(chain, p: int, memory_limit: float) -> bool:
+    """Whether every cut of the chain into ``p`` stages leaves a stage whose parameters, gradients
+    and optimizer state alone exceed ``memory_limit``: a stage's memory is at least the static
+    memory of its layers, and the fullest of ``p`` stages holds at least the average and at least
+    the largest layer (the static state does not depend on the micro-batch count)."""
+    static = chain.static_memory
+    return max(float(static.sum()) / p, float(static.max())) > memory_limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +237,7 @@ class DegreeSearch:
             self.edge_matrices,
             self.costed,
             self.columns_cache,
+            self.memory_limit,
         )
         if found is None or p > found[0].num_layers:
             return None, False
