@@ -10,7 +10,8 @@ import pytest
 from planner.cluster.mesh import parse_mesh
 from planner.cost.collectives import collective_seconds
 from planner.cost.compute import op_seconds, quantisation
-from planner.cost.operators import op_cost, operand_infos
+from planner.cost.operands import operand_infos
+from planner.cost.operators import op_cost
 from planner.cost.records import seconds
 from planner.cost.settings import TrainingSettings
 from planner.ir.ops import GraphBuilder

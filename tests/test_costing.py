@@ -135,7 +135,7 @@ def test_operand_facts_read_only_the_settings_they_are_keyed_by():
     sequence-parallel and overlap variants): the facts built under settings that differ elsewhere
     are equal, and differ where a keyed field does."""
     from planner.api import resolve_model
-    from planner.cost.operators import _operand_infos, infos_settings
+    from planner.cost.operands import _operand_infos, infos_settings
 
     graph = resolve_model("gpt:layers=2,hidden=128,heads=4,seq=32,vocab=256", batch=4)
     base = TrainingSettings(recompute="selective", zero=2)

@@ -4,7 +4,8 @@ as flops / (peak x efficiency), no overlap, one collective per parameter tensor)
 
 import pytest
 
-from planner.cost.operators import op_cost, operand_infos
+from planner.cost.operands import operand_infos
+from planner.cost.operators import op_cost
 from planner.cost.records import accumulated, seconds
 from planner.cost.redistribution import edge_cost
 from planner.cost.settings import TrainingSettings

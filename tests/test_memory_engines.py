@@ -22,7 +22,8 @@ import pytest
 
 from planner import api3d
 from planner.cluster.mesh import parse_mesh
-from planner.cost.operators import op_cost, operand_infos
+from planner.cost.operands import operand_infos
+from planner.cost.operators import op_cost
 from planner.cost.problem import build_problem
 from planner.cost.settings import TrainingSettings
 from planner.search.baselines import megatron

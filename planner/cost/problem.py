@@ -21,15 +21,8 @@ from typing import Sequence
 
 import numpy as np
 
-from planner.cost.operators import (
-    OperandInfo,
-    input_layouts,
-    op_cost,
-    op_costs,
-    operand_infos,
-    output_layouts,
-    signature_ids,
-)
+from planner.cost.operands import OperandInfo, operand_infos, signature_ids
+from planner.cost.operators import input_layouts, op_cost, op_costs, output_layouts
 from planner.cost.records import CostRecord, accumulated, sum_records, seconds
 from planner.cost.settings import TrainingSettings
 from planner.cost.terms import plan_terms

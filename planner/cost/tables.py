@@ -11,7 +11,7 @@ import numpy as np
 
 from planner.cluster.mesh import Mesh
 from planner.cluster.profiles import MachineProfile
-from planner.cost.operators import OperandInfo
+from planner.cost.operands import OperandInfo
 from planner.cost.records import CostRecord
 from planner.cost.redistribution import edge_seconds
 from planner.cost.strategy import Layout, Strategy, forward_layout

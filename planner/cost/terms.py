@@ -9,14 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from planner.cost.operators import (
-    input_layouts,
-    op_cost,
-    op_costs,
-    operand_infos,
-    output_layouts,
-    signature_ids,
-)
+from planner.cost.operands import operand_infos, signature_ids
+from planner.cost.operators import input_layouts, op_cost, op_costs, output_layouts
 from planner.cost.records import CostRecord, sum_records
 from planner.cost.redistribution import edge_cost
 from planner.cost.settings import TrainingSettings

@@ -14,7 +14,8 @@ import numpy as np
 from planner.cluster.mesh import Mesh, MeshAxis
 from planner.cluster.profiles import MachineProfile
 from planner.cost.collectives import PER_MICROBATCH
-from planner.cost.operators import op_cost, operand_infos, output_layouts, signature_ids
+from planner.cost.operands import operand_infos, signature_ids
+from planner.cost.operators import op_cost, output_layouts
 from planner.cost.records import CostRecord, breakdown, seconds
 from planner.cost.settings import INTEGER_BYTES, TrainingSettings
 from planner.cost.strategy import REPLICATE, Strategy, divides

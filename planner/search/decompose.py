@@ -17,14 +17,14 @@ plan of every operator is reconstructed. Costs are integers held exactly in floa
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
 
 from planner.search.eliminate import Network, minplus
 from planner.cost.problem import Problem
+from planner.search.segment_hash import content_key, edges_by_dst
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,50 +64,46 @@ def find_cuts(problem: Problem) -> list[tuple[int, str]]:
     return cuts
 
 
-def _digest(problem: Problem, obj, content) -> bytes:
-    """The sha256 of ``content(obj)``, computed once per object (``Problem.digests`` keeps the
-    object, so its id is not reused while the digest is held)."""
-    found = problem.digests.get(id(obj))
-    if found is None or found[0] is not obj:
-        found = (obj, hashlib.sha256(content(obj)).digest())
-        problem.digests[id(obj)] = found
-    return found[1]
-
-
-def _table_content(table) -> bytes:
-    return table.cost.tobytes() + b"/" + table.memory.tobytes() + b"/"
-
-
-def _edge_content(e) -> bytes:
-    return (
-        e.cost.tobytes()
-        + e.src_index.tobytes()
-        + e.dst_index.tobytes()
-        + b"%d" % hash(e.dst_layouts)
-    )
-
-
-def _edge_bytes(problem: Problem, local: dict[int, int], e) -> bytes:
-    src = local.get(e.src, -1)
-    return b"%d>%d:%d:%d|" % (
-        src,
-        local[e.dst],
-        e.src_slot if src >= 0 else -1,
-        e.dst_slot,
-    ) + _digest(problem, e, _edge_content)
-
-
 def split_segments(problem: Problem) -> tuple[Segment, ...]:
-    """The segments between consecutive single-tensor cuts, each with a canonical content hash."""
+    """The segments between consecutive single-tensor cuts, each with a canonical content hash.
+    A copy of a problem (conditioned, restricted: ``Problem.digests`` is shared) re-hashes only
+    the segments holding an operator whose table or incoming edges it replaced."""
     # the cuts depend on the edges' ends alone: a problem's copies share them
     shape = ("cuts", len(problem.ops), tuple((e.src, e.dst, e.tensor) for e in problem.edges))
     if shape not in problem.digests:
-        problem.digests[shape] = find_cuts(problem)
-    cuts = problem.digests[shape]
+        problem.digests[shape] = (find_cuts(problem), None)
+    cuts, first = problem.digests[shape]
+    if first is not None:
+        return _patched(problem, *first)
+    segments = _segments(problem, cuts)
+    problem.digests[shape] = (cuts, (problem.ops, problem.edges, segments))
+    return segments
+
+
+def _patched(problem: Problem, ops, edges, segments) -> tuple[Segment, ...]:
+    """``segments`` (cut from the first copy, whose tables and edges were ``ops`` and ``edges``)
+    with the hash of each segment that holds a replaced table, or an edge's replaced end,
+    computed again under ``problem``."""
+    changed = {i for i, (a, b) in enumerate(zip(problem.ops, ops)) if a is not b}
+    for e, before in zip(problem.edges, edges):
+        if e is not before:
+            changed.update((e.src, e.dst))
+    if not changed:
+        return segments
+    by_dst = edges_by_dst(problem)
+    return tuple(
+        replace(seg, key=content_key(problem, seg.ops, seg.exit_tensor, seg.exit_producer, by_dst))
+        if changed.intersection(seg.ops)
+        else seg
+        for seg in segments
+    )
+
+
+def _segments(problem: Problem, cuts: list) -> tuple[Segment, ...]:
     bounds = [-1] + [i for i, _ in cuts] + [len(problem.ops) - 1]
     tensors = [None] + [t for _, t in cuts] + [None]
     producer = {o.tensor: i for i, t in enumerate(problem.ops) for o in t.op.outputs}
-    by_dst = _edges_by_dst(problem)
+    by_dst = edges_by_dst(problem)
     segments = []
     for k in range(len(bounds) - 1):
         ops = tuple(range(bounds[k] + 1, bounds[k + 1] + 1))
@@ -120,7 +116,7 @@ def split_segments(problem: Problem) -> tuple[Segment, ...]:
                 tensors[k],
                 exit_tensor,
                 exit_producer,
-                _content_key(problem, ops, exit_tensor, exit_producer, by_dst),
+                content_key(problem, ops, exit_tensor, exit_producer, by_dst),
                 layers.pop() if len(layers) == 1 else None,
             )
         )
@@ -131,64 +127,10 @@ def segment_keys(problem: Problem, segments: Sequence[Segment]) -> tuple[str, ..
     """The content hash of each of ``segments`` (cut from a problem of the same graph) under
     ``problem``'s own costs: a variant of a problem (other recompute / ZeRO settings) may tell
     apart segments whose costs are equal in the problem (a ZeRO-3 gather of ln1 and of ln2)."""
-    by_dst = _edges_by_dst(problem)
+    by_dst = edges_by_dst(problem)
     return tuple(
-        _content_key(problem, s.ops, s.exit_tensor, s.exit_producer, by_dst) for s in segments
+        content_key(problem, s.ops, s.exit_tensor, s.exit_producer, by_dst) for s in segments
     )
-
-
-def _edges_by_dst(problem: Problem) -> dict[int, list]:
-    by_dst: dict[int, list] = {}
-    for e in problem.edges:
-        by_dst.setdefault(e.dst, []).append(e)
-    return by_dst
-
-
-def _content_key(
-    problem: Problem,
-    ops: tuple[int, ...],
-    exit_tensor: str | None,
-    exit_producer: int | None,
-    by_dst: dict[int, list],
-) -> str:
-    """The segment's hash, computed once per set of table and edge objects: the conditioned and
-    restricted copies of a problem (``Problem.digests`` is theirs too) replace a few tables and
-    edges and keep the rest, so most of their segments are hashed once."""
-    tables = tuple(problem.ops[op] for op in ops)
-    edges = tuple(e for op in ops for e in by_dst.get(op, ()))
-    index = problem.producer_layout_index(exit_tensor) if exit_tensor else None
-    ident = (
-        "segment",
-        ops,
-        exit_producer,
-        tuple(map(id, tables)),
-        tuple(map(id, edges)),
-        id(index),
-    )
-    found = problem.digests.get(ident)
-    if found is None:
-        # the objects are held with the hash: their ids are not reused while it is kept
-        found = (
-            (tables, edges, index),
-            _segment_hash(problem, ops, tables, edges, exit_producer, index),
-        )
-        problem.digests[ident] = found
-    return found[1]
-
-
-def _segment_hash(problem: Problem, ops, tables, edges, exit_producer, index) -> str:
-    local = {op: n for n, op in enumerate(ops)}
-    digest = hashlib.sha256()
-    edges_of: dict[int, list] = {}
-    for e in edges:
-        edges_of.setdefault(e.dst, []).append(e)
-    for op, table in zip(ops, tables):
-        digest.update(_digest(problem, table, _table_content))
-        for e in edges_of.get(op, ()):
-            digest.update(_edge_bytes(problem, local, e))
-    if index is not None:
-        digest.update(b"exit%d" % local[exit_producer] + index.tobytes())
-    return digest.hexdigest()
 
 
 def segment_network(
