@@ -338,8 +338,11 @@ def evaluate_3d_file(
 
 
 def refuse_auto(settings: TrainingSettings, why: str) -> None:
+    """Refuse 'auto' recompute or ZeRO (a per-layer search) in a 3D plan; recompute given per
+    layer (``layer_recompute``: Megatron-LM's block recompute) is a fixed setting and is kept."""
+    fixed = {"recompute": bool(settings.layer_recompute), "zero": False}
     for option, value in (("recompute", settings.recompute), ("zero", settings.zero)):
-        if value == AUTO:
+        if value == AUTO and not fixed[option]:
             raise SettingsError(
                 f"--{option} auto: not for pipeline plans ({why}); give a fixed --{option}"
             )

@@ -80,7 +80,7 @@ def launch_run(data: dict) -> LaunchRun:
     pipe = data["pipeline"]
     tp, dp = _degrees(data)
     settings = TrainingSettings.from_dict(data.get("settings") or {})
-    if AUTO in (settings.recompute, settings.zero):
+    if settings.zero == AUTO or (settings.recompute == AUTO and not settings.layer_recompute):
         raise SettingsError(
             "--plan: field 'settings': per-layer recompute or ZeRO choices are not exported yet "
             "(one recompute granularity and one optimizer sharding for all layers)"

@@ -114,7 +114,9 @@ def compare_best(
         batch=run.global_batch,
         memory=memory,
         # the user's dtype, optimizer, overlap, buckets and gradients; the search decides the rest
-        settings=replace(run.settings, recompute="none", zero=0, sequence_parallel=False),
+        settings=replace(
+            run.settings, recompute="none", layer_recompute=(), zero=0, sequence_parallel=False
+        ),
         schedule=run.schedule,
         hardware_csv=hardware_csv,
     )
@@ -164,6 +166,9 @@ def _value(run: LaunchRun, group: str) -> str:
         )
     if group == "micro_batch":
         return str(run.micro_batch)
+    if group == "recompute" and run.settings.layer_recompute:  # Megatron-LM's block recompute
+        full = sum(mode == "full" for _, mode in run.settings.layer_recompute)
+        return f"full on {full} of {len(run.settings.layer_recompute)} layers"
     return str(getattr(run.settings, group))
 
 
@@ -178,4 +183,7 @@ def _moved(run: LaunchRun, target: LaunchRun, group: str) -> LaunchRun:
         )
     if group == "micro_batch":
         return replace(run, micro_batch=target.micro_batch)
-    return replace(run, settings=replace(run.settings, **{group: getattr(target.settings, group)}))
+    moved = {group: getattr(target.settings, group)}
+    if group == "recompute":  # the target's one mode replaces any per-layer modes
+        moved["layer_recompute"] = target.settings.layer_recompute
+    return replace(run, settings=replace(run.settings, **moved))

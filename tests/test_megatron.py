@@ -295,3 +295,27 @@ def test_plan_for_megatron_answers_a_line_megatron_lm_accepts(model, mesh, devic
         plan.pipeline.stages,
         export.run.data_parallel,
     )
+
+
+@pytest.mark.slow  # one Megatron-LM parse
+@pytest.mark.skipif(find_spec("megatron") is None, reason="megatron-core not installed")
+def test_megatron_lm_accepts_an_exported_block_recompute_line():
+    """Per-layer recompute read from a block line exports as the same block flags, and the line
+    passes Megatron-LM's parse_args, validate_args and TransformerConfig."""
+    from planner.launch import plan_data, recost
+
+    line = (
+        "torchrun --nnodes 1 --nproc-per-node 8 pretrain_gpt.py --num-layers 8 --hidden-size 512 "
+        "--num-attention-heads 8 --seq-length 256 --max-position-embeddings 256 --vocab-size 1024 "
+        "--tokenizer-type NullTokenizer --micro-batch-size 1 --global-batch-size 16 --bf16 "
+        "--pipeline-model-parallel-size 2 --recompute-granularity full --recompute-method block "
+        "--recompute-num-layers 3"
+    )
+    run, _ = read_megatron(line)
+    export = export_megatron(plan_data(recost(run, "a100-80g"), run.model_spec, None))
+    assert "--recompute-method block --recompute-num-layers 3" in export.line
+    assert abs(export.gap) <= 1e-3
+    done = subprocess.run(
+        [sys.executable, "-c", VALIDATE], input=export.line, text=True, capture_output=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -203,3 +203,50 @@ def test_fused_attention_keeps_no_attention_core():
         plan = api.evaluate(spec, "1", assignment={op.name: {} for op in graph.operators}, batch=b)
         saved[form] = dict(plan.memory_breakdown)["activations"]
     assert saved["explicit"] - saved["fused"] == 5 * a * s * s * b * layers
+
+
+BLOCK = BASE.replace("--nproc-per-node 8", "--nproc-per-node 8 --nnodes 1") + (
+    "--bf16 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2 "
+    "--recompute-granularity full --recompute-method block "
+)
+
+
+def test_block_recompute_reads_as_the_first_layers_of_each_chunk():
+    """--recompute-method block --recompute-num-layers N: each model chunk (here 8 layers over pp 2
+    and 2 virtual stages: chunks of 2) re-runs its first N layers in full (megatron-core's
+    recompute.py, checkpointed_forward), read as per-layer modes."""
+    run, ignored = read_megatron(BLOCK + "--recompute-num-layers 1")
+    assert ignored == () and run.settings.recompute == "auto"
+    assert run.settings.layer_recompute == tuple(
+        (layer, "full" if layer % 2 == 0 else "none") for layer in range(8)
+    )
+    # a count past the chunk re-runs every layer of it; none at all is refused, as Megatron-LM's
+    # TransformerConfig does
+    assert all(
+        mode == "full"
+        for _, mode in read_megatron(BLOCK + "--recompute-num-layers 3")[0].settings.layer_recompute
+    )
+    with pytest.raises(SettingsError, match="--recompute-num-layers: full recompute needs it"):
+        read_megatron(BLOCK)
+    with pytest.raises(SettingsError, match="--recompute-method: full recompute is read as"):
+        read_megatron(BLOCK.replace("block", "uniform") + "--recompute-num-layers 2")
+
+
+def test_block_recompute_costs_between_none_and_full_and_round_trips():
+    """Half the layers re-run: the step time and memory lie strictly between no recompute and full;
+    the whole chunk re-run is full recompute exactly; the plan exports as the same block line."""
+    from planner.launch import export_megatron, plan_data, recost
+
+    def costed(flags: str):
+        plan = recost(read_megatron(flags)[0], "h100-80g")
+        return plan.pipeline.iteration_time_s, plan.pipeline.max_memory_bytes, plan
+
+    none = costed(BLOCK.split(" --recompute-granularity")[0])
+    full = costed(BLOCK.replace("block", "uniform") + "--recompute-num-layers 1")
+    half = costed(BLOCK + "--recompute-num-layers 1")
+    whole = costed(BLOCK + "--recompute-num-layers 2")
+    assert none[0] < half[0] < full[0] and full[1] < half[1] < none[1]
+    assert whole[:2] == pytest.approx(full[:2], rel=1e-12)
+    spec = read_megatron(BLOCK + "--recompute-num-layers 1")[0].model_spec
+    exported = export_megatron(plan_data(half[2], spec, None))
+    assert "--recompute-method block --recompute-num-layers 1" in exported.text

@@ -141,7 +141,8 @@ def format_3d(result: Plan3D) -> str:
         f"{bytes_text(pipe.max_memory_bytes)}{limit} "
         f"({'fits' if pipe.fits_memory else 'does not fit'})",
         f"stage cuts (first layer of stages 1..p-1): {list(pipe.cuts)}",
-        f"settings: recompute {result.settings.recompute}, zero {result.settings.zero}, sequence "
+        f"settings: recompute {_recompute_text(result.settings)}, zero {result.settings.zero}, "
+        "sequence "
         f"parallel {'on' if result.settings.sequence_parallel else 'off'}; linear layers split: "
         + ", ".join(f"{a}:{d or '-'}" for a, d in result.tensor_parallel_dims),
         *_layout_lines(result),
@@ -231,3 +232,14 @@ def write_picture(args: argparse.Namespace, make) -> None:
     from planner.show import draw
 
     write_bytes(path, draw.figure_bytes(make(draw), fmt), f"--{fmt}")
+
+
+def _recompute_text(settings) -> str:
+    """The recompute mode, or the per-layer modes given (Megatron-LM's block recompute) as the
+    layers each mode covers."""
+    if not settings.layer_recompute:
+        return settings.recompute
+    counts: dict[str, int] = {}
+    for _, mode in settings.layer_recompute:
+        counts[mode] = counts.get(mode, 0) + 1
+    return "per layer (" + ", ".join(f"{mode} on {n}" for mode, n in counts.items()) + " layers)"

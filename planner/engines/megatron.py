@@ -70,8 +70,25 @@ def megatron_args(run: LaunchRun) -> list[str]:
     """The Megatron-LM arguments of ``run`` (see the module text), one flag or value per item,
     with the placeholders a line needs to start (``PLACEHOLDERS``)."""
     return (
-        _model_args(run) + _parallel_args(run) + _settings_args(run.settings) + list(PLACEHOLDERS)
+        _model_args(run)
+        + _parallel_args(run)
+        + _settings_args(
+            run.settings, run.model.layers // (run.pipeline_parallel * run.virtual_stages)
+        )
+        + list(PLACEHOLDERS)
     )
+
+
+def block_modes(layers: int, chunk: int, first: int) -> tuple[tuple[int, str], ...]:
+    """Megatron-LM's block recompute as per-layer modes: each model chunk of ``chunk`` consecutive
+    layers (a pipeline stage, or a virtual stage of one) re-runs its first ``first`` layers in
+    full and keeps the rest (megatron-core's recompute.py, checkpointed_forward)."""
+    return tuple((layer, "full" if layer % chunk < first else "none") for layer in range(layers))
+
+
+def block_count(modes: tuple[tuple[int, str], ...], layers: int, chunk: int) -> int | None:
+    """The ``first`` of ``block_modes`` that gives ``modes`` (None: no block recompute does)."""
+    return next((n for n in range(chunk + 1) if block_modes(layers, chunk, n) == modes), None)
 
 
 def shell_line(run: LaunchRun, gpus_per_node: int) -> str:
@@ -134,8 +151,20 @@ def _parallel_args(run: LaunchRun) -> list[str]:
     return [str(a) for a in args]
 
 
-def _settings_args(settings: TrainingSettings) -> list[str]:
+def _settings_args(settings: TrainingSettings, chunk: int) -> list[str]:
+    """The recompute, sharding, overlap and precision flags (``chunk``: layers per model chunk,
+    the unit of block recompute)."""
     args: list[str] = []
+    if settings.layer_recompute:
+        layers = len(settings.layer_recompute)
+        first = block_count(settings.layer_recompute, layers, chunk)
+        if first is None:
+            raise SettingsError(
+                "--target megatron: per-layer recompute is exported as Megatron-LM's block "
+                f"recompute (the first N layers of each chunk of {chunk}); these modes are not"
+            )
+        args += ["--recompute-granularity", "full", "--recompute-method", "block"]
+        args += ["--recompute-num-layers", str(first)]
     if settings.recompute == "selective-op":
         raise SettingsError(
             "--target megatron: Megatron-LM has no operator-level selective checkpointing "

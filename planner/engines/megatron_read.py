@@ -18,9 +18,11 @@ import math
 import re
 import shlex
 
-from planner.cost.settings import TrainingSettings
+from dataclasses import replace
+
+from planner.cost.settings import AUTO, TrainingSettings
 from planner.engines.launch_run import LaunchRun
-from planner.engines.megatron import UNSUPPORTED, layout_cuts
+from planner.engines.megatron import UNSUPPORTED, block_modes, layout_cuts
 from planner.engines.megatron_flags import DEEPSPEED, modern_words, split_unknown
 from planner.engines.shell_script import launch_text, unset_variable, without_comments
 from planner.errors import SettingsError
@@ -339,16 +341,36 @@ def _check_choices(args) -> None:
             )
 
 
+def _block_recompute(args, dp: int) -> TrainingSettings:
+    """``--recompute-method block --recompute-num-layers N``: each model chunk (a pipeline stage,
+    or a virtual stage of one: L / (pp v) consecutive layers) re-runs its first N layers in full
+    and keeps the rest (megatron-core 0.19's recompute.py, checkpointed_forward: ``layer_idx <
+    recompute_num_layers`` over the chunk's own layers; N past the chunk re-runs all of them)."""
+    if args.pipeline_model_parallel_layout:
+        raise SettingsError(
+            "--recompute-method: block recompute with --pipeline-model-parallel-layout is not "
+            "modelled yet (its chunks are uneven)"
+        )
+    if args.recompute_num_layers is None:  # TransformerConfig refuses it too
+        raise SettingsError("--recompute-num-layers: full recompute needs it (1 or more)")
+    chunk = args.num_layers // (args.pipeline_model_parallel_size * _virtual_stages(args))
+    modes = block_modes(args.num_layers, chunk, min(args.recompute_num_layers, chunk))
+    plain = argparse.Namespace(**{**vars(args), "recompute_granularity": None})
+    return replace(_settings(plain, dp), recompute=AUTO, layer_recompute=modes)
+
+
 def _settings(args, dp: int) -> TrainingSettings:
     _check_choices(args)
     recompute = "none"
     if args.recompute_granularity == "selective":
         recompute = "selective"
     elif args.recompute_granularity == "full":
+        if args.recompute_method == "block":
+            return _block_recompute(args, dp)
         if args.recompute_method != "uniform" or (args.recompute_num_layers or 1) != 1:
             raise SettingsError(
                 "--recompute-method: full recompute is read as uniform over 1 layer (each layer's "
-                "input kept); block and wider chunks are not modelled yet"
+                "input kept) or block; uniform over wider chunks is not modelled yet"
             )
         recompute = "full"
     zero = 1 if args.use_distributed_optimizer else 0

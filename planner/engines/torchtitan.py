@@ -72,6 +72,11 @@ def check_expressible(run: LaunchRun) -> None:
             "--target torchtitan: torchtitan has no ZeRO-1 without pipeline parallelism (plan "
             "with --zero 2 or 3)"
         )
+    if s.layer_recompute:
+        raise SettingsError(
+            "--target torchtitan: torchtitan checkpoints every layer alike (or every n-th: not "
+            "Megatron-LM's block recompute); plan with one --recompute mode"
+        )
     if s.recompute == "selective":
         raise SettingsError(
             "--target torchtitan: torchtitan's selective activation checkpointing is an operator "

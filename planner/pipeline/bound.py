@@ -48,8 +48,10 @@ def compute_bound(
     ``recompute``: the bound of the configurations that run ``settings.recompute`` (the forward
     passes it re-runs are work too)."""
     one = Mesh((MeshAxis("one", 1, 1.0, 0.0),))
-    mode = settings.recompute if recompute and settings.recompute != AUTO else "none"
-    plain = replace(settings, recompute=mode, zero=0, sequence_parallel=False)
+    plain = replace(settings, zero=0, layer_zero=(), sequence_parallel=False)
+    if not recompute or settings.recompute != AUTO:  # AUTO: the re-runs given per layer
+        mode = settings.recompute if recompute else "none"
+        plain = replace(plain, recompute=mode, layer_recompute=())
     terms = plan_terms(graph, one, profile, plain, [(None,)] * len(graph.operators))
     seconds = sum(record.fwd_s + record.bwd_s for record in terms.ops)
     return profile.compute_weight * seconds / devices

@@ -159,7 +159,7 @@ def _working_memory(
     working = _loss_backward_bytes(graph, records, chosen, layer, n, settings.loss_kernel)
     if settings.recompute == "none":
         return working
-    plain = replace(settings, recompute="none")
+    plain = replace(settings, recompute="none", layer_recompute=())
     infos = operand_infos(graph, plain)
     rerun = np.zeros(n)
     kept: dict[tuple, float] = {}  # identical layers cost once

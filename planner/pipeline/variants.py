@@ -30,7 +30,9 @@ def variants(
     if not settings.sequence_parallel and stage.num_devices > 1:
         parallel.append(True)
     order = RECOMPUTE_MODES.index
-    recomputes = [settings.recompute] + [r for r in ladder if order(r) > order(settings.recompute)]
+    recomputes = [settings.recompute]
+    if settings.recompute in RECOMPUTE_MODES:  # not given per layer
+        recomputes += [r for r in ladder if order(r) > order(settings.recompute)]
     zeros = range(settings.zero, 4)
     return [
         replace(settings, sequence_parallel=sp, recompute=r, zero=z)

@@ -117,8 +117,10 @@ def layer_modes(
 
 
 def auto_options(settings) -> list[str]:
-    """The settings left to the search per layer (``recompute``, ``zero``: ``auto``)."""
-    return [name for name in ("recompute", "zero") if getattr(settings, name) == AUTO]
+    """The settings left to the search per layer (``recompute``, ``zero``: ``auto`` without
+    per-layer values given: given ones, as Megatron-LM's block recompute, are fixed)."""
+    given = {"recompute": settings.layer_recompute, "zero": settings.layer_zero}
+    return [name for name in given if getattr(settings, name) == AUTO and not given[name]]
 
 
 def refuse_auto_without_layers(problem: Problem) -> None:
