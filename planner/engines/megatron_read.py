@@ -342,10 +342,8 @@ def _check_choices(args) -> None:
 
 
 def _block_recompute(args, dp: int) -> TrainingSettings:
-    """``--recompute-method block --recompute-num-layers N``: each model chunk (a pipeline stage,
-    or a virtual stage of one: L / (pp v) consecutive layers) re-runs its first N layers in full
-    and keeps the rest (megatron-core 0.19's recompute.py, checkpointed_forward: ``layer_idx <
-    recompute_num_layers`` over the chunk's own layers; N past the chunk re-runs all of them)."""
+    """``--recompute-method block --recompute-num-layers N``: each chunk of L / (pp v) layers
+    re-runs its first N (all when N is past it) in full (``megatron.block_modes``)."""
     if args.pipeline_model_parallel_layout:
         raise SettingsError(
             "--recompute-method: block recompute with --pipeline-model-parallel-layout is not "
