@@ -50,7 +50,7 @@ def measured_seconds(row: dict, seq: int, vocab: int) -> float:
     return flops / (row["gpus"] * row["tflops_per_gpu"] * 1e12)
 
 
-# The ablation adds the terms of cost model v2 one at a time (DESIGN section 4b), each step keeping
+# The ablation adds the terms of cost model v2 one at a time (docs/cost-model.md), each step keeping
 # the ones before it: (roofline, overlap, bucket MiB, schedule, fp32 main gradients, dropout
 # kernels).
 VARIANTS = {

@@ -1,6 +1,6 @@
-"""Cost model v2 against hand-computed numbers (DESIGN section 4b): the roofline on each side of the
-ridge point, tile and wave quantisation, overlap that hides fully and partly, gradient buckets, and
-the memory Megatron-LM and Korthikanti et al. (2022) count for GPT-3 175B."""
+"""Cost model v2 against hand-computed numbers (docs/cost-model.md): the roofline on each side of
+the ridge point, tile and wave quantisation, overlap that hides fully and partly, gradient
+buckets, and the memory Megatron-LM and Korthikanti et al. (2022) count for GPT-3 175B."""
 
 import math
 import numpy as np

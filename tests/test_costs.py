@@ -1,4 +1,4 @@
-"""Symbolic costs against hand-computed numbers (DESIGN section 4): cost model v1's terms (compute
+"""Symbolic costs against hand-computed numbers (docs/cost-model.md): cost model v1's terms (compute
 as flops / (peak x efficiency), no overlap, one collective per parameter tensor). The v2 terms
 (roofline, overlap, buckets) have their own hand-computed tests in tests/test_cost_v2.py."""
 

@@ -1,4 +1,4 @@
-"""Operator costs (DESIGN sections 4 and 4b): what one operator under one strategy costs per device.
+"""Operator costs (docs/cost-model.md): what one operator under one strategy costs per device.
 
 Per operator (forward + backward): compute flops/P(s) forward, backward_factor times that backward,
 one more forward when the op is re-run (full recompute: every op; selective: the attention core of

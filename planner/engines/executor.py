@@ -1,4 +1,4 @@
-"""Run a plan on virtual devices with numpy: local shards, literal collectives (DESIGN section 8).
+"""Run a plan on virtual devices with numpy: local shards, literal collectives (docs/engines.md).
 
 Each tensor lives as one local array per device coordinate plus a layout (per mesh axis: Shard of a
 tensor dim, Replicate or Partial, as in ``planner.cost.strategy``). Operators run on local shards

@@ -1,5 +1,5 @@
-"""Export a plan to engines: JAX ``PartitionSpec``s and PyTorch DTensor placements (DESIGN section
-8).
+"""Export a plan to engines: JAX ``PartitionSpec``s and PyTorch DTensor placements
+(docs/engines.md).
 
 A layout (per mesh axis: Shard(tensor dim), Replicate, Partial) becomes
 - JAX: one ``PartitionSpec`` entry per tensor dim listing the mesh axes that shard it, in mesh

@@ -1,5 +1,5 @@
-"""Pipeline planning on a chain of layers (DESIGN section 7): schedules, exact DP, brute force,
-CSIMD.
+"""Pipeline planning on a chain of layers (docs/formulations.md, The pipeline search):
+schedules, exact DP, brute force, CSIMD.
 
 A ``LayerChain`` tabulates, for each layer l and each candidate micro-batch size b, its forward +
 backward time t_l(b), the bytes of its output activation a_l(b), and its activation memory per

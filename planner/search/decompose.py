@@ -1,4 +1,5 @@
-"""Homomorphism decomposition (DESIGN section 5): exact segment tables merged by (min,+) products.
+"""Homomorphism decomposition (docs/formulations.md, The decomposition): exact segment tables
+merged by (min,+) products.
 
 A *single-tensor cut* is a position in the topological order where exactly one tensor crosses
 from earlier to later operators. Cutting at every cut turns the model into segments

@@ -1,4 +1,5 @@
-"""Exact search under a memory limit: Pareto segment tables and a label-setting master (DESIGN 5b).
+"""Exact search under a memory limit: Pareto segment tables and a label-setting master
+(docs/formulations.md, The Pareto master).
 
 Each distinct segment is reduced once into a table of Pareto fronts: for every (entry layout, exit
 layout) pair, the non-dominated (cost, memory) points of its plans (``planner.search.fronts``).
