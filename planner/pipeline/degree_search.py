@@ -206,7 +206,12 @@ class DegreeSearch:
         optimum at each count is over the count's own stage plan; a count whose bound is not
         below the fastest plan so far is skipped."""
         first, best = None, None
-        for count in self.counts:
+        order = self.counts
+        if self.bound is not None:  # the most promising count first: the bound prunes more
+            order = sorted(self.counts, key=lambda count: self.bound(settings, p, count))
+        # ties and the first plan go to the smallest count, whatever the order
+        key = lambda plan: (plan.pipeline.iteration_time_s, plan.pipeline.num_microbatches)
+        for count in order:
             limit = faster_time(fastest, best)
             if self.bound is not None and self.bound(settings, p, count) >= limit:
                 continue
@@ -215,9 +220,11 @@ class DegreeSearch:
                 continue
             if self.costed and plan.intra_status != "OPTIMAL":
                 self.unproven.append(f"{p} stages of {sub.spec}, {count} micro-batches")
-            first = first or plan
+            if first is None or plan.pipeline.num_microbatches < first.pipeline.num_microbatches:
+                first = plan
             if plan.fits_memory and (self.admits is None or self.admits(plan)):
-                best = faster(best, plan)  # only a plan the caller keeps bounds the others
+                # only a plan the caller keeps bounds the others
+                best = plan if best is None or key(plan) < key(best) else best
         return best or first
 
     def _at(
