@@ -189,6 +189,7 @@ def _branch_bound(load: Callable, cluster: Cluster, schedule: str, batch: int, c
         work = compute_bound(load(batch // count), devices, profile, variant, recompute=True)
         return count * work
 
+    @functools.lru_cache(maxsize=None)  # asked per count, variant and degree, often again
     def bound(variant: TrainingSettings, stages: int, count: int | None = None) -> float:
         plain = replace(variant, zero=0, sequence_parallel=False)  # neither changes compute
         if count is None:
