@@ -35,6 +35,9 @@ from planner.search.whole import MAX_WHOLE_PROGRAM
 from planner.search.options import SEARCH_DEFAULTS
 
 MAX_POINTS = 20
+# plans one top-k run ranks: each is a whole-graph solve of up to --time-limit, and a small model
+# has more distinct assignments than any run can list (10^8 asked for ran without end)
+MAX_TOP_K = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,8 +136,8 @@ def top_plans(
 ) -> tuple[Plan, ...]:
     """The ``k`` best distinct plans in increasing cost (``planner.search.topk``: the whole-graph
     program with a no-good cut per plan; ``time_limit_s`` per plan)."""
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise SettingsError(f"k: must be a positive integer, got {k!r}")
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_TOP_K:
+        raise SettingsError(f"k: must be an integer in 1..{MAX_TOP_K}, got {k!r}")
     cluster = api.make_cluster(mesh, device, memory, hardware_csv=hardware_csv)
     problem = api.make_problem(model, cluster, settings, batch, seq)
     if AUTO in (problem.settings.recompute, problem.settings.zero):

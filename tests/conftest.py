@@ -23,5 +23,5 @@ def pytest_addoption(parser):
         "--fuzz-scale",
         type=int,
         default=1,
-        help="multiply the generated cases of tests/test_fuzz.py (default 1: about 300; CI: 10)",
+        help="multiply the generated cases of the fuzz tests (default 1; CI: 2 and 10)",
     )

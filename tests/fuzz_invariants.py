@@ -260,3 +260,76 @@ def ranked_plans_recost(path: Path, model: str, batch: int) -> None:
     for a in figures:
         for b in figures:
             assert not (b != a and b[0] <= a[0] and b[1] <= a[1]), f"{b} dominates {a}"
+
+
+def entries_recost_by_evaluate(path: Path, work: Path) -> None:
+    """Invariant 11: every top-k plan and Pareto point, saved alone as a file, re-costs through
+    ``planner evaluate --plan`` (no other option) to its own objective, time and memory."""
+    data = json.loads(path.read_text())
+    for n, entry in enumerate(data.get("plans") or data.get("points") or []):
+        alone, again = work / f"entry{n}.json", work / f"entry{n}.again.json"
+        alone.write_text(json.dumps(entry))
+        code, _, err = cli("evaluate", "--plan", alone, "--json", again, "--no-timings", "-q")
+        assert code in (0, 3), f"entry {n}: evaluate --plan exited {code}: {err.strip()}"
+        fresh = json.loads(again.read_text())
+        for key in ("objective", "estimated_step_time_s", "memory_per_device_bytes"):
+            assert fresh[key] == entry[key], f"entry {n} {key}: {entry[key]} -> {fresh[key]}"
+
+
+def python_error_names_parameter(call, parameters: tuple[str, ...]):
+    """Invariant 12: a Python API call returns, or raises a ``PlannerError`` whose message starts
+    with one of the call's own parameters (``cuts: ...``, ``settings.zero: ...``) and names no
+    command-line flag. Returns the call's result (None when it raised)."""
+    from planner.errors import PlannerError
+
+    try:
+        return call()
+    except PlannerError as error:
+        message = str(error)
+        head = message.split(":", 1)[0].split(".", 1)[0]
+        assert head in parameters, f"names {head!r}, not one of {parameters}: {message}"
+        assert "--" not in message, f"a Python caller's error names a flag: {message}"
+        return None
+    except Exception as error:  # noqa: BLE001 - any other type is the broken promise
+        raise AssertionError(f"{type(error).__name__} instead of a PlannerError: {error}") from None
+
+
+def refusal_names_given_input(code: int, err: str, given: str) -> None:
+    """Invariant 13: a refusal (exit 2) names an input the user gave: the first two options it
+    names (the command line's, then the file's: ``--from-megatron: --use-flash-attn ...``) are
+    on the command line or in a file the user passed (``given``: both as text); what comes after
+    them is advice."""
+    if code != 2:
+        return
+    words = err.replace(",", " ").replace(":", " ").replace("'", " ").split()
+    for word in [w for w in words if w.startswith("--")][:2]:
+        flag = word.split("=", 1)[0].split("/", 1)[0]
+        assert flag in given.split() or f"{flag}=" in given, f"names {flag}, not given: {err}"
+
+
+def launch_round_trips(plan_path: Path, work: Path) -> None:
+    """Invariant 14: ``planner export --target megatron`` of a 3D plan made for Megatron-LM
+    (``plan --for megatron``, ``evaluate --from-megatron``) writes a launch line that ``evaluate
+    --from-megatron`` costs to the plan's own iteration time and memory; a refused export says so
+    in one line and leaves its ``--out`` file as it was (and is a broken promise here)."""
+    written = json.loads(plan_path.read_text())
+    line, again = work / "launch.sh", work / "launch.json"
+    line.write_text("kept\n")
+    code, _, err = cli("export", "--plan", plan_path, "--target", "megatron", "--out", line, "-q")
+    refusal_is_one_line(code, err)
+    assert code in (0, 2), f"export exited {code}: {err}"
+    if code == 2:
+        assert line.read_text() == "kept\n", "a refused export wrote its --out file"
+        # the plans this is given are made for or read from Megatron-LM: each one exports
+        raise AssertionError(f"refused an export of a Megatron-LM plan: {err.strip()}")
+    device = (written.get("source") or {}).get("device") or written["device"]
+    code, _, err = cli(
+        "evaluate", "--from-megatron", line, "--device", device, "--memory", "none",
+        "--json", again, "--no-timings", "-q",
+    )  # fmt: skip
+    assert code == 0, f"the exported line is refused (exit {code}): {err.strip()}"
+    fresh = json.loads(again.read_text())
+    for key in ("iteration_time_s", "max_memory_bytes"):
+        assert math.isclose(fresh[key], written[key], rel_tol=1e-9), (
+            f"{key}: plan {written[key]}, its exported line {fresh[key]}"
+        )

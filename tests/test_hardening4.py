@@ -218,3 +218,69 @@ def test_a_large_plan_with_a_duplicate_name_is_refused_at_once():
     operators.append({"name": "op49999", "strategy": {}})
     with pytest.raises(SettingsError, match="names 'op49999' twice"):
         check_plan_data({"mesh": "gpu=8", "operators": operators}, "plan.json")
+
+
+def test_the_api_names_its_own_parameters_not_the_command_lines_flags(capsys):
+    """Was: ``StageChain.cost`` raised ``--cuts: ...``, ``--num-microbatches: ...``,
+    ``--schedule: ...`` and ``TrainingSettings`` ``--zero: ...`` to a Python caller; a malformed
+    ``layer_recompute`` was a bare ValueError. The command line still names its flags."""
+    from planner import TrainingSettings, api3d
+    from planner.errors import PlannerError
+
+    chain = api3d.layer_chain(GPT, "8", stages=2, batch=8)
+    for kwargs, message in (
+        ({"cuts": (5,)}, r"cuts: \[5\] are not"),
+        ({"cuts": (1,), "num_microbatches": 3}, "num_microbatches: 3 is not a count"),
+        ({"cuts": (1,), "schedule": "bogus"}, "schedule: must be one of"),
+    ):
+        with pytest.raises(PlannerError, match=message) as caught:
+            chain.cost(**kwargs)
+        assert "--" not in str(caught.value)
+    for kwargs, message in (
+        ({"zero": 7}, "zero: must be 0"),
+        ({"bucket_bytes": -1}, "bucket_bytes: must be"),
+        ({"dtype": "fp32", "fp32_grads": True}, "fp32_grads: gradients are fp32"),
+        ({"recompute": "auto", "layer_recompute": ("full",)}, "layer_recompute: needs"),
+    ):
+        with pytest.raises(PlannerError, match=message) as caught:
+            TrainingSettings(**kwargs)
+        assert "--" not in str(caught.value)
+    argv = ["plan", "--model", GPT, "--mesh", "8", "--dtype", "fp32", "--fp32-grads"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.startswith("planner: error: --fp32-grads: gradients are fp32")
+
+
+def test_a_cluster_built_by_hand_is_checked_where_it_is_built():
+    """Was: ``Cluster("8", profile, 1e9)`` accepted, then an AttributeError inside the search."""
+    from planner import Cluster
+    from planner.cluster.cluster import make_cluster
+    from planner.errors import PlannerError
+
+    good = make_cluster("8", "a100-80g")
+    for args, message in (
+        (("8", good.profile, 1e9), "mesh: a Mesh"),
+        ((good.mesh, "a100-80g", 1e9), "profile: a MachineProfile"),
+        ((good.mesh, good.profile, -1.0), "memory_limit: must be"),
+    ):
+        with pytest.raises(PlannerError, match=message):
+            Cluster(*args)
+    assert Cluster(good.mesh, good.profile, 1e9).memory_limit == 1e9
+    # found by the API fuzz: a device of None was an AttributeError ('endswith')
+    with pytest.raises(PlannerError, match="device: a device name"):
+        make_cluster("8", None)
+
+
+@pytest.mark.parametrize("command", [["plan", "--top-k", "2"], ["pareto", "--max-points", "2"]])
+def test_each_ranked_plan_saved_alone_recosts_through_evaluate(tmp_path, command):
+    """Was: "--model: ... has no 'source' model" (entries carried no source)."""
+    import json
+
+    path = tmp_path / "ranked.json"
+    argv = [command[0], "--model", GPT, "--mesh", "4", "--batch", "8", *command[1:]]
+    assert main([*argv, "--json", str(path), "-q"]) == 0
+    data = json.loads(path.read_text())
+    for entry in data.get("plans") or data["points"]:
+        alone, again = tmp_path / "alone.json", tmp_path / "again.json"
+        alone.write_text(json.dumps(entry))
+        assert main(["evaluate", "--plan", str(alone), "--json", str(again), "-q"]) == 0
+        assert json.loads(again.read_text())["objective"] == entry["objective"]

@@ -250,3 +250,20 @@ def test_block_recompute_costs_between_none_and_full_and_round_trips():
     spec = read_megatron(BLOCK + "--recompute-num-layers 1")[0].model_spec
     exported = export_megatron(plan_data(half[2], spec, None))
     assert "--recompute-method block --recompute-num-layers 1" in exported.text
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        # was: "--model: parameter 'layers' is at most 4096" (an option the user never gave)
+        ("--num-layers 1000000", "--from-megatron: --num-layers: at most 4096"),
+        # was: "--model: field 'heads' (3) must divide hidden (512)"
+        ("--num-attention-heads 3", "--from-megatron: --num-attention-heads: field 'heads'"),
+        # was: accepted, an iteration of 10^12 s costed for 10^17 sequences
+        ("--global-batch-size 100000000000000000", "--global-batch-size: needs a positive integer"),
+        ("--hidden-size " + "9" * 5000, r"--hidden-size: needs a positive integer below 2\^40"),
+    ],
+)
+def test_a_line_out_of_range_is_refused_by_its_own_flag(flags, message):
+    with pytest.raises(SettingsError, match=message):
+        read_megatron(BASE + "--bf16 " + flags)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 import sys
 
@@ -171,3 +172,24 @@ def infeasible(why: str, args: argparse.Namespace) -> int:
     nothing = f" (nothing written to {', '.join(written)})" if written else ""
     print(f"planner: infeasible: {why}{nothing}", file=sys.stderr)
     return EXIT_INFEASIBLE
+
+
+def plan_source(args: argparse.Namespace) -> dict:
+    """What a plan file records of its input (``source``): the model, batch, sequence, device and
+    datasheet table, so that ``evaluate --plan`` and the other readers re-cost it alone."""
+    model = args.model
+    if isinstance(model, str) and model.endswith(".json"):
+        model = os.path.abspath(model)  # a plan read from another directory still finds its graph
+    device = getattr(args, "device", None)
+    if isinstance(device, str) and device.endswith(".json"):
+        # a profile file: the plan records where it is, not its name
+        device = os.path.abspath(device)
+    # a datasheet table: its row is re-read with the plan
+    hardware = getattr(args, "hardware", None)
+    return {
+        "model": model,
+        "batch": args.batch,
+        "seq": args.seq,
+        **({"device": device} if device else {}),
+        **({"hardware": os.path.abspath(hardware)} if hardware else {}),
+    }

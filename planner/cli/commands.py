@@ -22,7 +22,7 @@ from planner.cli.front import cmd_pareto, cmd_top_k
 from planner.cli.training import cmd_run_jax, cmd_run_torch
 from planner.cli.report import check_picture, emit as _emit, format_3d, format_plan, write_picture
 from planner.cli.argtypes import EXIT_INFEASIBLE, EXIT_NOT_OPTIMAL, EXIT_OK, does_not_fit
-from planner.cli.argtypes import memory_limit
+from planner.cli.argtypes import memory_limit, plan_source
 from planner.cli.parser import DEGREE_OPTIONS, PIPELINE_OPTIONS, SETTINGS_DEFAULTS, log
 
 
@@ -55,25 +55,6 @@ def _refuse(args: argparse.Namespace, names: Sequence[str], why: str) -> None:
     given = _given(args, names)
     if given:
         raise SettingsError(f"{given[0]}: {why}")
-
-
-def _source(args: argparse.Namespace) -> dict:
-    model = args.model
-    if isinstance(model, str) and model.endswith(".json"):
-        model = os.path.abspath(model)  # a plan read from another directory still finds its graph
-    device = getattr(args, "device", None)
-    if isinstance(device, str) and device.endswith(".json"):
-        # a profile file: the plan records where it is, not its name
-        device = os.path.abspath(device)
-    # a datasheet table: its row is re-read with the plan
-    hardware = getattr(args, "hardware", None)
-    return {
-        "model": model,
-        "batch": args.batch,
-        "seq": args.seq,
-        **({"device": device} if device else {}),
-        **({"hardware": os.path.abspath(hardware)} if hardware else {}),
-    }
 
 
 def _status_code(status: str, require_optimal: bool, explanation: str = "") -> int:
@@ -111,7 +92,7 @@ def _finish(plan: Plan, args: argparse.Namespace) -> int:
     found = plan.status not in ("INFEASIBLE", "UNKNOWN")
     if args.json is not None and found:  # no plan file for a run that found no plan
         data = plan.to_dict(timings=not args.no_timings)
-        data["source"] = _source(args)
+        data["source"] = plan_source(args)
         write_json(args.json, data)
     if args.csv is not None:
         write_csv(args.csv, [plan.summary_row(timings=not args.no_timings)])
@@ -125,7 +106,7 @@ def _finish_3d(result, args: argparse.Namespace) -> int:
         return does_not_fit(result.pipeline.max_memory_bytes, result.memory_limit_bytes, args)
     if args.json is not None:
         data = result.to_dict(timings=not args.no_timings)
-        data["source"] = _source(args)
+        data["source"] = plan_source(args)
         write_json(args.json, data)
     if args.csv is not None:
         write_csv(args.csv, [result.summary_row(timings=not args.no_timings)])
@@ -349,7 +330,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.csv is not None:
         write_csv(args.csv, rows)
     if args.json is not None:
-        write_json(args.json, {"source": _source(args), "rows": rows})
+        write_json(args.json, {"source": plan_source(args), "rows": rows})
     write_picture(args, lambda draw: draw.compare_figure(rows))
     lines = [
         f"{'method':10s} {'status':10s} {'step ms':>10s} {'gap %':>8s} {'mem GiB':>8s} "

@@ -7,7 +7,7 @@ import argparse
 
 from planner.cli.recost import settings_from_args
 from planner.cli.report import check_picture, emit, write_picture
-from planner.cli.argtypes import EXIT_OK, infeasible, memory_limit
+from planner.cli.argtypes import EXIT_OK, infeasible, memory_limit, plan_source
 from planner.errors import SettingsError
 from planner.front import pareto_front, top_plans
 from planner.outputs import write_csv, write_json
@@ -50,12 +50,19 @@ def cmd_pareto(args: argparse.Namespace) -> int:
                 "complete": front.complete,
                 "searches": front.searches,
                 "ended": front.why,
-                "points": [p.to_dict(timings=not args.no_timings) for p in front.plans],
+                "points": _entries(front.plans, args),
             },
         )
     write_picture(args, lambda draw: draw.front_figure(front.rows()))
     emit(_table(front), args)
     return EXIT_OK  # an empty front returned earlier
+
+
+def _entries(plans, args: argparse.Namespace) -> list[dict]:
+    """Each plan as a plan file of its own: its dict with the run's ``source``, so that one entry
+    saved alone re-costs through ``evaluate --plan``."""
+    source = plan_source(args)
+    return [{**p.to_dict(timings=not args.no_timings), "source": source} for p in plans]
 
 
 def _table(front) -> str:
@@ -107,7 +114,7 @@ def cmd_top_k(args: argparse.Namespace) -> int:
             args.csv, [{"rank": n + 1, **p.summary_row(timings)} for n, p in enumerate(plans)]
         )
     if args.json is not None:
-        data = {"format": "planner-top-k/1", "plans": [p.to_dict(timings=timings) for p in plans]}
+        data = {"format": "planner-top-k/1", "plans": _entries(plans, args)}
         write_json(args.json, data)
     lines = [f"{'rank':>4s} {'status':8s} {'objective':>14s} {'step ms':>10s} {'memory GiB':>10s}"]
     for n, p in enumerate(plans):

@@ -8,7 +8,7 @@ import logging
 from planner import api
 from planner.cluster.profiles import DEFAULT_HARDWARE_CSV
 from planner.cost.settings import option_default, option_fields, option_name
-from planner.front import MAX_POINTS
+from planner.front import MAX_POINTS, MAX_TOP_K
 from planner.launch import TARGETS
 from planner.search.options import flag_fields
 from planner.pipeline.search import METHODS as PIPELINE_METHODS
@@ -20,6 +20,7 @@ from planner.cli.argtypes import (
     count_or_auto,
     cut_list,
     non_negative,
+    number,
     positive_int,
     schedule_name,
     seconds,
@@ -225,7 +226,7 @@ def _add_planning(sub) -> None:
     )
     p.add_argument(
         "--top-k",
-        type=positive_int,
+        type=number(int, lambda v: 1 <= v <= MAX_TOP_K, f"an integer in 1..{MAX_TOP_K}"),
         help="the K best distinct plans in increasing cost (the whole-graph program with a "
         "no-good cut per plan; --time-limit per plan); --json and --csv hold all K",
     )

@@ -7,7 +7,7 @@ import argparse
 
 from planner import api, api3d
 from planner.cluster.profiles import DEFAULT_HARDWARE_CSV
-from planner.cost.settings import AUTO, TrainingSettings, parse_layer_modes
+from planner.cost.settings import AUTO, TrainingSettings, flag_message, parse_layer_modes
 from planner.errors import SettingsError
 from planner.plan_files import check_recorded
 from planner.cli.parser import SETTINGS_DEFAULTS
@@ -40,6 +40,13 @@ def settings_from_args(args: argparse.Namespace, base: dict | None = None) -> Tr
         if zero == AUTO and getattr(args, "zero", None) is None
         else ()
     )
+    try:
+        return _settings(values, zero, recompute, layers, stages)
+    except SettingsError as error:  # the library names the field; the user gave its option
+        raise SettingsError(flag_message(str(error))) from None
+
+
+def _settings(values: dict, zero, recompute, layers, stages) -> TrainingSettings:
     return TrainingSettings(
         dtype=values["dtype"],
         optimizer=values["optimizer"],

@@ -21,6 +21,19 @@ class Cluster:
     profile: MachineProfile
     memory_limit: float
 
+    def __post_init__(self) -> None:
+        # built by hand in a script: checked here, not where a search first reads a field
+        if not isinstance(self.mesh, Mesh):
+            raise SettingsError(
+                f"mesh: a Mesh (make_cluster parses a spec such as '2x4'), got {self.mesh!r}"
+            )
+        if not isinstance(self.profile, MachineProfile):
+            raise SettingsError(
+                f"profile: a MachineProfile (make_cluster takes a device name), got "
+                f"{self.profile!r}"
+            )
+        checked_limit(self.memory_limit)
+
 
 def make_cluster(
     mesh: str | Mesh | Cluster,

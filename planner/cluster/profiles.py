@@ -266,6 +266,10 @@ def get_profile(
     name: str, hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV
 ) -> MachineProfile:
     """A profile by name (``symbolic``, a row of the hardware table) or by path to a JSON file."""
+    if not isinstance(name, str):
+        raise ProfileError(
+            f"--device: a device name or a profile file's path (or a MachineProfile), got {name!r}"
+        )
     if name == "symbolic":
         return SYMBOLIC
     if name.endswith(".json"):

@@ -160,7 +160,7 @@ class TrainingSettings:
             object.__setattr__(self, "recompute", "full" if self.recompute else "none")
         if self.recompute not in RECOMPUTE_MODES + (AUTO,):
             raise SettingsError(
-                f"--recompute: must be one of {', '.join(RECOMPUTE_MODES + (AUTO,))}, got "
+                f"recompute: must be one of {', '.join(RECOMPUTE_MODES + (AUTO,))}, got "
                 f"{self.recompute!r}"
             )
         _check_layers("layer_recompute", self.layer_recompute, RECOMPUTE)
@@ -171,19 +171,17 @@ class TrainingSettings:
             raise SettingsError("layer_zero: per-layer stages need zero 'auto'")
         if not isinstance(self.sequence_parallel, bool):
             raise SettingsError(
-                f"--sequence-parallel: must be true or false, got {self.sequence_parallel!r}"
+                f"sequence_parallel: must be true or false, got {self.sequence_parallel!r}"
             )
         if self.dtype not in DTYPE_BYTES:
-            raise SettingsError(
-                f"--dtype: must be one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}"
-            )
+            raise SettingsError(f"dtype: must be one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}")
         if self.optimizer not in OPTIMIZERS:
-            raise SettingsError(f"--optimizer: must be adam or sgd, got {self.optimizer!r}")
+            raise SettingsError(f"optimizer: must be adam or sgd, got {self.optimizer!r}")
         if self.zero not in ZERO_STAGES + (AUTO,) or isinstance(self.zero, bool):
-            raise SettingsError(f"--zero: must be 0, 1, 2, 3 or auto, got {self.zero!r}")
+            raise SettingsError(f"zero: must be 0, 1, 2, 3 or auto, got {self.zero!r}")
         if self.overlap not in OVERLAP:
             raise SettingsError(
-                f"--overlap: must be one of {', '.join(OVERLAP)}, got {self.overlap!r}"
+                f"overlap: must be one of {', '.join(OVERLAP)}, got {self.overlap!r}"
             )
         if (
             isinstance(self.bucket_bytes, bool)
@@ -191,15 +189,15 @@ class TrainingSettings:
             or not 0 <= self.bucket_bytes < 2**50
         ):
             raise SettingsError(
-                f"--bucket-mb: must be a non-negative size, got {self.bucket_bytes!r}"
+                f"bucket_bytes: must be a non-negative number of bytes, got {self.bucket_bytes!r}"
             )
         if self.loss_kernel not in LOSS_KERNELS:
             raise SettingsError(
-                f"--loss-kernel: must be one of {', '.join(LOSS_KERNELS)}, got {self.loss_kernel!r}"
+                f"loss_kernel: must be one of {', '.join(LOSS_KERNELS)}, got {self.loss_kernel!r}"
             )
         # an option that would change nothing is refused
         if self.fp32_grads and self.dtype == "fp32":
-            raise SettingsError("--fp32-grads: gradients are fp32 already under --dtype fp32")
+            raise SettingsError("fp32_grads: gradients are fp32 already under dtype fp32")
 
     def recompute_at(self, layer: int | None) -> str:
         """The recompute mode of one layer (``None``: an operator outside the layers)."""
@@ -291,6 +289,10 @@ def parse_layer_modes(text: str, field: str = "layer_recompute") -> tuple[tuple[
 
 
 def _check_layers(field: str, pairs: tuple, allowed: tuple) -> None:
+    if isinstance(pairs, (str, bytes)) or not all(
+        isinstance(pair, tuple) and len(pair) == 2 for pair in pairs
+    ):
+        raise SettingsError(f"{field}: needs (layer, mode) pairs, got {pairs!r}")
     layers = [layer for layer, _ in pairs]
     if layers != sorted(set(layers)) or any(
         not isinstance(layer, int)
@@ -304,6 +306,15 @@ def _check_layers(field: str, pairs: tuple, allowed: tuple) -> None:
             f"{field}: needs (layer >= 0, one of {', '.join(map(str, allowed))}) pairs in "
             f"increasing layer order, got {pairs!r}"
         )
+
+
+def flag_message(message: str) -> str:
+    """A settings error as the command line reports it: the field it names at its start
+    (``recompute: ...``) spelled as that field's option (``--recompute: ...``)."""
+    for f in option_fields():
+        if message.startswith(f"{f.name}:"):
+            return f.metadata["flag"] + message[len(f.name) :]
+    return message
 
 
 def option_fields() -> tuple:

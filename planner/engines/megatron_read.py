@@ -14,7 +14,6 @@ today's (``megatron_flags.LEGACY``).
 from __future__ import annotations
 
 import argparse
-import math
 import re
 import shlex
 
@@ -25,8 +24,8 @@ from planner.engines.launch_run import LaunchRun
 from planner.engines.megatron import UNSUPPORTED, block_modes, layout_cuts
 from planner.engines.megatron_flags import DEEPSPEED, modern_words, split_unknown
 from planner.engines.shell_script import launch_text, unset_variable, without_comments
+from planner.engines.megatron_model import line_model
 from planner.errors import SettingsError
-from planner.zoo import GPTConfig, LlamaConfig
 
 _INT_FLAGS = (
     ("num_layers", None),
@@ -88,8 +87,10 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(
             f"set {variable} in the script (it is read from the environment)"
         )
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"needs a positive integer, got {text!r}")
+    # the command line's bound on a count (--batch, --seq): past it no cost is meaningful
+    if not text.isdigit() or len(text) > 13 or not 1 <= int(text) < 2**40:
+        shown = text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
+        raise argparse.ArgumentTypeError(f"needs a positive integer below 2^40, got {shown!r}")
     return int(text)
 
 
@@ -244,7 +245,15 @@ def _run(args, dp: int) -> LaunchRun:
             f"{pp} (Megatron-LM asserts it without a --pipeline-model-parallel-layout)"
         )
     return LaunchRun(
-        _model(args, tp), tp, pp, dp, micro, batch, _settings(args, dp), _virtual_stages(args), cuts
+        line_model(args, tp),
+        tp,
+        pp,
+        dp,
+        micro,
+        batch,
+        _settings(args, dp),
+        _virtual_stages(args),
+        cuts,
     )
 
 
@@ -262,65 +271,6 @@ def _virtual_stages(args) -> int:
             f"--num-layers {args.num_layers}"
         )
     return args.num_layers // pp // per_stage
-
-
-def _model(args, tp: int) -> GPTConfig | LlamaConfig:
-    """The zoo model of the line; the vocabulary padded as Megatron pads it."""
-    step = args.make_vocab_size_divisible_by * tp
-    vocab = math.ceil(_vocabulary(args) / step) * step
-    ffn = args.ffn_hidden_size or _default_ffn(args)
-    layers, hidden, heads = args.num_layers, args.hidden_size, args.num_attention_heads
-    # Megatron-LM's default backend (auto) runs a fused kernel (flash or cuDNN) where one applies
-    attention = "explicit" if args.attention_backend in ("unfused", "local") else "fused"
-    if args.swiglu or args.normalization == "RMSNorm" or args.position_embedding_type == "rope":
-        llama = args.swiglu and args.normalization == "RMSNorm"
-        if not (llama and args.position_embedding_type == "rope" and args.disable_bias_linear):
-            raise SettingsError(
-                "--from-megatron: a LLaMA-style model needs --swiglu --normalization RMSNorm "
-                "--position-embedding-type rope --disable-bias-linear together"
-            )
-        # Megatron-LM's --num-query-groups defaults to 1 (one shared key/value head)
-        kv = (args.num_query_groups or 1) if args.group_query_attention else heads
-        return LlamaConfig(
-            layers, hidden, heads, kv or heads, ffn, args.seq_length, vocab, attention=attention
-        )
-    dropout = int(args.attention_dropout > 0 or args.hidden_dropout > 0)
-    return GPTConfig(
-        layers, hidden, heads, args.seq_length, vocab, ffn, dropout=dropout, attention=attention
-    )
-
-
-# tokenizers whose vocabulary is fixed (Megatron-LM's megatron/training/tokenizer): GPT-2's BPE
-# (50,257), LLaMA 2's SentencePiece model (32,000); HuggingFace models of the zoo by name
-TOKENIZER_VOCAB = {"GPT2BPETokenizer": 50257, "Llama2Tokenizer": 32000}
-MODEL_VOCAB = (("llama-3", 128256), ("llama3", 128256), ("llama-2", 32000), ("gpt2", 50257))
-
-
-def _default_ffn(args) -> int:
-    """Megatron-LM's --ffn-hidden-size default: 4h, or with --swiglu 2/3 of it rounded down to a
-    multiple of 64 (arguments.py)."""
-    if args.swiglu:
-        return int((4 * args.hidden_size * 2 / 3) / 64) * 64
-    return 4 * args.hidden_size
-
-
-def _vocabulary(args) -> int:
-    """The unpadded vocabulary: --vocab-size, else the tokenizer's where it is known (a line with
-    no --tokenizer-type is read with GPT-2's, the default of the 2020-2022 scripts); otherwise the
-    line is refused."""
-    if args.vocab_size:
-        return args.vocab_size
-    kind = args.tokenizer_type or "GPT2BPETokenizer"
-    if kind in TOKENIZER_VOCAB:
-        return TOKENIZER_VOCAB[kind]
-    name = (args.tokenizer_model or "").lower()
-    known = [size for key, size in MODEL_VOCAB if key in name]
-    if kind == "HuggingFaceTokenizer" and known:
-        return known[0]
-    raise SettingsError(
-        f"--vocab-size: give it (the vocabulary of --tokenizer-type {kind} "
-        f"{args.tokenizer_model or ''} is not known to the planner)"
-    )
 
 
 # values Megatron-LM's parser accepts (arguments.py choices); others are refused, not guessed

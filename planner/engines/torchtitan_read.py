@@ -111,6 +111,42 @@ def _refuse_unpriced(config) -> None:
             )
 
 
+def _count(section: str, key: str, value) -> int:
+    """A count of the config, or a SettingsError naming its key (the command line's bound)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < 2**40:
+        raise SettingsError(
+            f"--from-torchtitan: {section}.{key} must be a positive integer below 2^40, got "
+            f"{value!r}"
+        )
+    return value
+
+
+def _batches(config, dp: int, pp: int) -> tuple[int, int]:
+    """(micro-batch per replica, global batch) as torchtitan derives them: the global batch is
+    local x dp x gradient-accumulation steps, and a pipeline splits the local batch into
+    micro-batches of ``pipeline_parallel_microbatch_size``."""
+    training, p = config.training, config.parallelism
+    local = _count("training", "local_batch_size", training.local_batch_size)
+    given = training.global_batch_size
+    batch = local * dp if given in (-1, 0) else _count("training", "global_batch_size", given)
+    if batch % (local * dp):
+        raise SettingsError(
+            f"--from-torchtitan: training.global_batch_size ({batch}) is not a multiple of "
+            f"training.local_batch_size ({local}) x dp ({dp})"
+        )
+    if pp == 1:
+        return local, batch
+    micro = _count(
+        "parallelism", "pipeline_parallel_microbatch_size", p.pipeline_parallel_microbatch_size
+    )
+    if local % micro:
+        raise SettingsError(
+            f"--from-torchtitan: training.local_batch_size ({local}) is not a multiple of "
+            f"parallelism.pipeline_parallel_microbatch_size ({micro})"
+        )
+    return micro, batch
+
+
 def _model(config):
     spec = config.model_spec
     wanted = f"llama3_{str(spec.flavor).lower()}"
@@ -119,11 +155,13 @@ def _model(config):
         raise SettingsError(
             f"--from-torchtitan: model {spec.name} {spec.flavor} is not a LLaMA 3 8B/70B/405B"
         )
-    return replace(LLAMA_PRESETS[preset], seq=config.training.seq_len)
+    return replace(
+        LLAMA_PRESETS[preset], seq=_count("training", "seq_len", config.training.seq_len)
+    )
 
 
 def _run(config, shard: int, replicate: int) -> LaunchRun:
-    p, training = config.parallelism, config.training
+    p = config.parallelism
     dp, pp = shard * replicate, p.pipeline_parallel_degree
     model = _model(config)
     schedule = SCHEDULES.get(p.pipeline_parallel_schedule) if pp > 1 else "1f1b"
@@ -136,9 +174,7 @@ def _run(config, shard: int, replicate: int) -> LaunchRun:
     virtual = len(parts) // pp if pp > 1 else 1
     counts = [sum(m.startswith("layers.") for m in part) for part in parts]
     cuts = tuple(sum(counts[:k]) for k in range(1, len(counts))) if virtual == 1 else None
-    local = training.local_batch_size
-    micro = p.pipeline_parallel_microbatch_size if pp > 1 else local
-    batch = training.global_batch_size if training.global_batch_size > 0 else local * dp
+    micro, batch = _batches(config, dp, pp)
     return LaunchRun(
         model,
         p.tensor_parallel_degree,

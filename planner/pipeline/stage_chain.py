@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from planner.cost.strategy import Strategy
-from planner.errors import SettingsError
+from planner.errors import SettingsError, naming_parameters
 from planner.ir.graph import Graph
 from planner.pipeline.schedule import LayerChain, PipelinePlan
 from planner.pipeline.search import given_cuts
@@ -49,6 +49,10 @@ class StageChain:
         if not memory_limit > 0:  # NaN fails this too
             raise SettingsError(f"memory_limit: must be positive, got {memory_limit!r}")
         return given_cuts(self.chain, self.stages, schedule, memory_limit, cuts, num_microbatches)
+
+    # the cut search's messages name the command line's flags (--cuts); a Python caller passed
+    # cuts=, and reads "cuts: ..."
+    cost = naming_parameters(cost, {})
 
 
 def _cuts(cuts, stages: int) -> tuple[int, ...]:
