@@ -16,11 +16,14 @@ from pathlib import Path
 from planner.errors import PlannerError
 
 MAX_DEPTH = 64  # no planner file nests deeper; far below the recursion limit
+# the largest JSON input read (a plan of 50,000 operators is about 8 MiB: 157 bytes each); past
+# it a file is not one (/dev/zero would be read until memory ran out)
+MAX_JSON_BYTES = 256 << 20
 
 
 def read_json(path: Path | str, what: str, error: type[PlannerError] = PlannerError) -> object:
     """The JSON value in ``path``, or ``error`` naming ``what`` (the option, e.g. ``--plan``)."""
-    return loads(read_text(path, what, error), f"{what}: {path}", error)
+    return loads(read_text(path, what, error, MAX_JSON_BYTES), f"{what}: {path}", error)
 
 
 def read_text(

@@ -45,6 +45,39 @@ def atomic_write(path: Path | str, data: str | bytes, field: str = "output") -> 
         raise OutputError(f"{where}: cannot write ({exc.strerror or exc})") from None
 
 
+def check_writable(path: Path | str, field: str = "output") -> None:
+    """``OutputError`` naming ``field`` when ``path`` could not be written as ``atomic_write``
+    writes it: checked for every output before a command works or writes, so that one output
+    refused leaves the others as they were (a temporary file is made and removed where the file
+    would go, or in the nearest directory that exists: ``atomic_write`` makes the missing ones)."""
+    where = f"{field} {str(path)!r}" if str(path) else field
+    if not str(path):
+        raise OutputError(f"{field}: empty path")
+    try:
+        if os.path.islink(path) and not os.path.exists(path):
+            try:
+                os.stat(path)  # a link that loops raises ELOOP here
+            except FileNotFoundError:
+                pass  # a dangling link: written through to the target it names
+        mode = os.stat(path).st_mode if os.path.exists(path) else None
+        if mode is not None and stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, "is a directory")
+        if mode is not None and not stat.S_ISREG(mode):
+            if not os.access(path, os.W_OK):  # a device or FIFO: never opened here (a FIFO blocks)
+                raise PermissionError(errno.EACCES, "permission denied")
+            return
+        parent = Path(os.path.realpath(path)).parent
+        while not parent.exists():
+            parent = parent.parent
+        if not parent.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory")
+        fd, tmp = tempfile.mkstemp(dir=parent, prefix=".planner-check.", suffix=".tmp")
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as exc:
+        raise OutputError(f"{where}: cannot write ({exc.strerror or exc})") from None
+
+
 def _replace(target: Path, raw: bytes) -> None:
     # the permission bits only: a rewritten file never keeps a setuid, setgid or sticky bit
     mode = stat.S_IMODE(target.stat().st_mode) & 0o777 if target.exists() else 0o666 & ~_umask()

@@ -284,3 +284,37 @@ def test_each_ranked_plan_saved_alone_recosts_through_evaluate(tmp_path, command
         alone.write_text(json.dumps(entry))
         assert main(["evaluate", "--plan", str(alone), "--json", str(again), "-q"]) == 0
         assert json.loads(again.read_text())["objective"] == entry["objective"]
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/dev/zero"), reason="needs /dev/zero")
+@pytest.mark.parametrize("flag", ["--plan", "--model", "--device"])
+def test_an_endless_json_input_is_refused_at_its_bound(tmp_path, capsys, flag):
+    """Was: ``evaluate --plan /dev/zero`` read until the process was killed for its memory."""
+    endless = tmp_path / "endless.json"
+    endless.symlink_to("/dev/zero")
+    argv = ["evaluate", "--plan", str(endless)] if flag == "--plan" else ["plan", flag, str(endless)]
+    if flag == "--device":
+        argv += ["--model", GPT]
+    assert main(argv) == 2
+    assert f"{flag}: {endless} is larger than 256 MiB" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["pareto", "--model", GPT, "--mesh", "4", "--batch", "8", "--png", "{bad}.png"],
+        ["compare", "--model", GPT, "--mesh", "4", "--methods", "dp,megatron", "--svg", "{bad}.svg"],
+        ["plan", "--model", GPT, "--mesh", "4", "--csv", "{bad}.csv"],
+    ],
+)
+def test_an_output_that_cannot_be_written_is_refused_before_any_other(tmp_path, capsys, argv):
+    """Was: ``--json`` written (an existing file overwritten), then ``--png`` into a directory
+    that cannot be made refused with exit 2 (item 5 with a bad path rather than a bad name)."""
+    keep = tmp_path / "keep.json"
+    keep.write_text("kept\n")
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where a directory would go\n")
+    bad = str(blocker / "sub" / "x")
+    assert main([*(a.replace("{bad}", bad) for a in argv), "--json", str(keep)]) == 2
+    assert "cannot write" in capsys.readouterr().err
+    assert keep.read_text() == "kept\n"

@@ -19,6 +19,7 @@ from planner.cli.commands import COMMANDS
 from planner.cli.argtypes import EXIT_BAD_INPUT, EXIT_INFEASIBLE
 from planner.cli.parser import build_parser
 from planner.errors import InfeasibleError, PlannerError
+from planner.outputs import check_writable
 from planner.signals import exit_code, install_handlers
 
 
@@ -31,6 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     install_handlers()
     try:
+        _check_outputs(args)
         return COMMANDS[args.command](args)
     except InfeasibleError as exc:
         if args.debug:
@@ -44,6 +46,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: nothing half-done is written
         return exit_code(exc)
+
+
+# the options that name a file a command writes
+OUTPUTS = ("json", "csv", "png", "svg", "out")
+
+
+def _check_outputs(args) -> None:
+    """Every output path checked before the command works: a path that cannot be written is
+    refused before a search runs and before any other output is written."""
+    for name in OUTPUTS:
+        path = getattr(args, name, None)
+        if isinstance(path, str):
+            check_writable(path, f"--{name}")
 
 
 if __name__ == "__main__":

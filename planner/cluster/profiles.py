@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from planner.jsonfile import read_json
+from planner.jsonfile import read_json, read_text
 from planner.errors import ProfileError
 
 # None: the table shipped inside the package (planner/cluster/data/hardware.csv).
@@ -33,10 +33,8 @@ def _hardware_text(path: Path | str | None) -> tuple[str, str]:
     path = Path(path)
     if not path.is_file():
         raise ProfileError(f"--hardware: table {path}: file not found")
-    try:
-        return path.read_text(encoding="utf-8"), str(path)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ProfileError(f"--hardware: table {path}: cannot be read ({exc})") from None
+    # a datasheet table is a few KiB; a file past 16 MiB is not one
+    return read_text(path, f"--hardware: table {path}", ProfileError, 16 << 20), str(path)
 
 
 # Latencies are not in the datasheet table: documented assumptions (NCCL-scale per-hop latency).
