@@ -292,7 +292,8 @@ def test_an_endless_json_input_is_refused_at_its_bound(tmp_path, capsys, flag):
     """Was: ``evaluate --plan /dev/zero`` read until the process was killed for its memory."""
     endless = tmp_path / "endless.json"
     endless.symlink_to("/dev/zero")
-    argv = ["evaluate", "--plan", str(endless)] if flag == "--plan" else ["plan", flag, str(endless)]
+    given = [flag, str(endless)]
+    argv = ["evaluate", *given] if flag == "--plan" else ["plan", *given]
     if flag == "--device":
         argv += ["--model", GPT]
     assert main(argv) == 2
@@ -303,7 +304,7 @@ def test_an_endless_json_input_is_refused_at_its_bound(tmp_path, capsys, flag):
     "argv",
     [
         ["pareto", "--model", GPT, "--mesh", "4", "--batch", "8", "--png", "{bad}.png"],
-        ["compare", "--model", GPT, "--mesh", "4", "--methods", "dp,megatron", "--svg", "{bad}.svg"],
+        ["compare", "--model", GPT, "--mesh", "4", "--methods", "dp", "--svg", "{bad}.svg"],
         ["plan", "--model", GPT, "--mesh", "4", "--csv", "{bad}.csv"],
     ],
 )
