@@ -141,5 +141,5 @@ def test_layer_chain_costs_given_cuts_and_count_as_the_pinned_search():
     assert plan.iteration_time_s == pytest.approx(pinned.pipeline.iteration_time_s, rel=1e-12)
     best = staged.cost((3,))  # the chain's best count for these cuts
     assert best.iteration_time_s <= plan.iteration_time_s
-    with pytest.raises(SettingsError, match="num-microbatches: 3 is not a count"):
+    with pytest.raises(SettingsError, match="num_microbatches: 3 is not a count"):
         staged.cost((3,), num_microbatches=3)
