@@ -15,6 +15,8 @@ The package is layered; each layer imports only the ones above it in this list:
     planner.engines     leaves: torch import, JAX/DTensor export, numpy executor, XLA checks, verify
     planner.api         the functions below (planner.api3d: the pipeline ones); planner.cli is the
                         command line on top of them
+    planner.launch      launch configurations: Megatron-LM lines and torchtitan configs written
+                        and read back, one registry of engines (``planner.launch.TARGETS``)
     planner.show        pictures and tables of a plan (matplotlib, imported only when drawing)
 """
 

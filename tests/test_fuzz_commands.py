@@ -334,8 +334,8 @@ def test_a_refusal_that_names_an_input_not_given_is_caught(tmp_path, monkeypatch
 def test_an_export_that_changes_the_plan_is_caught(tmp_path, monkeypatch):
     """Mutant: the Megatron-LM line written with half the plan's micro-batch size, and the
     export's own check (the line costed as given) switched off."""
-    import planner.engines.megatron as megatron
-    import planner.launch as launch
+    import planner.launch.megatron as megatron
+    import planner.launch.targets as launch
 
     real = megatron._parallel_args
 

@@ -9,7 +9,7 @@ import itertools
 import pytest
 
 from planner.launch import evaluate_megatron, recost
-from planner.launch_gap import _moved, compare_best
+from planner.launch.gap import _moved, compare_best
 
 LINE = (
     "torchrun --nnodes 1 --nproc-per-node 8 pretrain_gpt.py --num-layers 4 --hidden-size 512 "
@@ -84,7 +84,7 @@ def test_a_given_line_faster_than_the_search_is_the_best(monkeypatch):
     fast, run, _ = evaluate_megatron(BASE + "--micro-batch-size 2 --use-distributed-optimizer")
     slow, _, _ = evaluate_megatron(BASE + "--tensor-model-parallel-size 8 --micro-batch-size 1")
     assert slow.pipeline.iteration_time_s > fast.pipeline.iteration_time_s
-    monkeypatch.setattr("planner.launch_gap.plan_for", lambda *a, **k: slow)
+    monkeypatch.setattr("planner.launch.gap.plan_for", lambda *a, **k: slow)
     gap = compare_best(run, fast)
     assert gap.best is fast and gap.best_is_given and gap.changes == () and gap.percent == 0
     text = "\n".join(gap.lines())

@@ -32,7 +32,7 @@ LAYERS = (
         "planner.accumulation",
         "planner.grid3d",
     ),
-    ("planner.launch_gap",),
+    ("planner.launch.gap",),
     ("planner.show",),
     ("planner.cli", "planner.__main__"),
 )

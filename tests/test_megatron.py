@@ -13,8 +13,8 @@ import pytest
 
 from planner import api3d
 from planner.cost.settings import TrainingSettings
-from planner.engines.megatron import layout_cuts, layout_string, megatron_args
-from planner.engines.megatron_read import read_megatron
+from planner.launch.megatron import layout_cuts, layout_string, megatron_args
+from planner.launch.megatron_read import read_megatron
 from planner.errors import SettingsError
 from planner.launch import evaluate_megatron, export_megatron, launch_run
 

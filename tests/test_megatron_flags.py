@@ -1,14 +1,14 @@
 """Megatron-LM lines as their authors wrote them: older recompute flags read as today's, parallel
 degrees of 1 accepted, the virtual-stage size converted, fp16 gradient buffers, and every flag
 either priced, refused by name, or on the list of flags proven inert
-(planner/engines/megatron_flags.py)."""
+(planner/launch/megatron_flags.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from planner.engines.megatron_flags import INERT, LEGACY
-from planner.engines.megatron_read import read_megatron
+from planner.launch.megatron_flags import INERT, LEGACY
+from planner.launch.megatron_read import read_megatron
 from planner.errors import SettingsError
 
 BASE = (

@@ -1,6 +1,6 @@
 """Megatron-LM launch scripts read as shipped (tests/data/megatron_examples, cited in its
 SOURCES.md): their variables, arrays, defaults and arithmetic expanded as bash expands them
-(planner/engines/shell_script.py), every flag priced, inert or refused by name."""
+(planner/launch/shell_script.py), every flag priced, inert or refused by name."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from planner import api3d
-from planner.engines.megatron_flags import INERT
-from planner.engines.megatron_read import read_megatron
-from planner.engines.shell_script import launch_text
+from planner.launch.megatron_flags import INERT
+from planner.launch.megatron_read import read_megatron
+from planner.launch.shell_script import launch_text
 from planner.errors import SettingsError
 from planner.launch import evaluate_megatron
 

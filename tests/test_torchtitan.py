@@ -14,13 +14,13 @@ import pytest
 
 from planner import api3d
 from planner.cost.settings import TrainingSettings
-from planner.engines.torchtitan import model_parts
+from planner.launch.torchtitan import model_parts
 from planner.errors import SettingsError
 from planner.launch import export_torchtitan, launch_run
 
 FSDP = TrainingSettings(zero=3, fp32_grads=True, loss_kernel="loss-parallel")
 # FSDP2 under torch's pipeline stages: gathered weights and whole fp32 gradients to the last
-# backward, the memory and collectives of ZeRO-1 (engines.torchtitan_read._zero)
+# backward, the memory and collectives of ZeRO-1 (launch.torchtitan_read._zero)
 PIPELINED_FSDP = TrainingSettings(zero=1, fp32_grads=True, loss_kernel="loss-parallel")
 # Llama 3 8B on 64 H100s: (degrees and schedule, settings)
 CASES = (
@@ -130,7 +130,7 @@ def test_what_torchtitan_cannot_run_is_refused():
 READ_BACK = """
 import json, sys
 from torchtitan.distributed.parallel_dims import ParallelDims
-from planner.engines.torchtitan_read import load_config
+from planner.launch.torchtitan_read import load_config
 from planner.launch import evaluate_torchtitan
 out = []
 for path in sys.argv[1:]:
@@ -298,7 +298,7 @@ def test_configs_are_read_by_module_name_and_as_the_users_own_files(tmp_path):
 def test_fsdp_under_pipelining_reads_as_zero_1():
     """torch's pipeline stages keep FSDP2's gathered weights and whole fp32 gradients until the
     last micro-batch's backward (torch/distributed/pipelining/stage.py): ZeRO-1's memory."""
-    from planner.engines.torchtitan_read import _zero
+    from planner.launch.torchtitan_read import _zero
 
     assert [_zero(r, 8, 1) for r in ("default", "always", "never")] == [3, 3, 2]
     assert [_zero(r, 8, 4) for r in ("default", "never")] == [1, 1]

@@ -270,7 +270,7 @@ def _best_gap(args: argparse.Namespace, run, result) -> None:
     """--compare-best: the gap to the best Megatron-LM configuration and what closes it."""
     if not args.compare_best:
         return
-    from planner.launch_gap import compare_best
+    from planner.launch.gap import compare_best
 
     engine = "torchtitan" if args.from_torchtitan else "megatron"
     gap = compare_best(

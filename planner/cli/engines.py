@@ -156,7 +156,7 @@ def _export_torchtitan(args: argparse.Namespace, data: dict) -> int:
 
 def _export_megatron(args: argparse.Namespace, data: dict) -> int:
     """A 3D plan as a Megatron-LM launch line."""
-    from planner.engines.megatron import PLACEHOLDER_NOTE
+    from planner.launch.megatron import PLACEHOLDER_NOTE
     from planner.launch import export_megatron
     from planner.outputs import write_text
 

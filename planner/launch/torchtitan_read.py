@@ -1,6 +1,6 @@
 """A torchtitan 0.3 ``config_registry`` file read back into a ``LaunchRun`` (``planner evaluate
 --from-torchtitan``): loaded and validated by torchtitan's own ``ConfigManager``, its degrees
-checked by torchtitan's ``ParallelDims``, then mapped as ``planner.engines.torchtitan`` exports
+checked by torchtitan's ``ParallelDims``, then mapped as ``planner.launch.torchtitan`` exports
 (the inverse mapping). Needs torchtitan (and the triton it imports)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from planner.cost.settings import TrainingSettings
-from planner.engines.launch_run import LaunchRun
-from planner.engines.torchtitan import FLAVORS
+from planner.launch.run import LaunchRun
+from planner.launch.torchtitan import FLAVORS
 from planner.errors import SettingsError
 from planner.zoo import LLAMA_PRESETS
 

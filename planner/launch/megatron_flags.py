@@ -1,5 +1,5 @@
 """Which Megatron-LM flags a launch line may carry beside the ones the reader prices
-(``planner.engines.megatron_read``): the flags proven not to change a training step's time or
+(``planner.launch.megatron_read``): the flags proven not to change a training step's time or
 memory, and older spellings of flags it prices, rewritten to today's.
 
     priced    the reader's parser (degrees, model shape, batch, precision, recompute, sharding,

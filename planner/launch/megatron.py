@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import shlex
 from planner.cost.settings import TrainingSettings
-from planner.engines.launch_run import LaunchRun
+from planner.launch.run import LaunchRun
 from planner.errors import SettingsError
 from planner.zoo import LlamaConfig
 

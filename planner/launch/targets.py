@@ -2,8 +2,8 @@
 re-costing the configuration read back), a Megatron-LM command line or torchtitan config costed as
 given (``planner evaluate --from-megatron/--from-torchtitan``), and the whole-cluster search
 restricted to what one engine runs (``plan_for``, ``planner plan --for``). The engines are the
-registry ``TARGETS``; the flag mappings are in ``planner.engines.megatron`` and
-``planner.engines.torchtitan``."""
+registry ``TARGETS``; the flag mappings are in ``planner.launch.megatron`` and
+``planner.launch.torchtitan``."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from typing import Callable
 from planner import api3d
 from planner.cluster.profiles import DEFAULT_HARDWARE_CSV, MachineProfile, get_profile
 from planner.cost.settings import AUTO, RECOMPUTE, TrainingSettings
-from planner.engines.launch_run import LaunchRun
-from planner.engines.megatron import megatron_args, shell_line
-from planner.engines.megatron_read import read_megatron
-from planner.engines.torchtitan import check_expressible, config_file, flavor
+from planner.launch.run import LaunchRun
+from planner.launch.megatron import megatron_args, shell_line
+from planner.launch.megatron_read import read_megatron
+from planner.launch.torchtitan import check_expressible, config_file, flavor
 from planner.errors import SettingsError
 from planner.pipeline.layout import ROLES, TENSOR, axis_roles
 from planner.pipeline.plan3d import Plan3D
@@ -204,7 +204,7 @@ def export_torchtitan(
     hardware_csv: Path | str | None = DEFAULT_HARDWARE_CSV,
     title: str = "",
 ) -> LaunchExport:
-    """The torchtitan 0.3 config file of a 3D plan (``planner.engines.torchtitan``), refused unless
+    """The torchtitan 0.3 config file of a 3D plan (``planner.launch.torchtitan``), refused unless
     its configuration costed as given gives the plan's iteration time (``ROUND_TRIP_TOLERANCE``)."""
     run = launch_run(data)
     text = config_file(run, title or f"{data.get('model')} on {data.get('mesh')}")
@@ -225,7 +225,7 @@ def evaluate_torchtitan(
 ) -> tuple[Plan3D, LaunchRun]:
     """A torchtitan config_registry file costed as given (read by torchtitan's own config
     manager: needs torchtitan)."""
-    from planner.engines.torchtitan_read import read_torchtitan
+    from planner.launch.torchtitan_read import read_torchtitan
 
     run = read_torchtitan(path, config, dp)
     return recost(run, device, memory, hardware_csv), run

@@ -24,10 +24,10 @@ from pathlib import Path
 
 
 from planner.cluster.profiles import DEFAULT_HARDWARE_CSV, MachineProfile, get_profile
-from planner.engines.launch_run import LaunchRun
-from planner.engines.megatron import even_cuts, shell_line
+from planner.launch.run import LaunchRun
+from planner.launch.megatron import even_cuts, shell_line
 from planner.errors import SettingsError
-from planner.launch import launch_run, plan_data, plan_for, recost
+from planner.launch.targets import launch_run, plan_data, plan_for, recost
 from planner.pipeline.plan3d import Plan3D
 
 GROUPS = ("degrees", "micro_batch", "recompute", "zero", "sequence_parallel")

@@ -32,12 +32,12 @@ torchtitan's LLaMA 3 flavors, ZeRO-1 without pipelining (torchtitan has none), s
 recompute (torchtitan's selective AC is the operator policy, ``selective-op``, not Korthikanti's
 attention-core recompute), per-layer choices, DDP beside tensor or pipeline parallelism, and
 ZeRO-2/3 beside pipelining (torch's stages run FSDP2 as ZeRO-1 there:
-engines.torchtitan_read._zero).
+launch.torchtitan_read._zero).
 """
 
 from __future__ import annotations
 
-from planner.engines.launch_run import LaunchRun
+from planner.launch.run import LaunchRun
 from planner.errors import SettingsError
 from planner.zoo import LLAMA_PRESETS, LlamaConfig
 

@@ -1,5 +1,5 @@
 """A Megatron-LM command line read back into a ``LaunchRun`` (``planner evaluate
---from-megatron``): the inverse of ``planner.engines.megatron``'s mapping, with Megatron-LM's own
+--from-megatron``): the inverse of ``planner.launch.megatron``'s mapping, with Megatron-LM's own
 defaults (megatron-core 0.19 ``megatron/training/arguments.py``) for the flags a line leaves out.
 
 A line may start with environment assignments and a ``torchrun`` launch (its ``--nnodes`` and
@@ -20,11 +20,11 @@ import shlex
 from dataclasses import replace
 
 from planner.cost.settings import AUTO, TrainingSettings
-from planner.engines.launch_run import LaunchRun
-from planner.engines.megatron import UNSUPPORTED, block_modes, layout_cuts
-from planner.engines.megatron_flags import DEEPSPEED, modern_words, split_unknown
-from planner.engines.shell_script import launch_text, unset_variable, without_comments
-from planner.engines.megatron_model import line_model
+from planner.launch.run import LaunchRun
+from planner.launch.megatron import UNSUPPORTED, block_modes, layout_cuts
+from planner.launch.megatron_flags import DEEPSPEED, modern_words, split_unknown
+from planner.launch.shell_script import launch_text, unset_variable, without_comments
+from planner.launch.megatron_model import line_model
 from planner.errors import SettingsError
 
 _INT_FLAGS = (

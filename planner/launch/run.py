@@ -1,5 +1,5 @@
 """A configuration to launch, in the planner's terms: what a Megatron-LM line or a torchtitan
-config says (``planner.engines.megatron``, ``planner.engines.torchtitan``)."""
+config says (``planner.launch.megatron``, ``planner.launch.torchtitan``)."""
 
 from __future__ import annotations
 
