@@ -409,3 +409,32 @@ def test_plan_for_torchtitan_reads_back_through_torchtitan(tmp_path):
         files[-1].write_text(export_torchtitan(plan_data(plan, model, None)).text)
         expected.append(plan.pipeline.iteration_time_s)
     assert [row[0] for row in _read_back(files)] == pytest.approx(expected, rel=1e-3)
+
+
+def test_a_model_a_quantization_converter_made_is_refused_by_its_path():
+    """Was: a config whose model_spec came from ``model_registry(flavor,
+    converters=[Float8LinearConverter.Config()])`` was costed as the bf16 step without a word.
+    The converter swaps configs inside the model's tree for ones from
+    torchtitan.components.quantization; the reader walks the tree (no torchtitan needed here: the
+    tree below is built by hand as the converter leaves it)."""
+    from dataclasses import dataclass, field
+
+    from planner.launch.torchtitan_read import QUANTIZATION, _refuse_converted
+
+    converted = type("Config", (), {"__module__": f"{QUANTIZATION}.float8"})
+    converted.__qualname__ = "Float8Linear.Config"
+
+    @dataclass
+    class Block:
+        wq: object = None
+
+    @dataclass
+    class Model:
+        layers: list = field(default_factory=list)
+
+    stock = Model([Block(), Block()])
+    _refuse_converted(stock)  # nothing converted: read as before
+    with pytest.raises(
+        SettingsError, match=r"model_spec\.model\.layers\[1\]\.wq is a Float8Linear"
+    ):
+        _refuse_converted(Model([Block(), Block(converted())]))

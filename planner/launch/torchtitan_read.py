@@ -86,6 +86,7 @@ def read_torchtitan(path: str, name: str = "planner_plan", dp: int | None = None
         if getattr(p, key) != 1:
             raise SettingsError(f"--from-torchtitan: parallelism.{key} > 1 is not modelled yet")
     _refuse_unpriced(config)
+    _refuse_converted(config.model_spec.model)
     return _run(config, shard, replicate)
 
 
@@ -109,6 +110,30 @@ def _refuse_unpriced(config) -> None:
                 f"--from-torchtitan: {section}.{key} = {value!r} {effect}, which the planner "
                 f"does not price (set it to {priced!r} to cost the step without it)"
             )
+
+
+# where torchtitan keeps its model converters (float8, MX and NVFP4 linears and grouped GEMMs):
+# a converted model runs its GEMMs in another precision, which the planner does not price
+QUANTIZATION = "torchtitan.components.quantization"
+
+
+def _refuse_converted(model, path: str = "model_spec.model", depth: int = 0) -> None:
+    """SettingsError naming the first part of the model's config tree that a quantization
+    converter made (``model_registry(flavor, converters=[Float8LinearConverter.Config()])``)."""
+    kind = type(model)
+    if kind.__module__.startswith(QUANTIZATION):
+        raise SettingsError(
+            f"--from-torchtitan: {path} is a {kind.__qualname__} (a model converter's low-"
+            "precision training), which the planner does not price (drop the converter to cost "
+            "the bf16 step)"
+        )
+    if depth > 32 or not hasattr(model, "__dataclass_fields__"):
+        return
+    for name in model.__dataclass_fields__:
+        value = getattr(model, name, None)
+        for k, item in enumerate(value if isinstance(value, (list, tuple)) else (value,)):
+            where = f"{path}.{name}" + (f"[{k}]" if isinstance(value, (list, tuple)) else "")
+            _refuse_converted(item, where, depth + 1)
 
 
 def _count(section: str, key: str, value) -> int:
