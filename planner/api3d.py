@@ -24,7 +24,9 @@ from planner.pipeline.search import METHODS as PIPELINE_METHODS
 from planner.pipeline.plan3d import Plan3D, replicated_linears
 from planner.pipeline.stage_chain import StageChain
 from planner.plan_files import pipeline_fields
-from planner.plans import strategies_from_mapping
+from planner.plans import strategies_from_choice, strategies_from_mapping
+from planner.search.exact import solve_exact
+from planner.search.layer_modes import refuse_auto_without_layers
 from planner.search.reduce import Progress
 
 
@@ -65,6 +67,8 @@ def stage_planner(
         )
 
     def run(problem: Problem) -> tuple[tuple, str]:
+        if method == "exact":
+            return _exact_strategies(problem, time_limit_s, seed, jobs)
         found = api.plan_problem(
             problem, math.inf, "dp" if method == "zero" else method, time_limit_s, seed, jobs
         )
@@ -75,6 +79,20 @@ def stage_planner(
         return tuple(tuple(d for _, d in a.strategy) for a in found.operators), found.status
 
     return run
+
+
+def _exact_strategies(problem: Problem, time_limit_s: float, seed: int, jobs: int):
+    """The exact search's strategies (a dim or None per mesh axis) and status for one stage
+    problem: the stage chain reads nothing else, so no ``Plan`` is made (its cost breakdown
+    re-costs every operator: a tenth of the certified search); ``api.plan_problem``'s check
+    kept."""
+    refuse_auto_without_layers(problem)
+    result, _ = solve_exact(problem, math.inf, time_limit_s, seed, jobs)
+    if result.choice is None:
+        raise InfeasibleError(
+            f"--method exact: no stage plan on {problem.mesh.spec} ({result.explanation})"
+        )
+    return strategies_from_choice(problem, result.choice), result.status
 
 
 def plan_pipeline(

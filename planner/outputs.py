@@ -22,7 +22,19 @@ def atomic_write(path: Path | str, data: str | bytes, field: str = "output") -> 
     (temporary file, then rename) and gets the umask's mode, or keeps its own; a symlink is written
     through to its target; a FIFO or a device (``/dev/null``, ``/dev/stdout``) is written in place.
     Every OS error becomes one ``OutputError`` line naming the path."""
-    raw = data.encode() if isinstance(data, str) else data
+    _output(path, field, data.encode() if isinstance(data, str) else data)
+
+
+def check_writable(path: Path | str, field: str = "output") -> None:
+    """``OutputError`` naming ``field`` when ``path`` could not be written as ``atomic_write``
+    writes it: checked for every output before a command works or writes, so that one output
+    refused leaves the others as they were (a temporary file is made and removed where the file
+    would go, or in the nearest directory that exists: ``atomic_write`` makes the missing ones)."""
+    _output(path, field, None)
+
+
+def _output(path: Path | str, field: str, raw: bytes | None) -> None:
+    """``raw`` written to ``path`` (None: only checked); OS errors as one ``OutputError``."""
     where = f"{field} {str(path)!r}" if str(path) else field
     if not str(path):
         raise OutputError(f"{field}: empty path")
@@ -36,46 +48,38 @@ def atomic_write(path: Path | str, data: str | bytes, field: str = "output") -> 
         if mode is not None and stat.S_ISDIR(mode):
             raise IsADirectoryError(errno.EISDIR, "is a directory")
         if mode is not None and not stat.S_ISREG(mode):
-            # FIFO, device, /dev/stdout: written in place, never replaced
-            with open(path, "wb") as handle:
-                handle.write(raw)
+            # FIFO, device, /dev/stdout: written in place, never replaced (nor opened to check:
+            # a FIFO blocks)
+            _in_place(path, raw)
             return
-        _replace(Path(os.path.realpath(path)), raw)  # a symlink is written through to its target
+        target = Path(os.path.realpath(path))  # a symlink is written through to its target
+        if raw is None:
+            _probe(target.parent)
+        else:
+            _replace(target, raw)
     except OSError as exc:
         raise OutputError(f"{where}: cannot write ({exc.strerror or exc})") from None
 
 
-def check_writable(path: Path | str, field: str = "output") -> None:
-    """``OutputError`` naming ``field`` when ``path`` could not be written as ``atomic_write``
-    writes it: checked for every output before a command works or writes, so that one output
-    refused leaves the others as they were (a temporary file is made and removed where the file
-    would go, or in the nearest directory that exists: ``atomic_write`` makes the missing ones)."""
-    where = f"{field} {str(path)!r}" if str(path) else field
-    if not str(path):
-        raise OutputError(f"{field}: empty path")
-    try:
-        if os.path.islink(path) and not os.path.exists(path):
-            try:
-                os.stat(path)  # a link that loops raises ELOOP here
-            except FileNotFoundError:
-                pass  # a dangling link: written through to the target it names
-        mode = os.stat(path).st_mode if os.path.exists(path) else None
-        if mode is not None and stat.S_ISDIR(mode):
-            raise IsADirectoryError(errno.EISDIR, "is a directory")
-        if mode is not None and not stat.S_ISREG(mode):
-            if not os.access(path, os.W_OK):  # a device or FIFO: never opened here (a FIFO blocks)
-                raise PermissionError(errno.EACCES, "permission denied")
-            return
-        parent = Path(os.path.realpath(path)).parent
-        while not parent.exists():
-            parent = parent.parent
-        if not parent.is_dir():
-            raise NotADirectoryError(errno.ENOTDIR, "not a directory")
-        fd, tmp = tempfile.mkstemp(dir=parent, prefix=".planner-check.", suffix=".tmp")
-        os.close(fd)
-        os.unlink(tmp)
-    except OSError as exc:
-        raise OutputError(f"{where}: cannot write ({exc.strerror or exc})") from None
+def _in_place(path: Path | str, raw: bytes | None) -> None:
+    if raw is None:
+        if not os.access(path, os.W_OK):
+            raise PermissionError(errno.EACCES, "permission denied")
+        return
+    with open(path, "wb") as handle:
+        handle.write(raw)
+
+
+def _probe(parent: Path) -> None:
+    """A temporary file made and removed in ``parent``, or the nearest directory above it that
+    exists (the write makes the missing ones)."""
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "not a directory")
+    fd, tmp = tempfile.mkstemp(dir=parent, prefix=".planner-check.", suffix=".tmp")
+    os.close(fd)
+    os.unlink(tmp)
 
 
 def _replace(target: Path, raw: bytes) -> None:
