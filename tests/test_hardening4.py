@@ -319,3 +319,9 @@ def test_an_output_that_cannot_be_written_is_refused_before_any_other(tmp_path, 
     assert main([*(a.replace("{bad}", bad) for a in argv), "--json", str(keep)]) == 2
     assert "cannot write" in capsys.readouterr().err
     assert keep.read_text() == "kept\n"
+
+
+def test_a_memory_no_device_holds_is_refused(capsys):
+    """Was: ``--memory 1e300`` accepted, and the report printed a 300-digit number of GiB."""
+    assert main(["plan", "--model", GPT, "--mesh", "8", "--memory", "1e300"]) == 2
+    assert "argument --memory: '1e300' is over 2^60 bytes" in capsys.readouterr().err

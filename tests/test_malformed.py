@@ -442,6 +442,10 @@ def test_graph_dims_of_2_to_the_47_overflow_cleanly(tmp_path, capsys):
         ("intra_node_bandwidth", 1e-300),
         ("kernel_launch_s", 5.0),
         ("hbm_bandwidth", 1.0),
+        # were accepted: every plan costed 0 s (no optimum to find), a 300-digit memory printed
+        ("peak_flops", 1e300),
+        ("memory_bytes", 1e300),
+        ("intra_node_bandwidth", 1e19),
     ],
 )
 def test_extreme_profile_constants_are_refused_by_field(tmp_path, capsys, field, value):

@@ -39,6 +39,10 @@ def byte_size(text: str) -> float:
         "Gi": 2**30,
         "Ti": 2**40,
     }[unit]
+    if value * scale > 2.0**60:  # no device holds more; the reports would print 300 digits
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is over 2^60 bytes (1 EiB): no device holds that much"
+        )
     return value * scale
 
 

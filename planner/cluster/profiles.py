@@ -52,6 +52,17 @@ KERNEL_LAUNCH_S = 4e-6
 # profile's exponent), refused by field.
 MIN_RATE = 1e3
 MAX_DELAY_S = 1.0
+# above these, a step's costs round to nothing (every plan 0 s: no optimum to find) or a memory
+# figure prints hundreds of digits; today's fastest devices are near 2e15 FLOP/s and 1e13 B/s
+MAX_RATE = 1e18
+MAX_MEMORY_BYTES = 2.0**60
+RATES = (
+    "peak_flops",
+    "intra_node_bandwidth",
+    "inter_node_bandwidth",
+    "hbm_bandwidth",
+    "vector_flops",
+)
 # 1 byte costs 1 ns: the integer objective of the symbolic profile is in bytes.
 SYMBOLIC_BANDWIDTH = 1e9
 # The one ratio of the symbolic profile: FLOPs computed per byte moved at equal cost, the order
@@ -149,6 +160,18 @@ class MachineProfile:
                 raise ProfileError(
                     f"profile {self.name}: field '{name}' ({getattr(self, name):g}) is below "
                     f"{MIN_RATE:g} per second (0: unknown)"
+                )
+        for name in RATES:
+            if getattr(self, name) > MAX_RATE:
+                raise ProfileError(
+                    f"profile {self.name}: field '{name}' ({getattr(self, name):g}) is over "
+                    f"{MAX_RATE:g} per second: no device is that fast"
+                )
+        for name in ("memory_bytes", "reserve_bytes"):
+            if getattr(self, name) > MAX_MEMORY_BYTES:
+                raise ProfileError(
+                    f"profile {self.name}: field '{name}' ({getattr(self, name):g}) is over "
+                    f"2^60 bytes: no device holds that much"
                 )
         for name in ("intra_node_latency", "inter_node_latency", "kernel_launch_s"):
             if getattr(self, name) > MAX_DELAY_S:
