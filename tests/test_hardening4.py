@@ -323,5 +323,7 @@ def test_an_output_that_cannot_be_written_is_refused_before_any_other(tmp_path, 
 
 def test_a_memory_no_device_holds_is_refused(capsys):
     """Was: ``--memory 1e300`` accepted, and the report printed a 300-digit number of GiB."""
-    assert main(["plan", "--model", GPT, "--mesh", "8", "--memory", "1e300"]) == 2
+    with pytest.raises(SystemExit) as exited:
+        main(["plan", "--model", GPT, "--mesh", "8", "--memory", "1e300"])
+    assert exited.value.code == 2
     assert "argument --memory: '1e300' is over 2^60 bytes" in capsys.readouterr().err
