@@ -20,27 +20,29 @@ def _digest(problem: Problem, obj, content) -> bytes:
     return found[1]
 
 
-def _table_content(table) -> bytes:
-    return table.cost.tobytes() + b"/" + table.memory.tobytes() + b"/"
+def _array_bytes(array) -> bytes:
+    return array.tobytes()
 
 
-def _edge_content(e) -> bytes:
-    return (
-        e.cost.tobytes()
-        + e.src_index.tobytes()
-        + e.dst_index.tobytes()
-        + b"%d" % hash(e.dst_layouts)
-    )
+def _table_bytes(problem: Problem, table) -> bytes:
+    # the arrays, not the table: identical operators' tables share them (one hash per array)
+    return _digest(problem, table.cost, _array_bytes) + _digest(problem, table.memory, _array_bytes)
 
 
 def _edge_bytes(problem: Problem, local: dict[int, int], e) -> bytes:
     src = local.get(e.src, -1)
-    return b"%d>%d:%d:%d|" % (
-        src,
-        local[e.dst],
-        e.src_slot if src >= 0 else -1,
-        e.dst_slot,
-    ) + _digest(problem, e, _edge_content)
+    return (
+        b"%d>%d:%d:%d|%d|" % (
+            src,
+            local[e.dst],
+            e.src_slot if src >= 0 else -1,
+            e.dst_slot,
+            hash(e.dst_layouts),
+        )
+        + _digest(problem, e.cost, _array_bytes)
+        + _digest(problem, e.src_index, _array_bytes)
+        + _digest(problem, e.dst_index, _array_bytes)
+    )  # fmt: skip
 
 
 def edges_by_dst(problem: Problem) -> dict[int, list]:
@@ -89,7 +91,7 @@ def _segment_hash(problem: Problem, ops, tables, edges, exit_producer, index) ->
     for e in edges:
         edges_of.setdefault(e.dst, []).append(e)
     for op, table in zip(ops, tables):
-        digest.update(_digest(problem, table, _table_content))
+        digest.update(_table_bytes(problem, table))
         for e in edges_of.get(op, ()):
             digest.update(_edge_bytes(problem, local, e))
     if index is not None:
