@@ -267,3 +267,13 @@ def test_block_recompute_costs_between_none_and_full_and_round_trips():
 def test_a_line_out_of_range_is_refused_by_its_own_flag(flags, message):
     with pytest.raises(SettingsError, match=message):
         read_megatron(BASE + "--bf16 " + flags)
+
+
+def test_kv_channels_at_megatrons_default_is_read_and_another_head_size_refused():
+    """``--kv-channels`` (the attention head size) defaults to hidden / heads in Megatron-LM's
+    arguments.py; real scripts spell the default out (LLaMA: 128). Was refused as unknown."""
+    plain, _ = read_megatron(BASE + "--bf16")
+    spelled, ignored = read_megatron(BASE + "--bf16 --kv-channels 64")  # 512 / 8
+    assert spelled == plain and ignored == ()
+    with pytest.raises(SettingsError, match="--kv-channels 32: a head size other than"):
+        read_megatron(BASE + "--bf16 --kv-channels 32")

@@ -16,6 +16,12 @@ def line_model(args, tp: int) -> GPTConfig | LlamaConfig:
         raise SettingsError(
             f"--from-megatron: --num-layers: at most {MAX_LAYERS}, got {args.num_layers}"
         )
+    head = args.hidden_size // args.num_attention_heads  # arguments.py's default kv_channels
+    if args.kv_channels is not None and args.kv_channels != head:
+        raise SettingsError(
+            f"--from-megatron: --kv-channels {args.kv_channels}: a head size other than "
+            f"--hidden-size / --num-attention-heads ({head}) is not modelled"
+        )
     step = args.make_vocab_size_divisible_by * tp
     vocab = math.ceil(_vocabulary(args) / step) * step
     ffn = args.ffn_hidden_size or _default_ffn(args)

@@ -47,6 +47,7 @@ _INT_FLAGS = (
     ("context_parallel_size", 1),  # 1 only: context parallelism is not modelled
     ("expert_model_parallel_size", 1),  # 1 only: no experts
     ("num_layers_per_virtual_pipeline_stage", None),
+    ("kv_channels", None),  # hidden / heads only (Megatron-LM's default): other head sizes refused
 )
 _SWITCHES = (
     "swiglu",
