@@ -1431,8 +1431,17 @@ def _spy(monkeypatch, force_feasible: bool) -> dict:
         )
         return problem
 
+    # the 3D search's exact stage planner reads strategies without a Plan (api3d)
+    real_exact = api3d._exact_strategies
+
+    def exact_strategies(problem, time_limit_s, seed, jobs):
+        captured.update(method="exact", time_limit_s=time_limit_s, seed=seed, jobs=jobs)
+        chosen, status = real_exact(problem, time_limit_s, seed, jobs)
+        return chosen, "FEASIBLE" if force_feasible and status == "OPTIMAL" else status
+
     monkeypatch.setattr(api, "plan_problem", plan_problem)
     monkeypatch.setattr(api, "make_problem", make_problem)
+    monkeypatch.setattr(api3d, "_exact_strategies", exact_strategies)
     return captured
 
 
