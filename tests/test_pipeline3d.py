@@ -143,3 +143,28 @@ def test_layer_chain_costs_given_cuts_and_count_as_the_pinned_search():
     assert best.iteration_time_s <= plan.iteration_time_s
     with pytest.raises(SettingsError, match="num_microbatches: 3 is not a count"):
         staged.cost((3,), num_microbatches=3)
+
+
+@pytest.mark.parametrize("mesh", ["gpu=4", "node=2,gpu=2"])
+@pytest.mark.parametrize(
+    "model",
+    [
+        "gpt:layers=2,hidden=64,heads=2,seq=16,vocab=64",
+        "llama:layers=2,hidden=64,heads=4,kv_heads=2,ffn=128,seq=16,vocab=64",
+    ],
+)
+def test_the_exact_stage_planner_reads_what_plan_problem_finds(mesh, model):
+    """The 3D search's exact stage planner takes the search's strategies without making a Plan:
+    the same strategies and status as ``api.plan_problem``'s plan, operator by operator."""
+    import math
+
+    from planner import api, api3d
+    from planner.cluster.cluster import make_cluster
+    from planner.cost.problem import build_problem
+    from planner.zoo import load_model
+
+    cluster = make_cluster(mesh, "h100-80g")
+    problem = build_problem(load_model(model, batch=8), cluster.mesh, cluster.profile, None)
+    found = api.plan_problem(problem, math.inf, "exact")
+    chosen = tuple(tuple(d for _, d in op.strategy) for op in found.operators)
+    assert api3d.stage_planner("exact")(problem) == (chosen, found.status)
