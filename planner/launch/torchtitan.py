@@ -150,7 +150,7 @@ def config_file(run: LaunchRun, title: str) -> str:
 
 def _parallel_lines(run: LaunchRun) -> list[str]:
     s, dp = run.settings, run.data_parallel
-    # ZeRO-1 beside pipelining is FSDP2 under torch's pipeline stages (engines.torchtitan_read)
+    # ZeRO-1 beside pipelining is FSDP2 under torch's pipeline stages (launch.torchtitan_read)
     shard = dp if s.zero >= 1 else 1
     lines = [
         "    p = config.parallelism",
