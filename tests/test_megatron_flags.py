@@ -277,3 +277,11 @@ def test_kv_channels_at_megatrons_default_is_read_and_another_head_size_refused(
     assert spelled == plain and ignored == ()
     with pytest.raises(SettingsError, match="--kv-channels 32: a head size other than"):
         read_megatron(BASE + "--bf16 --kv-channels 32")
+
+
+@pytest.mark.parametrize("script", ["pretrain_bert.py", "pretrain_t5.py", "pretrain_mamba.py"])
+def test_a_line_that_trains_another_architecture_is_refused_by_its_script(script):
+    """Was: a BERT or T5 line was costed as the GPT decoder its flags describe, without a word."""
+    with pytest.raises(SettingsError, match=f"{script} trains another model"):
+        read_megatron(BASE.replace("pretrain_gpt.py", script) + "--bf16")
+    assert read_megatron(BASE.replace("pretrain_gpt.py", "megatron/pretrain_gpt2.py"))[0]

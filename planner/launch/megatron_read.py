@@ -136,7 +136,18 @@ def split_launch(text: str) -> tuple[int | None, list[str]]:
         if words and words[0].endswith("torchrun"):
             raise SettingsError("--from-megatron: a torchrun line names no training script (.py)")
         return None, words
+    name = words[script].rsplit("/", 1)[-1]
+    if name not in GPT_SCRIPTS:
+        raise SettingsError(
+            f"--from-megatron: {name} trains another model than the GPT/LLaMA decoders of "
+            "pretrain_gpt.py, which the planner reads: not modelled"
+        )
     return _world(words[:script]), words[script + 1 :]
+
+
+# Megatron-LM's decoder training script (pretrain_gpt2.py: its name until 2020); BERT, T5, Mamba,
+# retrieval and multimodal models have scripts of their own and are not the zoo's decoders
+GPT_SCRIPTS = ("pretrain_gpt.py", "pretrain_gpt2.py")
 
 
 def _world(launcher: list[str]) -> int | None:
