@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+# the largest count a user gives (a batch, a sequence, a degree, a launch line's count): past it
+# no cost is meaningful, and int64 sums of per-term costs stay exact
+MAX_COUNT = 2**40
+
 
 def bytes_text(value: float) -> str:
     """``80e9`` -> '74.51 GiB', ``3e6`` -> '2.86 MiB', ``512`` -> '512 B' (a limit under 5 MB is no

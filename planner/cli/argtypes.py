@@ -12,7 +12,7 @@ import sys
 
 from planner.cluster.profiles import get_profile
 from planner.errors import SettingsError
-from planner.units import bytes_text
+from planner.units import MAX_COUNT, bytes_text
 from planner.pipeline.schedule import parse_schedule
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_INFEASIBLE, EXIT_NOT_OPTIMAL, EXIT_MISMATCH = 0, 2, 3, 4, 5
@@ -125,7 +125,7 @@ def number(convert, valid, what: str):
 seed = number(int, lambda v: 0 <= v < 2**31, "an integer in 0..2^31-1")
 
 
-positive_int = number(int, lambda v: 1 <= v < 2**40, "a positive integer below 2^40")
+positive_int = number(int, lambda v: 1 <= v < MAX_COUNT, "a positive integer below 2^40")
 
 
 def count_or_auto(text: str) -> int | str:

@@ -26,6 +26,7 @@ from planner.launch.megatron_flags import DEEPSPEED, modern_words, split_unknown
 from planner.launch.shell_script import launch_text, unset_variable, without_comments
 from planner.launch.megatron_model import line_model
 from planner.errors import SettingsError
+from planner.units import MAX_COUNT
 
 _INT_FLAGS = (
     ("num_layers", None),
@@ -89,7 +90,7 @@ def _positive(text: str) -> int:
             f"set {variable} in the script (it is read from the environment)"
         )
     # the command line's bound on a count (--batch, --seq): past it no cost is meaningful
-    if not text.isdigit() or len(text) > 13 or not 1 <= int(text) < 2**40:
+    if not text.isdigit() or len(text) > 13 or not 1 <= int(text) < MAX_COUNT:
         shown = text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
         raise argparse.ArgumentTypeError(f"needs a positive integer below 2^40, got {shown!r}")
     return int(text)

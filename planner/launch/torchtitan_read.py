@@ -15,6 +15,7 @@ from planner.cost.settings import TrainingSettings
 from planner.launch.run import LaunchRun
 from planner.launch.torchtitan import FLAVORS
 from planner.errors import SettingsError
+from planner.units import MAX_COUNT
 from planner.zoo import LLAMA_PRESETS
 
 SCHEDULES = {"GPipe": "gpipe", "1F1B": "1f1b", "Interleaved1F1B": "interleaved"}
@@ -138,7 +139,7 @@ def _refuse_converted(model, path: str = "model_spec.model", depth: int = 0) -> 
 
 def _count(section: str, key: str, value) -> int:
     """A count of the config, or a SettingsError naming its key (the command line's bound)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < 2**40:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < MAX_COUNT:
         raise SettingsError(
             f"--from-torchtitan: {section}.{key} must be a positive integer below 2^40, got "
             f"{value!r}"
