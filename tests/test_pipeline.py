@@ -220,3 +220,73 @@ def test_static_overflow_only_where_no_cut_fits():
                     overflowing += 1
                     assert brute_force(chain, p, "1f1b", limit).status == "INFEASIBLE"
     assert 0 < overflowing < 360
+
+
+def _dp_by_loop(ev: Evaluator, m: int, bottleneck: float):
+    """The DP as first written, one layer range at a time: the reference of the vectorised one."""
+    layers, p = ev.chain.num_layers, ev.stages
+    prefix_t = ev._time[:, m]
+    best = np.full((p + 1, layers + 1), math.inf)
+    arg = np.zeros((p + 1, layers + 1), dtype=np.int64)
+    best[0, 0] = 0.0
+    for k in range(1, p + 1):
+        for end in range(k, layers - (p - k) + 1):
+            begin = np.arange(k - 1, end)
+            t = prefix_t[end] - prefix_t[begin] + ev.boundary_seconds(end, m)
+            value = best[k - 1, begin] + t / ev.chunks + (ev._sync[end, m] if k == 1 else 0.0)
+            ok = t <= bottleneck
+            if math.isfinite(ev.memory_limit):
+                ok &= ev.stage_memory(k - 1, begin, end, m) <= ev.memory_limit
+            value = np.where(ok, value, math.inf)
+            j = int(np.argmin(value))
+            best[k, end], arg[k, end] = value[j], begin[j]
+    if best[p, layers] == math.inf:
+        return None
+    cuts, end = [], layers
+    for k in range(p, 1, -1):
+        end = int(arg[k, end])
+        cuts.append(end)
+    return float(best[p, layers]), tuple(reversed(cuts))
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "interleaved:2"])
+def test_vectorised_dp_equals_the_loop_bit_for_bit(schedule):
+    """Every (count, bottleneck) the exact DP asks: the same sum and the same cuts (ties to the
+    smallest begin), to the last bit, with working sets, a tied copy and a binding memory limit."""
+    from planner.pipeline.search import _dp_at
+
+    checked = feasible = 0
+    for chain_seed in range(12):
+        layers = 6 + chain_seed % 7
+        chain = random_chain(chain_seed, layers)
+        rng = np.random.default_rng(chain_seed)
+        chain = dataclasses.replace(
+            chain,
+            working_memory=rng.uniform(0, 4e8, chain.activation_memory.shape),
+            tied=((0, layers - 1, float(rng.uniform(0, 5e8)), 1e-3),),
+        )
+        for stages in (2, 3, 5):
+            limit = float(chain.static_memory.sum() / stages * 1.3 + 2e8)
+            for memory_limit in (math.inf, limit):
+                ev = Evaluator(chain, stages, schedule, memory_limit)
+                for m in range(len(chain.counts)):
+                    seconds = ev.spans(m)[0][np.triu_indices(layers + 1, 1)]
+                    for bottleneck in (math.inf, *np.quantile(seconds, [0.2, 0.5, 0.8])):
+                        fast = _dp_at(ev, m, float(bottleneck))
+                        assert fast == _dp_by_loop(ev, m, float(bottleneck))
+                        checked, feasible = checked + 1, feasible + (fast is not None)
+    # both outcomes exercised: ranges that fit and thresholds no cut meets
+    assert feasible > 100 and checked - feasible > 100
+
+
+def test_exact_dp_without_kept_spans_is_the_same(monkeypatch):
+    """Past ``SPAN_CELLS`` the span tables are rebuilt per call instead of kept: same plan."""
+    from planner.pipeline import schedule
+
+    chain = random_chain(5, 9)
+    limit = float(chain.static_memory.sum() / 3 * 1.3 + 2e8)
+    kept = exact_dp(chain, 3, "1f1b", limit)
+    monkeypatch.setattr(schedule, "SPAN_CELLS", 0)
+    rebuilt = exact_dp(chain, 3, "1f1b", limit)
+    assert (rebuilt.cuts, rebuilt.num_microbatches) == (kept.cuts, kept.num_microbatches)
+    assert rebuilt.iteration_time_s == kept.iteration_time_s and kept.status == "OPTIMAL"

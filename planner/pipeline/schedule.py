@@ -36,6 +36,10 @@ import numpy as np
 
 from planner.errors import SettingsError
 
+# the cells of one count's span tables an Evaluator keeps (``Evaluator.spans``): 8 bytes of
+# seconds and p booleans per layer range; past it (thousands of layers) they are rebuilt per call
+SPAN_CELLS = 1 << 25
+
 # interleaved:v has v model chunks per device (default 2)
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 DEFAULT_CHUNKS = 2
@@ -168,6 +172,8 @@ class Evaluator:
     _sync: np.ndarray = field(init=False)
     # [M, begin, end]: max working memory of layers [begin, end)
     _work: np.ndarray | None = field(init=False)
+    # per count m: the DP's (seconds, fits) tables (``spans``), kept while they are small
+    _spans: dict = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.kind, self.chunks = parse_schedule(self.schedule)
@@ -193,6 +199,33 @@ class Evaluator:
     def stage_time(self, start: int, end: int, m: int) -> float:
         """Layers [start, end) on one stage; sends its output unless it is the last stage."""
         return self._time[end, m] - self._time[start, m] + self.boundary_seconds(end, m)
+
+    def spans(self, m: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """At count m, for every layer range [begin, end): ``seconds[begin, end]``, the stage time
+        with its sends (inf unless begin < end), and ``fits[k, begin, end]``, whether stage k holding
+        it fits in memory (None: no limit). The same sums as ``stage_time`` and ``stage_memory``,
+        element by element; the exact DP asks them at every bottleneck it tries, so they are kept
+        per count while they hold at most ``SPAN_CELLS`` cells."""
+        if m in self._spans:
+            return self._spans[m]
+        layers = self.chain.num_layers
+        span = np.arange(layers + 1)
+        sends = np.array([0.0] + [self.boundary_seconds(end, m) for end in span[1:]])
+        prefix = self._time[:, m]
+        seconds = prefix[None, :] - prefix[:, None] + sends[None, :]
+        seconds = np.where(span[:, None] < span[None, :], seconds, math.inf)
+        fits = None
+        if math.isfinite(self.memory_limit):
+            begin, end = span[:, None], span[None, :]
+            fits = np.stack(
+                [
+                    self.stage_memory(k, begin, end, m) <= self.memory_limit
+                    for k in range(self.stages)
+                ]
+            )
+        if (self.stages + 1) * seconds.size <= SPAN_CELLS:
+            self._spans[m] = (seconds, fits)
+        return seconds, fits
 
     def boundary_seconds(self, end: int, m: int) -> float:
         """Sends of a stage that ends before layer ``end``: v per micro-batch (v - 1 on the last

@@ -39,25 +39,27 @@ def _dp_at(ev: Evaluator, m: int, bottleneck: float) -> tuple[float, tuple[int, 
     memory.
 
     DP over (stages k, layers end): best[k, end] = min_begin best[k-1, begin] + T(begin, end),
-    vectorised over ``begin`` with prefix sums.
+    vectorised over (begin, end) with the count's span tables (``Evaluator.spans``); ties go to
+    the smallest begin.
     """
     ev.evaluations += 1  # for the DP, one evaluation is one (stages x layers) table
     layers, p = ev.chain.num_layers, ev.stages
-    prefix_t = ev._time[:, m]
+    seconds, fits = ev.spans(m)
     best = np.full((p + 1, layers + 1), math.inf)
     arg = np.zeros((p + 1, layers + 1), dtype=np.int64)
     best[0, 0] = 0.0
     for k in range(1, p + 1):
-        for end in range(k, layers - (p - k) + 1):
-            begin = np.arange(k - 1, end)
-            t = prefix_t[end] - prefix_t[begin] + ev.boundary_seconds(end, m)
-            value = best[k - 1, begin] + t / ev.chunks + (ev._sync[end, m] if k == 1 else 0.0)
-            ok = t <= bottleneck
-            if math.isfinite(ev.memory_limit):
-                ok &= ev.stage_memory(k - 1, begin, end, m) <= ev.memory_limit
-            value = np.where(ok, value, math.inf)
-            j = int(np.argmin(value))
-            best[k, end], arg[k, end] = value[j], begin[j]
+        ends = np.arange(k, layers - (p - k) + 1)
+        t = seconds[:, ends]
+        value = best[k - 1][:, None] + t / ev.chunks
+        if k == 1:
+            value = value + ev._sync[ends, m][None, :]
+        ok = t <= bottleneck
+        if fits is not None:
+            ok &= fits[k - 1][:, ends]
+        value = np.where(ok, value, math.inf)
+        j = np.argmin(value, axis=0)
+        best[k, ends], arg[k, ends] = value[j, np.arange(len(ends))], j
     if best[p, layers] == math.inf:
         return None
     cuts, end = [], layers
@@ -95,12 +97,8 @@ def exact_dp(
         return make_result(ev, "exact", None, None, start) if stages > 1 else _one_stage(ev, start)
     starts = []
     for m, count in enumerate(chain.counts):
-        prefix = ev._time[:, m]
-        candidates = np.unique(
-            np.concatenate(
-                [prefix[j] - prefix[:j] + ev.boundary_seconds(j, m) for j in range(1, layers + 1)]
-            )
-        )
+        # the time of every layer range: the bottleneck is one of them
+        candidates = np.unique(ev.spans(m)[0][np.triu_indices(layers + 1, 1)])
         unbounded = _dp_at(ev, m, math.inf)
         if unbounded is None:
             continue  # no partition fits in memory at this micro-batch count
