@@ -201,11 +201,11 @@ class Evaluator:
         return self._time[end, m] - self._time[start, m] + self.boundary_seconds(end, m)
 
     def spans(self, m: int) -> tuple[np.ndarray, np.ndarray | None]:
-        """At count m, for every layer range [begin, end): ``seconds[begin, end]``, the stage time
-        with its sends (inf unless begin < end), and ``fits[k, begin, end]``, whether stage k holding
-        it fits in memory (None: no limit). The same sums as ``stage_time`` and ``stage_memory``,
-        element by element; the exact DP asks them at every bottleneck it tries, so they are kept
-        per count while they hold at most ``SPAN_CELLS`` cells."""
+        """At count m, for every layer range [begin, end): ``seconds[begin, end]``, the stage
+        time with its sends (inf unless begin < end), and ``fits[k, begin, end]``, whether stage k
+        holding it fits in memory (None: no limit). The same sums as ``stage_time`` and
+        ``stage_memory``, element by element; the exact DP asks them at every bottleneck it tries,
+        so they are kept per count while they hold at most ``SPAN_CELLS`` cells."""
         if m in self._spans:
             return self._spans[m]
         layers = self.chain.num_layers
