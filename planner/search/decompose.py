@@ -290,19 +290,21 @@ def product_block(children: Sequence[Block]) -> Block:
 def group_blocks(segments: Sequence[Segment], tables: Sequence[np.ndarray]) -> list[Block]:
     """Segments of one layer become a layer block; runs of identical layers become powers."""
     units: list[tuple[tuple, Block]] = []
+    layer_blocks: dict[tuple, Block] = {}  # equal keys, equal tables: one product per layer kind
     k = 0
     while k < len(segments):
         layer = segments[k].layer
         end = k + 1
         while layer is not None and end < len(segments) and segments[end].layer == layer:
             end += 1
-        children = [Block("segment", tables[m]) for m in range(k, end)]
         key = (
             tuple(segments[m].key for m in range(k, end))
             if layer is not None
             else (segments[k].key, k)
         )
-        units.append((key, product_block(children)))
+        if key not in layer_blocks:
+            layer_blocks[key] = product_block([Block("segment", tables[m]) for m in range(k, end)])
+        units.append((key, layer_blocks[key]))
         k = end
     blocks: list[Block] = []
     k = 0
