@@ -43,7 +43,7 @@ from planner.search.pareto import lagrangian_bound
 from planner.search.reduce import Progress, Workers, solve_unary
 from planner.search.fallback import explain_infeasible, greedy_result, min_memory
 from planner.search.state import Outcome, SearchCache, SearchState
-from planner.search.ties import solve_tied
+from planner.search.ties import conditioned, free_optima, solve_tied
 from planner.search.whole import solve_whole, whole_instead
 
 GREEDY_FALLBACK_OPS = 10_000  # past the time limit the greedy plan is built only where it is cheap
@@ -107,8 +107,14 @@ def _solve_exact(state: SearchState) -> Outcome:
             )
         )
 
-    def relaxed(condition: Problem, deadline: float) -> float:
-        return _relaxed(condition, state.memory_limit, cache, deadline)
+    def relaxed(conditions: list[dict], deadline: float) -> list[float]:
+        if math.isinf(state.memory_limit) and problem.settings.zero != AUTO:
+            # the bound is each condition's optimum: one pass over the tied problem's segments
+            return free_optima(problem, conditions, cache.reduced, deadline)
+        return [
+            _relaxed(conditioned(problem, c), state.memory_limit, cache, deadline)
+            for c in conditions
+        ]
 
     result, notes = solve_tied(
         problem, state.memory_limit, state.time_limit_s, state.seed, untied, relaxed, solve_whole

@@ -40,6 +40,22 @@ def _reduce(
     return net.reduce(entry, exit_, deadline=deadline)
 
 
+def reduce_segment(
+    problem: Problem,
+    seg: Segment,
+    unary: Sequence[np.ndarray],
+    deadline: float | None,
+    reduced: dict | None,
+):
+    """One segment's reduction; kept in ``reduced`` by its key when given (``unary`` must then be
+    the problem's own op costs, which the key hashes)."""
+    if reduced is None:
+        return _reduce(problem, seg, unary, deadline)
+    if seg.key not in reduced:
+        reduced[seg.key] = _reduce(problem, seg, unary, deadline)
+    return reduced[seg.key]
+
+
 _WORKER: dict = {}  # per worker process: the problem, sent once by the pool initializer
 
 

@@ -23,7 +23,11 @@ from dataclasses import replace
 from typing import Callable
 
 
+import numpy as np
+
 from planner.cost.problem import Problem
+from planner.search.decompose import group_blocks, product_block, split_segments
+from planner.search.reduce import reduce_segment
 from planner.search.restrict import reindex_edge, restrict_op
 from planner.search.fallback import separable_bound
 from planner.search.result import SolveResult
@@ -70,23 +74,80 @@ def conditioned(problem: Problem, chosen: dict[int, tuple]) -> Problem:
     )
 
 
+def free_optima(
+    problem: Problem, chosen: list[dict], reduced: dict, deadline: float
+) -> list[float]:
+    """The optimum of each condition (``{owner: layouts}``) without a memory limit, from the tied
+    problem's own segments: a condition is the tied problem with the owner's other strategies at
+    cost inf and the tie costs added to the readers' unary costs, so only the segments holding an
+    owner or a reader are reduced again; the others share one reduction (``reduced``, by content
+    key, as the conditioned problems' searches do). Costs are integers, so each value equals the
+    conditioned problem's optimum exactly (test); -inf for a condition reached past ``deadline``."""
+    segments = split_segments(problem)
+    if len(segments) <= 1:
+        return [-math.inf] * len(chosen)
+    base = [t.cost.astype(np.float64) for t in problem.ops]
+    touched = {t.src for t in problem.ties} | {t.dst for t in problem.ties}
+    changed = {k for k, seg in enumerate(segments) if touched.intersection(seg.ops)}
+    # a changed segment is its own unit: never merged into a run of equal layers
+    keyed = [
+        replace(seg, key=f"{seg.key}|{k}") if k in changed else seg
+        for k, seg in enumerate(segments)
+    ]
+    groups, values = owner_groups(problem), []
+    for condition in chosen:
+        unary = _condition_costs(problem, base, groups, condition)
+        try:
+            tables = [
+                reduce_segment(
+                    problem,
+                    seg,
+                    unary if k in changed else base,
+                    deadline,
+                    None if k in changed else reduced,
+                ).table
+                for k, seg in enumerate(segments)
+            ]
+        except TimeoutError:
+            values.append(-math.inf)
+            continue
+        values.append(float(product_block(group_blocks(keyed, tables)).table[0, 0]))
+    return values
+
+
+def _condition_costs(problem: Problem, base: list, groups: dict, chosen: dict) -> list:
+    """The unary costs of a condition: an owner's strategies outside its layouts at inf, each
+    reader's cost plus its tie's cost at the owner's layout (``conditioned``'s, as costs)."""
+    unary = list(base)
+    for owner, layouts in chosen.items():
+        gate = np.full(len(base[owner]), math.inf)
+        gate[groups[owner][layouts]] = 0.0
+        unary[owner] = base[owner] + gate
+    for tie in problem.ties:
+        ties = [t for t in problem.ties if t.src == tie.src]
+        row = tie.src_layouts.index(chosen[tie.src][ties.index(tie)])
+        unary[tie.dst] = unary[tie.dst] + tie.cost[row][tie.dst_index]
+    return unary
+
+
 def solve_tied(
     problem: Problem,
     memory_limit: float,
     time_limit_s: float,
     seed: int,
     solve_untied: Callable[[Problem, float, int | None], tuple[SolveResult, tuple[str, ...]]],
-    relax: Callable[[Problem, float], float] | None = None,
+    relax: Callable[[list[dict], float], list[float]] | None = None,
     whole: Callable | None = None,
 ) -> tuple[SolveResult, tuple[str, ...]]:
     """The exact optimum over every owner layout (see the module docstring). ``solve_untied(p,
     time_limit_s, incumbent)`` solves one conditioned problem (status DOMINATED when it proves that
-    nothing there beats the incumbent cost); ``relax(p, deadline)``, a lower bound on it (the
-    unconstrained optimum, when memory can only add time; -inf past the deadline: a tenth of the
-    time limit for all of them), orders the conditions and prunes those that cannot beat the best
-    plan found. Two passes: each condition first gets a short share of the time, then the ones
-    left unproven get the rest, with the best plan of all as incumbent. OPTIMAL when every
-    condition was solved to optimality, proven infeasible or proven no better than the best.
+    nothing there beats the incumbent cost); ``relax(conditions, deadline)``, a lower bound on each
+    condition (``{owner: layouts}``; the unconstrained optimum, when memory can only add time; -inf
+    past the deadline: a fifth of the time limit for all of them), orders the conditions and prunes
+    those that cannot beat the best plan found. Two passes: each condition first gets a short share
+    of the time, then the ones left unproven get the rest, with the best plan of all as
+    incumbent. OPTIMAL when every condition was solved to optimality, proven infeasible or proven
+    no better than the best.
     ``whole(p, memory_limit, time_limit_s, seed) -> (result, notes)`` solves the tied problem as one
     program when the conditions are too many (default: ``solve``)."""
     start = time.perf_counter()
@@ -177,9 +238,7 @@ class _Conditions:
         self.chosen = [
             {owner: layouts for owner, (layouts, _) in zip(owners, combo)} for combo in combos
         ]
-        self.lower = [
-            relax(conditioned(problem, c), deadline) if relax else -math.inf for c in self.chosen
-        ]
+        self.lower = relax(self.chosen, deadline) if relax else [-math.inf] * len(combos)
         self.best, self.bounds, self.refused, self.pruned = None, {}, None, 0
         self.notes: dict[int, tuple[str, ...]] = {}  # per condition, what its latest attempt said
         self.best_k: int | None = None
