@@ -1,6 +1,6 @@
 """Symbolic costs against hand-computed numbers (docs/cost-model.md): cost model v1's terms (compute
 as flops / (peak x efficiency), no overlap, one collective per parameter tensor). The v2 terms
-(roofline, overlap, buckets) have their own hand-computed tests in tests/test_cost_v2.py."""
+(roofline, overlap, buckets) have their own hand-computed tests in tests/test_cost_formulas.py."""
 
 import pytest
 

@@ -309,3 +309,11 @@ def test_public_api_is_small_and_documented():
     assert all(f"`{name}`" in page for name in planner.__all__), [
         name for name in planner.__all__ if f"`{name}`" not in page
     ]
+
+
+def test_the_written_layer_order_is_the_checked_one():
+    """CONTRIBUTING.md's one-line layer order names the layers of ``LAYERS``, in their order."""
+    text = (ROOT / "CONTRIBUTING.md").read_text()
+    names = re.search(r"\(`(ir(?: -> \w+)+)`\)", text).group(1).split(" -> ")
+    ranks = [_layer(f"planner.{name}") for name in names]
+    assert len(names) >= 8 and ranks == sorted(set(ranks))

@@ -120,14 +120,14 @@ def test_free_optima_equal_each_conditioned_problems_optimum():
     from planner.search.ties import conditioned, free_optima, owner_groups
 
     checked, spread = 0, 0
-    for spec, mesh, settings in [
+    for spec, mesh, training in [
         (TINY_GPT, "4", TrainingSettings()),
         (TINY_GPT, "2x4", TrainingSettings(recompute="selective", zero=1)),
         (TINY_GPT, "4x2", TrainingSettings(zero=3)),
         ("gpt:layers=4,hidden=64,heads=4,seq=32,vocab=512", "node=2,gpu=4", TrainingSettings()),
     ]:
         cluster = make_cluster(mesh, "a100-80g")
-        problem = make_problem(spec, cluster, settings, batch=8)
+        problem = make_problem(spec, cluster, training, batch=8)
         groups = owner_groups(problem)
         chosen = [{owner: layouts} for owner in groups for layouts in sorted(groups[owner])]
         fast = free_optima(problem, chosen, {}, float("inf"))

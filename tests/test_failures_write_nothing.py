@@ -1,4 +1,4 @@
-"""Hardening 4 regressions: plans that do not fit are failures on every command (exit 3 with the
+"""Plans that do not fit are failures on every command (exit 3 with the
 reason, the report still printed, no file written or clobbered)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Hardening 3 regressions: options that were accepted and ignored or made an unrunnable plan."""
+"""Options that were accepted and ignored or made an unrunnable plan."""
 
 import subprocess
 import sys
