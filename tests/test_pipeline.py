@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from experiments.chains import random_chain
 from planner.pipeline.schedule import Evaluator, LayerChain
-from planner.pipeline.search import brute_force, csimd, even_split, exact_dp
+from planner.pipeline.search import brute_force, csimd, even_split, exact_dp, traced_cuts
 
 
 @seed(11)
@@ -242,11 +242,7 @@ def _dp_by_loop(ev: Evaluator, m: int, bottleneck: float):
             best[k, end], arg[k, end] = value[j], begin[j]
     if best[p, layers] == math.inf:
         return None
-    cuts, end = [], layers
-    for k in range(p, 1, -1):
-        end = int(arg[k, end])
-        cuts.append(end)
-    return float(best[p, layers]), tuple(reversed(cuts))
+    return float(best[p, layers]), traced_cuts(arg, p, layers)
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "interleaved:2"])

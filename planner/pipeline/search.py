@@ -62,11 +62,17 @@ def _dp_at(ev: Evaluator, m: int, bottleneck: float) -> tuple[float, tuple[int, 
         best[k, ends], arg[k, ends] = value[j, np.arange(len(ends))], j
     if best[p, layers] == math.inf:
         return None
+    return float(best[p, layers]), traced_cuts(arg, p, layers)
+
+
+def traced_cuts(arg: np.ndarray, stages: int, layers: int) -> tuple[int, ...]:
+    """The cuts of a DP's optimum, read back from its argmins (``arg[k, end]``: the first layer
+    of stage k's range ending at ``end``)."""
     cuts, end = [], layers
-    for k in range(p, 1, -1):
+    for k in range(stages, 1, -1):
         end = int(arg[k, end])
         cuts.append(end)
-    return float(best[p, layers]), tuple(reversed(cuts))
+    return tuple(reversed(cuts))
 
 
 def _one_stage(ev: Evaluator, start: float, method: str = "exact") -> PipelinePlan:
