@@ -28,6 +28,7 @@ from planner.search.layer_modes import auto_options, refuse_auto_without_layers
 from planner.search.reduce import Progress
 from planner.search.restrict import pinned
 from planner.zoo import load_model
+from planner.ir.graph_json import load_graph
 
 REPORT_SECONDS_PER_OP = 1.3e-5  # the plan report: measured 0.9-1.3 s per 100k operators (make_plan)
 
@@ -41,8 +42,6 @@ def resolve_model(model: str | Graph, batch: int | None = None, seq: int | None 
                 "--seq: a built graph keeps its sequence length (build it at the one you want)"
             )
         if isinstance(model, str):
-            from planner.ir.graph_json import load_graph
-
             model = load_graph(model)
         return model if batch is None else rebatched(model, batch)
     return load_model(model, batch, seq)

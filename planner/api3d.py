@@ -28,6 +28,7 @@ from planner.plans import strategies_from_choice, strategies_from_mapping
 from planner.search.exact import solve_exact
 from planner.search.layer_modes import refuse_auto_without_layers
 from planner.search.reduce import Progress
+from planner.engines.torch.presets import imported_loader
 
 
 def model_loader(model: str | Graph, seq: int | None):
@@ -38,7 +39,6 @@ def model_loader(model: str | Graph, seq: int | None):
         return lambda b: rebatched(model, b)
     if not isinstance(model, str):
         raise SettingsError(f"--model: must be a model spec or a Graph, got {model!r}")
-    from planner.engines.torch.presets import imported_loader
 
     return (
         imported_loader(model, seq)

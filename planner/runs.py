@@ -17,6 +17,12 @@ from planner.errors import SettingsError
 from planner.ir.graph import Graph
 from planner.plan_files import read_plan_file
 from planner.plans import strategies_from_mapping
+from planner.engines.predicted import VERIFY_SETTINGS
+from planner.engines.export import export_plan, linear_parallel_plan
+from planner.engines.verify import check_memory
+from planner.engines.verify import verify_plan
+from planner.engines.jax.xla import compiled_collectives
+from planner.engines.torch.train import train_on_torch
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +71,6 @@ def plan_for_verification(
     device: str = "a100-80g",
 ) -> LoadedPlan:
     """Plan under the settings the XLA check compiles (float32, SGD, no ZeRO, no memory limit)."""
-    from planner.engines.predicted import VERIFY_SETTINGS
 
     cluster = make_cluster(mesh, device, float("inf"))
     graph = resolve_model(model, batch, seq)
@@ -77,7 +82,6 @@ def plan_for_verification(
 
 def export_shardings(loaded: LoadedPlan, tensor_axis: str | None = None) -> dict:
     """JAX PartitionSpecs, DTensor placements and a Linear parallelize plan of a loaded plan."""
-    from planner.engines.export import export_plan, linear_parallel_plan
 
     exported = export_plan(loaded.graph, loaded.strategies, loaded.mesh)
     data = exported.to_dict(loaded.graph)
@@ -107,7 +111,6 @@ def verify_loaded(
     """Numpy executor and XLA checks of a loaded plan (``planner.engines.verify``). Refuses at once
     (one line with the estimate) when they would need more than ``max_memory`` bytes (default: half
     the free memory)."""
-    from planner.engines.verify import check_memory
 
     if devices is not None and devices != loaded.mesh.num_devices:
         raise SettingsError(
@@ -139,18 +142,13 @@ def run_checks(
     """The checks of ``planner verify`` on a graph and its strategies: the numpy executor, XLA's
     compiled step (``planner.engines.jax``) and one PyTorch step on gloo processes
     (``planner.engines.torch``), each against the cost model (``planner.engines.verify``)."""
-    from planner.engines.verify import verify_plan
 
     compiled = None
     if run_xla:
-        from planner.engines.jax.xla import compiled_collectives
-
         collectives = compiled_collectives(graph, strategies, mesh.names, mesh.shape)[0]
         compiled = [(c.kind, c.axes, c.nbytes) for c in collectives]
     counted = ()
     if run_torch:  # DTensor's collectives counted by CommDebugMode in one training step
-        from planner.engines.torch.train import train_on_torch
-
         run = train_on_torch(graph, strategies, mesh.names, mesh.shape, steps=1, timeout_s=600.0)
         counted = run.counted_comparison(graph, strategies, mesh)
     return verify_plan(

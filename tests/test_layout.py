@@ -317,3 +317,45 @@ def test_the_written_layer_order_is_the_checked_one():
     names = re.search(r"\(`(ir(?: -> \w+)+)`\)", text).group(1).split(" -> ")
     ranks = [_layer(f"planner.{name}") for name in names]
     assert len(names) >= 8 and ranks == sorted(set(ranks))
+
+
+# The function-local imports of planner modules: each target imports torch at its top, which
+# `import planner` and the command line's start-up must not.
+LOCAL_IMPORTS = {
+    ("planner/engines/torch/pipeline.py", "planner.engines.torch.edges"),
+    ("planner/engines/torch/reference.py", "planner.engines.torch.xp"),
+    ("planner/engines/torch/worker.py", "planner.engines.torch.edges"),
+    ("planner/engines/torch/worker.py", "planner.engines.torch.xp"),
+}
+
+
+def _local_imports() -> set[tuple[str, str]]:
+    modules, found = _modules(), set()
+    for path in modules.values():
+        for function in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(function):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("planner"):
+                    for alias in node.names:
+                        sub = f"{node.module}.{alias.name}"
+                        found.add(
+                            (str(path.relative_to(ROOT)), sub if sub in modules else node.module)
+                        )
+                elif isinstance(node, ast.Import):
+                    found |= {
+                        (str(path.relative_to(ROOT)), a.name)
+                        for a in node.names
+                        if a.name.startswith("planner")
+                    }
+    return found
+
+
+def test_imports_are_at_the_top_but_those_that_pull_torch_in():
+    """Imports of planner modules sit at the top of their module (the dependency picture is the
+    file's head), except the listed ones, each of whose targets loads torch when imported."""
+    assert _local_imports() == LOCAL_IMPORTS
+    for target in sorted({target for _, target in LOCAL_IMPORTS}):
+        code = f"import sys, {target}; print('torch' in sys.modules)"
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+        assert out.stdout.strip() == "True", target

@@ -24,6 +24,11 @@ from planner.cli.report import check_picture, emit as _emit, format_3d, format_p
 from planner.cli.argtypes import EXIT_INFEASIBLE, EXIT_NOT_OPTIMAL, EXIT_OK, does_not_fit
 from planner.cli.argtypes import memory_limit, plan_source
 from planner.cli.parser import DEGREE_OPTIONS, PIPELINE_OPTIONS, SETTINGS_DEFAULTS, log
+from planner.zoo import load_model, model_names
+from planner.launch import evaluate_torchtitan
+from planner.launch.gap import compare_best
+from planner.launch import evaluate_megatron
+from planner.show import tables, view
 
 
 def progress_bar(args: argparse.Namespace):
@@ -118,7 +123,6 @@ def _finish_3d(result, args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from planner.zoo import load_model, model_names
 
     lines = [f"{'model':20s} {'parameters':>14s} {'operators':>10s} {'GFLOPs/sample':>14s}"]
     for name in model_names():
@@ -249,8 +253,6 @@ def _evaluate_launch(args: argparse.Namespace) -> int:
     if args.from_megatron and args.from_torchtitan:
         raise SettingsError("--from-torchtitan: not with --from-megatron (one config at a time)")
     if args.from_torchtitan:
-        from planner.launch import evaluate_torchtitan
-
         result, run = evaluate_torchtitan(
             args.from_torchtitan,
             args.config or "planner_plan",
@@ -270,7 +272,6 @@ def _best_gap(args: argparse.Namespace, run, result) -> None:
     """--compare-best: the gap to the best Megatron-LM configuration and what closes it."""
     if not args.compare_best:
         return
-    from planner.launch.gap import compare_best
 
     engine = "torchtitan" if args.from_torchtitan else "megatron"
     gap = compare_best(
@@ -281,7 +282,6 @@ def _best_gap(args: argparse.Namespace, run, result) -> None:
 
 def _evaluate_megatron(args: argparse.Namespace) -> int:
     """A Megatron-LM line costed as given (``planner.launch.evaluate_megatron``)."""
-    from planner.launch import evaluate_megatron
 
     # a launch script or argument file is a few KiB; 1 MiB is not one (/dev/zero, a binary)
     text = read_text(args.from_megatron, "--from-megatron", SettingsError, max_bytes=1 << 20)
@@ -349,7 +349,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from planner.show import tables, view
 
     data = read_plan_file(args.plan)
     # a hand-edited number or strategy is refused, not drawn

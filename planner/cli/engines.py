@@ -16,18 +16,27 @@ from planner.plan_files import read_plan_file
 from planner.cli.report import emit as _emit
 from planner.cli.argtypes import EXIT_MISMATCH, EXIT_OK
 from planner.cli.recost import checked
+from planner.engines.torch.importer import import_module
+from planner.engines.torch.presets import build_spec
+from planner.ir.graph_json import graph_to_dict
+from planner.launch import plan_for
+from planner.engines.export import export_plan, jax_file
+from planner.engines.torch.module import module_plan
+from planner.outputs import write_text
+from planner.launch import export_torchtitan
+from planner.launch.megatron import PLACEHOLDER_NOTE
+from planner.launch import export_megatron
+from planner.engines.torch.pipelining import pipelining_plan
+from planner.engines.verify import format_report
 
 
 def cmd_import_torch(args: argparse.Namespace) -> int:
-    from planner.engines.torch.importer import import_module
-    from planner.engines.torch.presets import build_spec
 
     module, inputs, name = build_spec(args.spec)
     graph = import_module(
         module, inputs, name=name, allow_unknown=args.allow_unknown, loss=args.loss
     )
     torch_params = sum(p.numel() for p in module.parameters())
-    from planner.ir.graph_json import graph_to_dict
 
     write_json(
         args.json, {**graph_to_dict(graph), "torch_module": {"spec": args.spec, "loss": args.loss}}
@@ -51,7 +60,6 @@ def engine_search(args: argparse.Namespace) -> tuple:
             f"--method: --for {engine} searches the engine's own stage plans (Megatron-LM's "
             "tensor-parallel pattern at every tensor degree of a node)"
         )
-    from planner.launch import plan_for
 
     return functools.partial(plan_for, engine), {}
 
@@ -76,8 +84,6 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def _export_file(args: argparse.Namespace) -> int:
     """A Python plan file for PyTorch (the nn.Module) or JAX."""
-    from planner.engines.export import export_plan, jax_file
-    from planner.engines.torch.module import module_plan
 
     for option, value in (("--json", args.json), ("--tensor-axis", args.tensor_axis)):
         if value is not None:
@@ -110,7 +116,6 @@ def _export_file(args: argparse.Namespace) -> int:
         text = module_plan(
             loaded.graph, loaded.strategies, loaded.mesh, spec, loss, title, zero
         ).render()
-    from planner.outputs import write_text
 
     write_text(args.out, text, "--out")
     _emit(f"{args.target} plan of {loaded.graph.name} on {loaded.mesh.spec} -> {args.out}", args)
@@ -138,8 +143,6 @@ def _export_launch(args: argparse.Namespace) -> int:
 
 
 def _export_torchtitan(args: argparse.Namespace, data: dict) -> int:
-    from planner.launch import export_torchtitan
-    from planner.outputs import write_text
 
     if args.out is None:
         raise SettingsError("--out: --target torchtitan writes a Python config file: name it")
@@ -156,9 +159,6 @@ def _export_torchtitan(args: argparse.Namespace, data: dict) -> int:
 
 def _export_megatron(args: argparse.Namespace, data: dict) -> int:
     """A 3D plan as a Megatron-LM launch line."""
-    from planner.launch.megatron import PLACEHOLDER_NOTE
-    from planner.launch import export_megatron
-    from planner.outputs import write_text
 
     export = export_megatron(data)
     text = export.line + "\n"
@@ -177,8 +177,6 @@ def _export_megatron(args: argparse.Namespace, data: dict) -> int:
 
 def _export_pipelining(args: argparse.Namespace, data: dict) -> int:
     """A 3D plan as torch.distributed.pipelining stages of the imported module."""
-    from planner.engines.torch.pipelining import pipelining_plan
-    from planner.outputs import write_text
 
     spec, loss = _torch_module(args, data)
     checked(args, data, args.plan)
@@ -216,7 +214,6 @@ def _torch_module(args: argparse.Namespace, data: dict) -> tuple[str, str]:
 def _check_module(spec: str, graph) -> None:
     """The nn.Module of ``spec`` must be the plan's model: the same parameter sizes (a plan of a
     hidden-64 GPT-2 onto a hidden-768 one was exported without a word)."""
-    from planner.engines.torch.presets import build_spec
 
     module = build_spec(spec)[0]
     sizes = sorted(int(p.numel()) for p in module.parameters())
@@ -229,7 +226,6 @@ def _check_module(spec: str, graph) -> None:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from planner.engines.verify import format_report
 
     if args.no_xla and args.no_numpy and not args.torch:
         raise SettingsError(

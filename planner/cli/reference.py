@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from planner.cli.parser import build_parser
+from planner.outputs import write_text
 
 HEADER = """# Command-line reference
 
@@ -76,8 +77,6 @@ def main(argv: list[str] | None = None) -> int:
     args = argv if argv is not None else sys.argv[1:]
     text = markdown()
     if args:
-        from planner.outputs import write_text
-
         write_text(args[0], text)
     else:
         sys.stdout.write(text)

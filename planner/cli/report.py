@@ -14,6 +14,7 @@ from planner.outputs import write_bytes
 from planner.units import bytes_text
 from planner.pipeline.plan3d import Plan3D
 from planner.plans import Plan
+from planner.show import draw
 
 GIB = 2**30
 
@@ -229,7 +230,6 @@ def write_picture(args: argparse.Namespace, make) -> None:
     if picture is None:
         return
     path, fmt = picture
-    from planner.show import draw
 
     write_bytes(path, draw.figure_bytes(make(draw), fmt), f"--{fmt}")
 

@@ -15,10 +15,16 @@ from planner.cli.argtypes import EXIT_MISMATCH, EXIT_OK
 from planner.cli.engines import load_checked
 from planner.cli.recost import checked
 from planner.plan_files import read_plan_file
+from planner.engines.jax.train import train_3d_on_jax, train_on_jax
+from planner.engines.torch.plan_files import load_plan_file
+from planner.engines.predicted import compare
+from planner.engines.verify import check_run_memory
+from planner.engines.torch.train import train_on_torch
+from planner.engines.torch.train import train_3d_on_torch
+from planner.engines.torch.train import train_module_plan
 
 
 def cmd_run_jax(args: argparse.Namespace) -> int:
-    from planner.engines.jax.train import train_3d_on_jax, train_on_jax
 
     data = read_plan_file(args.plan)
     if "pipeline" in data:
@@ -31,14 +37,11 @@ def cmd_run_jax(args: argparse.Namespace) -> int:
 
 
 def cmd_run_torch(args: argparse.Namespace) -> int:
-    from planner.engines.torch.train import train_on_torch
 
     if str(args.plan).endswith(".py"):
         return _train_module(args)
     data = read_plan_file(args.plan)
     if "pipeline" in data:
-        from planner.engines.torch.train import train_3d_on_torch
-
         return _train_3d(
             args, data, train_3d_on_torch, args.nproc, "--nproc", "run-torch", "processes"
         )
@@ -55,8 +58,6 @@ def cmd_run_torch(args: argparse.Namespace) -> int:
 
 def _train_module(args: argparse.Namespace) -> int:
     """An exported PyTorch plan file (export --target torch) on its nn.Module."""
-    from planner.engines.torch.plan_files import load_plan_file
-    from planner.engines.torch.train import train_module_plan
 
     for option in ("model", "batch", "seq"):
         if getattr(args, option) is not None:
@@ -74,7 +75,6 @@ def _train_module(args: argparse.Namespace) -> int:
         )
     run = train_module_plan(args.plan, nproc, steps=args.steps, lr=args.lr, seed=args.seed)
     sizes = dict(zip(plan.MESH_DIM_NAMES, plan.MESH_SHAPE))
-    from planner.engines.predicted import compare
 
     # tied: a copy on each end stage
     rows, _ = compare([], list(run.transfers), {**sizes, "tied": 2})
@@ -149,7 +149,6 @@ def _train_3d(
     axes = plan.stage_mesh_names
     stage_of = {name: stage for name, _, stage, _ in plan.operators}
     strategies = {name: tuple(strategy) for name, _, _, strategy in plan.operators}
-    from planner.engines.verify import check_run_memory
 
     mesh = api.make_cluster(pipe["stage_mesh"]).mesh
     check_run_memory(full, strategies, mesh, nproc, args.max_memory)
@@ -227,7 +226,6 @@ def _train(
             f"{option}: the plan's mesh {loaded.mesh.spec} has {loaded.mesh.num_devices} devices, "
             f"not {count}"
         )
-    from planner.engines.verify import check_run_memory
 
     check_run_memory(
         loaded.graph, loaded.strategies, loaded.mesh, loaded.mesh.num_devices, args.max_memory

@@ -18,6 +18,7 @@ from planner.cluster.mesh import Mesh
 from planner.cost.operators import output_layouts
 from planner.cost.strategy import Strategy, shard_factor
 from planner.engines.predicted import Comparison, Transfer, compare, predicted_collectives
+from planner.engines.executor import check_plan
 
 XLA_COMPILER_BYTES = 0.5e9
 NUMPY_BYTES = 16  # per element: float64 values, about twice over at the executor's peak
@@ -184,8 +185,6 @@ def verify_plan(
     (``planner.runs.verify_loaded``), so this module imports neither."""
     numpy_error = None
     if run_numpy:
-        from planner.engines.executor import check_plan
-
         numpy_error = max(check_plan(graph, strategies, mesh).values())
     comparisons, by_kind = (), ()
     if compiled is not None:

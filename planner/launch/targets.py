@@ -24,6 +24,7 @@ from planner.pipeline.layout import ROLES, TENSOR, axis_roles
 from planner.pipeline.plan3d import Plan3D
 from planner.pipeline.schedule import parse_schedule
 from planner.zoo import model_config
+from planner.launch.torchtitan_read import read_torchtitan
 
 # the exported line re-costed must give the plan's iteration time within this share
 ROUND_TRIP_TOLERANCE = 1e-3
@@ -225,7 +226,6 @@ def evaluate_torchtitan(
 ) -> tuple[Plan3D, LaunchRun]:
     """A torchtitan config_registry file costed as given (read by torchtitan's own config
     manager: needs torchtitan)."""
-    from planner.launch.torchtitan_read import read_torchtitan
 
     run = read_torchtitan(path, config, dp)
     return recost(run, device, memory, hardware_csv), run

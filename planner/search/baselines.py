@@ -25,6 +25,7 @@ from planner.cost.strategy import (
     splittable_dims,
 )
 from planner.search.roles import batch_letters, megatron_letters
+from planner.search.fallback import greedy_choice
 
 
 def is_strategy(op, strategy: Strategy, mesh: Mesh) -> bool:
@@ -243,6 +244,5 @@ def _collapse(problem: Problem, i: int, levels: list, owner: list[int]) -> Strat
 
 def greedy(problem: Problem) -> tuple[Strategy, ...]:
     """Topological order; each operator takes its locally cheapest strategy given its producers."""
-    from planner.search.fallback import greedy_choice
 
     return tuple(t.strategies[c] for t, c in zip(problem.ops, greedy_choice(problem)))

@@ -19,6 +19,19 @@ import json
 import math
 import sys
 from pathlib import Path
+from planner.engines.export import spec_of
+from planner.engines.interpret import run_operator
+from planner.engines.jax.xla import edge_hooks
+from planner.cost.strategy import PARTIAL, REPLICATE
+from planner.engines.jax.xla import plain_step
+from planner.cluster.mesh import Mesh as PlannerMesh, MeshAxis
+from planner.engines.export import export_plan
+from planner.engines.interpret import random_feeds
+from planner.engines.jobs import stage_plan
+from planner.ir.crossing import crossing_tensors
+from planner.engines.jobs import micro_batch
+from planner.engines.jax.xla import data_copies
+from planner.outputs import write_json
 
 
 def _stage_fn(micro, ops, exported, mesh, crossing_out, last: bool):
@@ -26,10 +39,6 @@ def _stage_fn(micro, ops, exported, mesh, crossing_out, last: bool):
     stage."""
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
-
-    from planner.engines.export import spec_of
-    from planner.engines.interpret import run_operator
-    from planner.engines.jax.xla import edge_hooks
 
     sharding = lambda layout, ndim: NamedSharding(
         mesh, PartitionSpec(*spec_of(layout, ndim, exported.axis_names))
@@ -54,9 +63,6 @@ def _placed(value, mesh, layout, exported):
     """``value`` moved onto ``mesh`` in ``layout`` (a Partial axis is moved replicated)."""
     import jax
     from jax.sharding import NamedSharding, PartitionSpec
-
-    from planner.cost.strategy import PARTIAL, REPLICATE
-    from planner.engines.export import spec_of
 
     plain = tuple(REPLICATE if p == PARTIAL else p for p in layout)
     return jax.device_put(
@@ -83,7 +89,6 @@ def _stage(micro, stage_of: dict, k: int, p: int, exported, mesh, crossing) -> t
 
 def _reference_losses(full, feeds: dict, job: dict) -> list[float]:
     """The same steps on one device (the whole graph, plain SGD)."""
-    from planner.engines.jax.xla import plain_step
 
     plain = plain_step(full, job["lr"])
     params = {t.name: feeds[t.name] for t in full.tensors if t.role == "param"}
@@ -99,12 +104,6 @@ def run_3d(job: dict) -> dict:
     import jax
     import numpy as np
     from jax.sharding import Mesh
-
-    from planner.cluster.mesh import Mesh as PlannerMesh, MeshAxis
-    from planner.engines.export import export_plan
-    from planner.engines.interpret import random_feeds
-    from planner.engines.jobs import stage_plan
-    from planner.ir.crossing import crossing_tensors
 
     full, micro, stage_of = stage_plan(job)
     names, shape, p = tuple(job["axis_names"]), tuple(job["mesh_shape"]), int(job["stages"])
@@ -135,8 +134,6 @@ def run_3d(job: dict) -> dict:
 
 
 def _train(job, micro, feeds, stages, meshes, exported, crossing, p):
-    from planner.engines.jobs import micro_batch
-    from planner.engines.jax.xla import data_copies
 
     leaf = dict(exported.leaves)
     layouts = {micro.operator(op).outputs[k].tensor: lay for op, k, lay in exported.outputs}
@@ -192,7 +189,6 @@ def _update(params, grads, meshes, leaf, exported, lr: float):
 def main(argv: list[str] | None = None) -> int:
     """Worker: ``python -m planner.engines.jax.pipeline JOB.json OUT.json`` (run by
     ``train_3d_on_jax``)."""
-    from planner.outputs import write_json
 
     job_path, out_path = (argv if argv is not None else sys.argv[1:])[:2]
     write_json(out_path, run_3d(json.loads(Path(job_path).read_text())))

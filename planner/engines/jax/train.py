@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 
 from planner.engines.jobs import TrainRun, flat_job, pipeline_job, python_worker, run_job
+from planner.engines.jax.xla import load_job, plain_step, training_step
+from planner.outputs import write_json
 
 
 def train_on_jax(
@@ -93,8 +95,6 @@ def _worker(module: str, devices: int, timeout_s: float):
 def main(argv: list[str] | None = None) -> int:
     """Worker: ``python -m planner.engines.jax.train JOB.json OUT.json`` (run by
     ``train_on_jax``)."""
-    from planner.engines.jax.xla import load_job, plain_step, training_step
-    from planner.outputs import write_json
 
     job_path, out_path = (argv if argv is not None else sys.argv[1:])[:2]
     job = json.loads(Path(job_path).read_text())

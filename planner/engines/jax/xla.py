@@ -24,6 +24,17 @@ from pathlib import Path
 from planner.cost.strategy import PARTIAL, REPLICATE, Layout
 from planner.engines.hlo import HloCollective, parse_collectives
 from planner.engines.jobs import python_worker, run_job
+from planner.ir.graph_json import graph_to_dict
+from planner.cost.strategy import gradient_layout
+from planner.cost.strategy import gradient_target
+from planner.cost.strategy import forward_layout
+from planner.engines.export import spec_of
+from planner.engines.interpret import run_graph
+from planner.cluster.mesh import Mesh as PlannerMesh, MeshAxis
+from planner.engines.export import export_plan
+from planner.engines.interpret import random_feeds
+from planner.ir.graph_json import graph_from_dict
+from planner.outputs import write_json
 
 
 def compiled_collectives(
@@ -35,7 +46,6 @@ def compiled_collectives(
 ) -> tuple[list[HloCollective], str]:
     """Compile the plan's training step on emulated CPU devices (subprocess); its collectives and
     HLO."""
-    from planner.ir.graph_json import graph_to_dict
 
     job = {
         "graph": graph_to_dict(graph),
@@ -132,7 +142,6 @@ def _one_hot_ids(graph, sharding, op, ids, ids_layout: Layout, table_layout: Lay
 def _gradient_steps(layout, want, shape, mesh_shape) -> tuple:
     """The layouts a consumer's gradient passes through on its way back: its Partial axes reduced
     into the placement the producer wants (``want``), hierarchically."""
-    from planner.cost.strategy import gradient_layout
 
     grad = tuple(want[k] if p == PARTIAL else p for k, p in enumerate(gradient_layout(layout)))
     return (*hierarchical_reduction(gradient_layout(layout), grad, shape, mesh_shape), grad)
@@ -141,7 +150,6 @@ def _gradient_steps(layout, want, shape, mesh_shape) -> tuple:
 def _gradient_arrivals(graph, exported, outputs: dict) -> dict:
     """Where each tensor's gradient must arrive: its producer's gradient target, or a leaf's
     layout."""
-    from planner.cost.strategy import gradient_target
 
     arrive = dict(exported.leaves)
     for op in graph.operators:
@@ -155,7 +163,6 @@ def edge_hooks(graph, exported, sharding):
     (data tensors are read from the consumer's own copy) and ``on_output``."""
     import jax
     import jax.numpy as jnp
-    from planner.cost.strategy import forward_layout, gradient_target
 
     constrain = _two_way_constraint()
     inputs = {(op, slot): layout for op, slot, layout in exported.inputs}
@@ -227,7 +234,6 @@ def _producer(graph, tensor: str) -> tuple[str, int]:
 
 def _step_shardings(graph, exported, sharding, weighted_at) -> tuple[dict, dict]:
     """The shardings of the step's parameters and data (and of the loss weight, when weighted)."""
-    from planner.cost.strategy import forward_layout
 
     leaf = {
         name: sharding(layout, len(graph.tensor(name).shape)) for name, layout in exported.leaves
@@ -243,8 +249,6 @@ def _step_shardings(graph, exported, sharding, weighted_at) -> tuple[dict, dict]
     }
     # in the producer's layout (a Partial axis replicated: the product stays a partial sum)
     if weighted_at is not None:
-        from planner.cost.strategy import gradient_target
-
         layout = dict(((o, k), lay) for o, k, lay in exported.outputs)[weighted_at]
         data[LOSS_WEIGHT] = sharding(
             gradient_target(layout), len(graph.tensor(graph.operators[-1].inputs[0].tensor).shape)
@@ -259,9 +263,6 @@ def training_step(graph, exported, mesh, lr: float = 0.01, weighted: bool = Fals
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
-
-    from planner.engines.export import spec_of
-    from planner.engines.interpret import run_graph
 
     sharding = lambda layout, ndim: NamedSharding(
         mesh, PartitionSpec(*spec_of(layout, ndim, exported.axis_names))
@@ -306,8 +307,6 @@ def plain_step(graph, lr: float = 0.01):
     import jax
     import jax.numpy as jnp
 
-    from planner.engines.interpret import run_graph
-
     loss_tensor = graph.operators[-1].outputs[0].tensor
 
     def step(params, feeds):
@@ -325,11 +324,6 @@ def load_job(job: dict, seed: int = 0):
     import jax
     import numpy as np
     from jax.sharding import Mesh
-
-    from planner.cluster.mesh import Mesh as PlannerMesh, MeshAxis
-    from planner.engines.export import export_plan
-    from planner.engines.interpret import random_feeds
-    from planner.ir.graph_json import graph_from_dict
 
     graph = graph_from_dict(job["graph"])
     names, shape = tuple(job["axis_names"]), tuple(job["mesh_shape"])
@@ -351,7 +345,6 @@ def load_job(job: dict, seed: int = 0):
 def main(argv: list[str] | None = None) -> int:
     """Worker: ``python -m planner.engines.jax.xla JOB.json OUT.json`` (run by
     ``compiled_collectives``)."""
-    from planner.outputs import write_json
 
     job_path, out_path = (argv if argv is not None else sys.argv[1:])[:2]
     graph, exported, mesh, _, params, data = load_job(json.loads(Path(job_path).read_text()))

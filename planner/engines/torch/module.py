@@ -54,6 +54,10 @@ from planner.engines.torch.module_layouts import (
     tied_embeddings,
 )
 from planner.errors import SettingsError
+from planner.engines.export import export_plan
+from planner.cost.settings import TrainingSettings
+from planner.engines.predicted import compare, predicted_collectives
+from planner.cost.strategy import GRAD_PARTIAL, PARTIAL, REPLICATE
 
 TEMPLATE = '''"""PyTorch plan from planner: {title}.
 
@@ -232,7 +236,6 @@ def module_plan(
     """The exported plan of a flat plan whose graph was imported from ``spec``; ``zero`` 3 (the plan
     runs ZeRO-3) becomes FSDP2's ``fully_shard`` on the data-parallel axes, over tensor parallelism
     on the others."""
-    from planner.engines.export import export_plan
 
     if zero not in (0, 1, 2, 3):
         raise SettingsError(
@@ -302,8 +305,6 @@ def _param_placements(params: dict, leaves: dict, by_owner: dict, styles: dict) 
 
 def _predicted_bytes(graph, strategies: dict, mesh, fully_sharded: bool) -> tuple:
     """Bytes per mesh axis the cost model predicts for one step (fp32, SGD, the file's ZeRO)."""
-    from planner.cost.settings import TrainingSettings
-    from planner.engines.predicted import compare, predicted_collectives
 
     zero = 3 if fully_sharded else 0
     settings = TrainingSettings(dtype="fp32", optimizer="sgd", zero=zero, recompute=False)
@@ -316,7 +317,6 @@ def _fully_shard_axes(graph, exported) -> tuple[int, ...]:
     """The mesh axes FSDP2 shards a ZeRO-3 plan on: every parameter whole there and the batch split
     (where the cost model shards a ZeRO-3 parameter). Refused: none, tensor parallelism on two axes,
     or an activation split there on another dim than its batch."""
-    from planner.cost.strategy import GRAD_PARTIAL, PARTIAL, REPLICATE
 
     leaves = dict(exported.leaves)
     batch = input_layout(graph, leaves, len(exported.mesh_shape))

@@ -6,12 +6,15 @@ axes.
 """
 
 from __future__ import annotations
+from planner.cost.strategy import GRAD_PARTIAL, PARTIAL, REPLICATE
+from planner.engines.torch.presets import build_spec
+from planner.cost.redistribution import hierarchical_layouts
+from planner.cost.strategy import forward_layout
 
 
 def placements_source(layout, partial: bool = False) -> str:
     """Placements source text of a layout (one placement per mesh dim; Partial kept if
     ``partial``)."""
-    from planner.cost.strategy import GRAD_PARTIAL, PARTIAL, REPLICATE
 
     parts = [
         "Partial()"
@@ -29,8 +32,6 @@ def module_params(spec: str):
     tensor); its nn.Linear paths; its blocks (the items of its containers); and per shared tensor's
     owner path, the nn.Embedding that reads it (a tied table)."""
     import torch
-
-    from planner.engines.torch.presets import build_spec
 
     with torch.device("meta"):
         module, _, _ = build_spec(spec)
@@ -58,8 +59,6 @@ def gradient_steps(graph, exported, params: dict, shared: set, styled: set) -> t
     reduce-scatters on the inner axes over the largest local dim that divides, the all-reduce on the
     outer axis, all-gathers back), as source text, from the Partial gradient to the parameter's
     layout."""
-    from planner.cost.redistribution import hierarchical_layouts
-    from planner.cost.strategy import GRAD_PARTIAL, forward_layout
 
     mesh_shape, leaves = exported.mesh_shape, dict(exported.leaves)
     reads: dict[str, list] = {}
@@ -128,7 +127,6 @@ def _weight_of(graph, op) -> str | None:
 
 def _read_after_views(op, readers: dict, inputs: dict) -> set:
     """The layouts an operator's output is read in, past the reshapes that only view it."""
-    from planner.cost.strategy import forward_layout
 
     tensor = op.outputs[0].tensor
     while len(readers.get(tensor, ())) == 1 and readers[tensor][0][0].kind == "reshape":
@@ -145,7 +143,6 @@ def module_layouts(
     lookup's output layout too (``embeddings``: table path -> its nn.Embedding): left to DTensor,
     the vocabulary-parallel lookup's partial sum was reduce-scattered into the residual stream, and
     every LayerNorm gathered it back (Megatron on 2x4: +35% of the plan's bytes, now +3.4%)."""
-    from planner.cost.strategy import PARTIAL, REPLICATE, forward_layout
 
     leaves = dict(exported.leaves)
     inputs = {(op, slot): layout for op, slot, layout in exported.inputs}
@@ -189,7 +186,6 @@ def _read_before_view(graph, view, op, before: tuple, after: tuple) -> tuple:
     slices the flattened input's last dim only at ``op`` (``after``): that axis splits the input's
     last dim (the same slice, taken at the hook), so DTensor multiplies the shards as planned
     (row-parallel: a partial sum) instead of gathering the weight."""
-    from planner.cost.strategy import REPLICATE
 
     if view is op:
         return before
@@ -201,7 +197,6 @@ def _read_before_view(graph, view, op, before: tuple, after: tuple) -> tuple:
 def input_layout(graph, leaves: dict, naxes: int):
     """Batch split of the module's inputs: where the plan splits the labels' (else the first data's)
     dim 0."""
-    from planner.cost.strategy import REPLICATE
 
     data = [t.name for t in graph.tensors if t.role == "data" and t.name in leaves]
     name = "labels" if "labels" in data else (data[0] if data else None)
@@ -212,7 +207,6 @@ def input_layout(graph, leaves: dict, naxes: int):
 
 def styles_of(graph, exported, linear: set, shared: set, leaves: dict) -> dict[str, str]:
     """Colwise / rowwise styles for the nn.Linear layers whose layouts are a style's (1-D mesh)."""
-    from planner.cost.strategy import PARTIAL, REPLICATE, forward_layout
 
     inputs = {(op, slot): layout for op, slot, layout in exported.inputs}
     outputs = {(op, slot): layout for op, slot, layout in exported.outputs}

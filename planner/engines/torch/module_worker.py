@@ -17,6 +17,7 @@ import os
 from planner.engines.torch.counting import counting_mode
 from planner.engines.torch.plan_files import load_plan_file, model_and_batch
 from planner.engines.torch.ranks import axis_groups, exit_now, finish, read_job, start
+from planner.engines.torch.pipelining_worker import run_worker
 
 
 def _loss(plan, output, labels_of, batch: int):
@@ -84,8 +85,6 @@ def main(argv: list[str] | None = None) -> int:
     plan = load_plan_file(job["plan"])
     dist, mesh = start(tuple(plan.MESH_SHAPE), tuple(plan.MESH_DIM_NAMES))
     if hasattr(plan, "SPLIT_POINTS"):  # torch.distributed.pipelining stages (export of a 3D plan)
-        from planner.engines.torch.pipelining_worker import run_worker
-
         finish(out_path, run_worker(plan, job, mesh))
         return 0
     groups = axis_groups(mesh, plan.MESH_DIM_NAMES)

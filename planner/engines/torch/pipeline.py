@@ -20,6 +20,11 @@ from planner.engines.torch import reference
 from planner.engines.torch.counting import counting_mode
 from planner.engines.torch.ranks import axis_groups, exit_now, finish, local_block, read_job, start
 from planner.ir.crossing import crossing_tensors, stages_reading
+from planner.cluster.mesh import Mesh, MeshAxis
+from planner.engines.export import export_plan
+from planner.cost.strategy import forward_layout
+from planner.engines.executor import block as block_slices
+from planner.engines.torch.worker import replicated_loss, run_ops
 
 
 def _tied_groups(micro, stage_of, p: int, size: int, dist):
@@ -61,9 +66,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _train(full, micro, stage_of, job, mesh, shape, coord, stage, p, size, tied, dist):
     """SGD steps of this rank's stage; (per-step losses, the collectives of step 0 on this rank)."""
-
-    from planner.cluster.mesh import Mesh, MeshAxis
-    from planner.engines.export import export_plan
 
     strategies = {k: tuple(v) for k, v in job["strategies"].items()}
     exported = export_plan(
@@ -139,7 +141,6 @@ def _deferred(micro, ops, exported, leaf) -> dict:
     """Parameters read once on this stage, in the layout they are kept in: their gradients stay
     Partial over the micro-batches and are reduced once per step, as the 3D cost model syncs them
     (its 'grad' phase). A parameter read twice on a stage reduces at every micro-batch instead."""
-    from planner.cost.strategy import forward_layout
 
     inputs = {(op, slot): layout for op, slot, layout in exported.inputs}
     reads: dict[str, list] = {}
@@ -156,8 +157,6 @@ def _deferred(micro, ops, exported, leaf) -> dict:
 
 def _micro_batches(run: dict, mode) -> float:
     """Every micro-batch forward, then every backward (GPipe); the sends are recorded as p2p."""
-
-    from planner.engines.torch.worker import replicated_loss, run_ops
 
     micro, stage, p, size, dist = run["micro"], run["stage"], run["p"], run["size"], run["dist"]
     layouts = {micro.operator(op).outputs[k].tensor: lay for op, k, lay in run["exported"].outputs}
@@ -214,10 +213,10 @@ def _received(micro, name, layout, shape, coord, source, dist):
     """The block of a crossing tensor sent by the previous stage's rank at this coordinate."""
     import torch
 
-    from planner.engines.executor import block
-
     whole = micro.tensor(name).shape
-    shape_local = tuple(len(range(n)[s]) for n, s in zip(whole, block(whole, layout, shape, coord)))
+    shape_local = tuple(
+        len(range(n)[s]) for n, s in zip(whole, block_slices(whole, layout, shape, coord))
+    )
     buffer = torch.empty(shape_local, dtype=torch.float32)
     dist.recv(buffer, source)
     return buffer.requires_grad_(True)

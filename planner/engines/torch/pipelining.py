@@ -26,6 +26,21 @@ from __future__ import annotations
 import math
 
 from planner.errors import SettingsError
+from planner.engines.torch.module_layouts import (
+    module_layouts,
+    placements_source,
+    project,
+    tied_embeddings,
+)
+from planner.cluster.mesh import parse_mesh
+from planner.cluster.profiles import get_profile
+from planner.engines.export import export_plan
+from planner.engines.torch.module_layouts import module_params
+from planner.pipeline.schedule import parse_schedule
+from planner.ir.crossing import tied_copies
+from planner.engines.predicted import compare, predicted_pipeline_collectives
+from planner.cost.strategy import REPLICATE
+from planner.engines.torch.module_layouts import input_layout
 
 TEMPLATE = '''"""PyTorch pipelining plan from planner: {title}.
 
@@ -193,12 +208,6 @@ def schedule(stages, loss_fn):
 def _tensor_parallel_layouts(micro, exported, tp_axes, params, tables, tied) -> tuple:
     """The parameters' placements and the module inputs' and outputs' layouts on the
     tensor-parallel axes of a stage."""
-    from planner.engines.torch.module_layouts import (
-        module_layouts,
-        placements_source,
-        project,
-        tied_embeddings,
-    )
 
     stage_plan = project(exported, tp_axes)
     leaves = dict(stage_plan.leaves)
@@ -237,11 +246,6 @@ def pipelining_plan(data: dict, micro, spec: str, loss: str, title: str) -> str:
     """The file's text for a 3D plan ``data`` (plan JSON) of a graph imported from ``spec``;
     ``micro`` is the graph at the micro-batch size (``interleaved:v``: ``chunk_starts``). Refuses
     stage plans that are neither data parallel nor tensor parallel on one axis."""
-    from planner.cluster.mesh import parse_mesh
-    from planner.cluster.profiles import get_profile
-    from planner.engines.export import export_plan
-    from planner.engines.torch.module_layouts import module_params
-    from planner.pipeline.schedule import parse_schedule
 
     pipe, operators = data["pipeline"], data["operators"]
     kind, chunks = parse_schedule(str(pipe.get("schedule")).lower())
@@ -330,8 +334,6 @@ def predicted_bytes(
     send), as bytes each device sends (``predicted.compare``), the stage mesh's axes named as the
     file's mesh dims: ``tp`` the tensor-parallel axis, ``dp`` the others (flattened); ``pp`` and
     ``tied``."""
-    from planner.ir.crossing import tied_copies
-    from planner.engines.predicted import compare, predicted_pipeline_collectives
 
     transfers = predicted_pipeline_collectives(
         micro, chunk_of, strategies, mesh, chunks, num_microbatches
@@ -355,8 +357,6 @@ def predicted_bytes(
 def _tensor_parallel_axes(micro, exported) -> tuple[int, ...]:
     """The stage-mesh axis that splits parameters (none: the stages are data parallel); refused:
     two such axes, or one that also splits the batch."""
-    from planner.cost.strategy import REPLICATE
-    from planner.engines.torch.module_layouts import input_layout
 
     leaves = dict(exported.leaves)
     split = [

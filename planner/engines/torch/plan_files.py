@@ -5,6 +5,7 @@ inputs below the smallest embedding table, floats from a normal draw)."""
 from __future__ import annotations
 
 import importlib.util
+from planner.engines.torch.presets import build_spec
 
 
 def load_plan_file(path: str):
@@ -19,8 +20,6 @@ def model_and_batch(plan, seed: int):
     """The plan file's module (seeded, in eval mode: no dropout) and a batch for it, with the
     generator."""
     import torch
-
-    from planner.engines.torch.presets import build_spec
 
     torch.manual_seed(seed)
     model, inputs, _ = build_spec(plan.MODULE)

@@ -12,6 +12,8 @@ from __future__ import annotations
 from planner.engines.torch.importer import TorchImportError
 from planner.engines.torch.importer.state import failure
 from planner.errors import PlannerError
+from planner.engines.torch.importer import import_module
+from planner.errors import SettingsError
 
 
 def _options(text: str, where: str, known: tuple[str, ...]) -> dict[str, int]:
@@ -267,7 +269,6 @@ def _encoder_decoder(model):
 def import_spec(spec: str, loss: str = "sum", allow_unknown: bool = False):
     """The graph of a preset or ``file.py:function`` (see ``build_spec``), imported through
     ``torch.export`` with the training ``loss`` (``sum`` or ``cross_entropy``)."""
-    from planner.engines.torch.importer import import_module
 
     module, inputs, name = build_spec(spec)
     return import_module(module, inputs, name=name, allow_unknown=allow_unknown, loss=loss)
@@ -278,8 +279,6 @@ def imported_loader(path: str, seq: int | None = None):
     that batch (and ``seq``), as pipeline planning and 3D runs rebuild the model per micro-batch."""
     import json
     from pathlib import Path
-
-    from planner.errors import SettingsError
 
     try:
         source = json.loads(Path(path).read_text()).get("torch_module")

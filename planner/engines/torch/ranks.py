@@ -8,6 +8,8 @@ import json
 import os
 import sys
 from pathlib import Path
+from planner.outputs import write_json
+from planner.engines.executor import block
 
 
 def read_job(argv: list[str] | None) -> tuple[dict, str]:
@@ -46,8 +48,6 @@ def finish(out_path: str, result: dict | None) -> None:
     import torch.distributed as dist
 
     if result is not None:
-        from planner.outputs import write_json
-
         write_json(out_path, result)
     dist.barrier()
     dist.destroy_process_group()
@@ -65,6 +65,5 @@ def exit_now(code: int) -> None:
 
 def local_block(value, layout, mesh_shape, coord):
     """The block of a whole tensor ``value`` that the device at ``coord`` holds in ``layout``."""
-    from planner.engines.executor import block
 
     return value[block(tuple(value.shape), layout, mesh_shape, coord)].contiguous()

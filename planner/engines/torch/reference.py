@@ -4,13 +4,13 @@ the same initial values (``random_feeds``) as every rank."""
 from __future__ import annotations
 
 import numpy as np
+from planner.engines.interpret import random_feeds
+from planner.engines.interpret import run_graph
 
 
 def feeds(graph, seed: int) -> dict:
     """Every graph input's initial value (``random_feeds``) as a float32 torch tensor."""
     import torch
-
-    from planner.engines.interpret import random_feeds
 
     return {
         name: torch.from_numpy(np.ascontiguousarray(value))
@@ -23,7 +23,6 @@ def reference_losses(graph, steps: int, lr: float, seed: int) -> list[float]:
     import torch
 
     from planner.engines.torch import xp as torch_xp
-    from planner.engines.interpret import run_graph
 
     values = feeds(graph, seed)
     params = {

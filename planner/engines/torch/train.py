@@ -33,6 +33,7 @@ from planner.engines.jobs import (
     run_job,
 )
 from planner.engines.torch.reference import reference_losses
+from planner.engines.torch.module_worker import module_reference_losses
 
 
 def _free_port() -> int:
@@ -126,7 +127,6 @@ def train_module_plan(
 ) -> TrainRun:
     """An exported PyTorch plan file (``planner export --target torch``) on ``nproc`` torchrun
     processes against its module in this process (``planner.engines.torch.module_worker``)."""
-    from planner.engines.torch.module_worker import module_reference_losses
 
     job = {"plan": str(Path(path).resolve()), "steps": steps, "lr": lr, "seed": seed}
     result = run_job(job, _torchrun(nproc, "planner.engines.torch.module_worker", timeout_s))

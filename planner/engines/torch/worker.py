@@ -10,12 +10,19 @@ import numpy as np
 from planner.engines.torch import reference
 from planner.engines.torch.counting import counting_mode
 from planner.engines.torch.ranks import axis_groups, exit_now, finish, local_block, read_job, start
+from planner.cost.strategy import GRAD_PARTIAL, PARTIAL, REPLICATE
+from planner.ir.graph_json import graph_from_dict
+from planner.engines.export import export_plan
+from planner.cluster.mesh import Mesh, MeshAxis
+from planner.cost.strategy import forward_layout, input_layout
+from planner.engines.executor import gathered_dims, gathered_strategy
+from planner.engines.interpret import run_operator
+from planner.cost.strategy import operand_layout
+from planner.engines.interpret import BIAS
 
 
 def _placements(layout):
     from torch.distributed.tensor import Partial, Replicate, Shard
-
-    from planner.cost.strategy import GRAD_PARTIAL, PARTIAL, REPLICATE
 
     return tuple(
         Partial() if p in (PARTIAL, GRAD_PARTIAL) else Replicate() if p == REPLICATE else Shard(p)
@@ -24,7 +31,6 @@ def _placements(layout):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from planner.ir.graph_json import graph_from_dict
 
     job, out_path = read_job(argv)
     graph = graph_from_dict(job["graph"])
@@ -43,9 +49,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _train(graph, strategies, mesh, shape, coord, job, groups):
     import torch
-
-    from planner.engines.export import export_plan
-    from planner.cluster.mesh import Mesh, MeshAxis
 
     exported = export_plan(
         graph,
@@ -116,11 +119,8 @@ def run_ops(
     reads. Every edge moves its tensor by the cost model's steps (``PlannedEdge``); ``counter`` is
     the counting mode, told about DTensor's CPU fallback for all-to-all. The parameters in ``defer``
     keep their gradients Partial (``torch_edges.reduce_deferred`` reduces them once per step)."""
-    from planner.cost.strategy import forward_layout, input_layout
     from planner.engines.torch import xp as torch_xp
     from planner.engines.torch.edges import PlannedEdge
-    from planner.engines.executor import gathered_dims, gathered_strategy
-    from planner.engines.interpret import run_operator
 
     inputs = {(op, slot): layout for op, slot, layout in exported.inputs}
     grads = graph.grad_tensors()
@@ -151,8 +151,6 @@ def _strides(shape) -> tuple[int, ...]:
 def _run_local(op, strategy, args, shape, coord, run_operator, xp, gathered_dims):
     """The operator on this rank's blocks: local sizes and offsets of its coordinate (as the
     executor)."""
-    from planner.cost.strategy import PARTIAL, operand_layout
-    from planner.engines.interpret import BIAS
 
     if gathered_dims(op, strategy):
         raise NotImplementedError(f"run-torch: operator {op.name} splits a dim it normalises over")
