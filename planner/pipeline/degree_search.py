@@ -6,6 +6,7 @@ meshes."""
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from dataclasses import dataclass, field, replace
 from typing import Callable
@@ -170,14 +171,15 @@ class DegreeSearch:
 
     def degree(
         self, sub: Mesh, settings: TrainingSettings, p: int, fastest: float = math.inf
-    ) -> tuple[Plan3D | None, bool]:
+    ) -> tuple[Plan3D | None, Callable[[], bool]]:
         """The best plan of ``p`` stages on ``sub`` under ``settings`` (None: no stage plan), and
-        whether it fits with the memory limit not binding. The stage plan is solved at the
+        a call that says whether it fits with the memory limit not binding (a second cut search:
+        made only when asked). The stage plan is solved at the
         reference count, then again at the count the cut search picked when that differs (a plan
         solved for micro-batches of 64 can lose 12% at 128: Llama 3 70B on 64 H100s), and the
         faster of the two is kept. Certified: ``_every_count``."""
         if self.certify:
-            return self._every_count(sub, settings, p, fastest), False
+            return self._every_count(sub, settings, p, fastest), lambda: False
         plan, free = self._at(sub, settings, p, None)
         if (plan is None or not plan.fits_memory) and self._unsplit(sub, p):
             # the reference micro-batch is too small to split over the stage's devices, so its
@@ -247,10 +249,11 @@ class DegreeSearch:
             self.memory_limit,
         )
         if found is None or p > found[0].num_layers:
-            return None, False
+            return None, lambda: False
         chain, status, strategies, graph = found
         pipe = self._cuts(chain, p, self.memory_limit)
-        free = self._unbound(chain, p, pipe)
+        # asked only where a skip depends on it (``escalated``): a second cut search
+        free = functools.partial(self._unbound, chain, p, pipe)
         if (
             pipe.status == "INFEASIBLE"
             and not pipe.fits_memory
@@ -284,7 +287,7 @@ class DegreeSearch:
         re-run only adds compute, so it cannot be faster. So is a variant whose lower bound is not
         below the fastest plan so far (``beat``, or one of these)."""
         first, best, free, relaxed = None, None, set(), False
-        for variant in variants:
+        for n, variant in enumerate(variants):
             fastest = faster_time(beat, best)
             skipped = (variant.sequence_parallel, variant.zero) in free and not self.certify
             if skipped or self._beaten(variant, p, fastest):
@@ -296,9 +299,12 @@ class DegreeSearch:
             rows.append(_candidate_row(p, sub.spec, self.intra_method, variant, candidate.pipeline))
             if candidate.pipeline.fits_memory:
                 best = faster(best, candidate)
-            if unbound:
-                free.add((variant.sequence_parallel, variant.zero))
-                relaxed = relaxed or variant.recompute == variants[0].recompute
+            key = (variant.sequence_parallel, variant.zero)
+            least = variant.recompute == variants[0].recompute
+            later = any((v.sequence_parallel, v.zero) == key for v in variants[n + 1 :])
+            if (least or later) and unbound():
+                free.add(key)
+                relaxed = relaxed or least
         return first, best, relaxed
 
     def _unbound(self, chain: LayerChain, p: int, pipe: PipelinePlan) -> bool:
