@@ -96,6 +96,9 @@ def free_optima(
     ]
     groups, values = owner_groups(problem), []
     for condition in chosen:
+        if time.perf_counter() >= deadline:
+            values.append(-math.inf)
+            continue
         unary = _condition_costs(problem, base, groups, condition)
         try:
             tables = [
