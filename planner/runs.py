@@ -71,7 +71,6 @@ def plan_for_verification(
     device: str = "a100-80g",
 ) -> LoadedPlan:
     """Plan under the settings the XLA check compiles (float32, SGD, no ZeRO, no memory limit)."""
-
     cluster = make_cluster(mesh, device, float("inf"))
     graph = resolve_model(model, batch, seq)
     problem = make_problem(graph, cluster, VERIFY_SETTINGS)
@@ -82,7 +81,6 @@ def plan_for_verification(
 
 def export_shardings(loaded: LoadedPlan, tensor_axis: str | None = None) -> dict:
     """JAX PartitionSpecs, DTensor placements and a Linear parallelize plan of a loaded plan."""
-
     exported = export_plan(loaded.graph, loaded.strategies, loaded.mesh)
     data = exported.to_dict(loaded.graph)
     axis = tensor_axis or loaded.mesh.names[-1]
@@ -111,7 +109,6 @@ def verify_loaded(
     """Numpy executor and XLA checks of a loaded plan (``planner.engines.verify``). Refuses at once
     (one line with the estimate) when they would need more than ``max_memory`` bytes (default: half
     the free memory)."""
-
     if devices is not None and devices != loaded.mesh.num_devices:
         raise SettingsError(
             f"--devices: the plan's mesh {loaded.mesh.spec} has {loaded.mesh.num_devices} devices, "
@@ -142,7 +139,6 @@ def run_checks(
     """The checks of ``planner verify`` on a graph and its strategies: the numpy executor, XLA's
     compiled step (``planner.engines.jax``) and one PyTorch step on gloo processes
     (``planner.engines.torch``), each against the cost model (``planner.engines.verify``)."""
-
     compiled = None
     if run_xla:
         collectives = compiled_collectives(graph, strategies, mesh.names, mesh.shape)[0]

@@ -84,7 +84,6 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def _export_file(args: argparse.Namespace) -> int:
     """A Python plan file for PyTorch (the nn.Module) or JAX."""
-
     for option, value in (("--json", args.json), ("--tensor-axis", args.tensor_axis)):
         if value is not None:
             raise SettingsError(
@@ -159,7 +158,6 @@ def _export_torchtitan(args: argparse.Namespace, data: dict) -> int:
 
 def _export_megatron(args: argparse.Namespace, data: dict) -> int:
     """A 3D plan as a Megatron-LM launch line."""
-
     export = export_megatron(data)
     text = export.line + "\n"
     said = (
@@ -177,7 +175,6 @@ def _export_megatron(args: argparse.Namespace, data: dict) -> int:
 
 def _export_pipelining(args: argparse.Namespace, data: dict) -> int:
     """A 3D plan as torch.distributed.pipelining stages of the imported module."""
-
     spec, loss = _torch_module(args, data)
     checked(args, data, args.plan)
     pipe, source = data["pipeline"], data.get("source") or {}
@@ -214,7 +211,6 @@ def _torch_module(args: argparse.Namespace, data: dict) -> tuple[str, str]:
 def _check_module(spec: str, graph) -> None:
     """The nn.Module of ``spec`` must be the plan's model: the same parameter sizes (a plan of a
     hidden-64 GPT-2 onto a hidden-768 one was exported without a word)."""
-
     module = build_spec(spec)[0]
     sizes = sorted(int(p.numel()) for p in module.parameters())
     planned = sorted(t.numel for t in graph.tensors if t.role == "param")

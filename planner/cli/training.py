@@ -58,7 +58,6 @@ def cmd_run_torch(args: argparse.Namespace) -> int:
 
 def _train_module(args: argparse.Namespace) -> int:
     """An exported PyTorch plan file (export --target torch) on its nn.Module."""
-
     for option in ("model", "batch", "seq"):
         if getattr(args, option) is not None:
             raise SettingsError(

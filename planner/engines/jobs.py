@@ -100,7 +100,6 @@ def flat_job(
     graph, strategies: dict, axis_names, mesh_shape, steps: int, lr: float, seed: int
 ) -> dict:
     """The job file of a flat training run (the JAX and torchrun workers read the same fields)."""
-
     return {
         "graph": graph_to_dict(graph),
         "axis_names": list(axis_names),
@@ -127,7 +126,6 @@ def pipeline_job(
 ) -> dict:
     """The job file of a 3D run: the flat fields on the whole-batch graph and the stage mesh, plus
     the micro-batch graph, each operator's stage and the pipeline's shape."""
-
     return {
         **flat_job(full, strategies, axis_names, stage_shape, steps, lr, seed),
         "micro_graph": graph_to_dict(micro),
@@ -139,7 +137,6 @@ def pipeline_job(
 
 def stage_plan(job: dict):
     """A 3D job's graphs (whole batch, micro-batch) and each operator's stage."""
-
     full, micro = graph_from_dict(job["graph"]), graph_from_dict(job["micro_graph"])
     stage_of = {name: int(k) for name, k in job["stage_of"].items()}
     return full, micro, stage_of
@@ -162,7 +159,6 @@ def micro_batch(micro, feeds: dict, m: int) -> dict:
 def run_job(job: dict, launch: Callable[[Path, Path], None]) -> dict:
     """Write ``job`` to a temporary ``job.json``, ``launch(job_path, out_path)`` (which runs the
     worker and raises ``EngineError`` if it fails) and return the worker's ``out.json``."""
-
     with tempfile.TemporaryDirectory() as tmp:
         job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "out.json"
         write_json(job_path, job)

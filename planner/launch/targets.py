@@ -226,7 +226,6 @@ def evaluate_torchtitan(
 ) -> tuple[Plan3D, LaunchRun]:
     """A torchtitan config_registry file costed as given (read by torchtitan's own config
     manager: needs torchtitan)."""
-
     run = read_torchtitan(path, config, dp)
     return recost(run, device, memory, hardware_csv), run
 

@@ -244,5 +244,4 @@ def _collapse(problem: Problem, i: int, levels: list, owner: list[int]) -> Strat
 
 def greedy(problem: Problem) -> tuple[Strategy, ...]:
     """Topological order; each operator takes its locally cheapest strategy given its producers."""
-
     return tuple(t.strategies[c] for t, c in zip(problem.ops, greedy_choice(problem)))

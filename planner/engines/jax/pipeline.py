@@ -89,7 +89,6 @@ def _stage(micro, stage_of: dict, k: int, p: int, exported, mesh, crossing) -> t
 
 def _reference_losses(full, feeds: dict, job: dict) -> list[float]:
     """The same steps on one device (the whole graph, plain SGD)."""
-
     plain = plain_step(full, job["lr"])
     params = {t.name: feeds[t.name] for t in full.tensors if t.role == "param"}
     reference = []
@@ -189,7 +188,6 @@ def _update(params, grads, meshes, leaf, exported, lr: float):
 def main(argv: list[str] | None = None) -> int:
     """Worker: ``python -m planner.engines.jax.pipeline JOB.json OUT.json`` (run by
     ``train_3d_on_jax``)."""
-
     job_path, out_path = (argv if argv is not None else sys.argv[1:])[:2]
     write_json(out_path, run_3d(json.loads(Path(job_path).read_text())))
     return 0

@@ -95,7 +95,6 @@ def _worker(module: str, devices: int, timeout_s: float):
 def main(argv: list[str] | None = None) -> int:
     """Worker: ``python -m planner.engines.jax.train JOB.json OUT.json`` (run by
     ``train_on_jax``)."""
-
     job_path, out_path = (argv if argv is not None else sys.argv[1:])[:2]
     job = json.loads(Path(job_path).read_text())
     graph, exported, mesh, feeds, params, data = load_job(job, job["seed"])

@@ -46,7 +46,6 @@ def compiled_collectives(
 ) -> tuple[list[HloCollective], str]:
     """Compile the plan's training step on emulated CPU devices (subprocess); its collectives and
     HLO."""
-
     job = {
         "graph": graph_to_dict(graph),
         "axis_names": list(axis_names),
@@ -142,7 +141,6 @@ def _one_hot_ids(graph, sharding, op, ids, ids_layout: Layout, table_layout: Lay
 def _gradient_steps(layout, want, shape, mesh_shape) -> tuple:
     """The layouts a consumer's gradient passes through on its way back: its Partial axes reduced
     into the placement the producer wants (``want``), hierarchically."""
-
     grad = tuple(want[k] if p == PARTIAL else p for k, p in enumerate(gradient_layout(layout)))
     return (*hierarchical_reduction(gradient_layout(layout), grad, shape, mesh_shape), grad)
 
@@ -150,7 +148,6 @@ def _gradient_steps(layout, want, shape, mesh_shape) -> tuple:
 def _gradient_arrivals(graph, exported, outputs: dict) -> dict:
     """Where each tensor's gradient must arrive: its producer's gradient target, or a leaf's
     layout."""
-
     arrive = dict(exported.leaves)
     for op in graph.operators:
         for slot, operand in enumerate(op.outputs):
@@ -234,7 +231,6 @@ def _producer(graph, tensor: str) -> tuple[str, int]:
 
 def _step_shardings(graph, exported, sharding, weighted_at) -> tuple[dict, dict]:
     """The shardings of the step's parameters and data (and of the loss weight, when weighted)."""
-
     leaf = {
         name: sharding(layout, len(graph.tensor(name).shape)) for name, layout in exported.leaves
     }
@@ -345,7 +341,6 @@ def load_job(job: dict, seed: int = 0):
 def main(argv: list[str] | None = None) -> int:
     """Worker: ``python -m planner.engines.jax.xla JOB.json OUT.json`` (run by
     ``compiled_collectives``)."""
-
     job_path, out_path = (argv if argv is not None else sys.argv[1:])[:2]
     graph, exported, mesh, _, params, data = load_job(json.loads(Path(job_path).read_text()))
     weighted = weighted_loss(graph)

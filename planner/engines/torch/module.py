@@ -236,7 +236,6 @@ def module_plan(
     """The exported plan of a flat plan whose graph was imported from ``spec``; ``zero`` 3 (the plan
     runs ZeRO-3) becomes FSDP2's ``fully_shard`` on the data-parallel axes, over tensor parallelism
     on the others."""
-
     if zero not in (0, 1, 2, 3):
         raise SettingsError(
             f"--target torch: ZeRO stages per layer (zero {zero!r}) are not exported"
@@ -305,7 +304,6 @@ def _param_placements(params: dict, leaves: dict, by_owner: dict, styles: dict) 
 
 def _predicted_bytes(graph, strategies: dict, mesh, fully_sharded: bool) -> tuple:
     """Bytes per mesh axis the cost model predicts for one step (fp32, SGD, the file's ZeRO)."""
-
     zero = 3 if fully_sharded else 0
     settings = TrainingSettings(dtype="fp32", optimizer="sgd", zero=zero, recompute=False)
     collectives = predicted_collectives(graph, strategies, mesh, settings)
@@ -317,7 +315,6 @@ def _fully_shard_axes(graph, exported) -> tuple[int, ...]:
     """The mesh axes FSDP2 shards a ZeRO-3 plan on: every parameter whole there and the batch split
     (where the cost model shards a ZeRO-3 parameter). Refused: none, tensor parallelism on two axes,
     or an activation split there on another dim than its batch."""
-
     leaves = dict(exported.leaves)
     batch = input_layout(graph, leaves, len(exported.mesh_shape))
     axes = tuple(

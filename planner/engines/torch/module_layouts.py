@@ -15,7 +15,6 @@ from planner.cost.strategy import forward_layout
 def placements_source(layout, partial: bool = False) -> str:
     """Placements source text of a layout (one placement per mesh dim; Partial kept if
     ``partial``)."""
-
     parts = [
         "Partial()"
         if partial and p in (PARTIAL, GRAD_PARTIAL)
@@ -59,7 +58,6 @@ def gradient_steps(graph, exported, params: dict, shared: set, styled: set) -> t
     reduce-scatters on the inner axes over the largest local dim that divides, the all-reduce on the
     outer axis, all-gathers back), as source text, from the Partial gradient to the parameter's
     layout."""
-
     mesh_shape, leaves = exported.mesh_shape, dict(exported.leaves)
     reads: dict[str, list] = {}
     for op, slot, layout in exported.inputs:
@@ -127,7 +125,6 @@ def _weight_of(graph, op) -> str | None:
 
 def _read_after_views(op, readers: dict, inputs: dict) -> set:
     """The layouts an operator's output is read in, past the reshapes that only view it."""
-
     tensor = op.outputs[0].tensor
     while len(readers.get(tensor, ())) == 1 and readers[tensor][0][0].kind == "reshape":
         tensor = readers[tensor][0][0].outputs[0].tensor
@@ -143,7 +140,6 @@ def module_layouts(
     lookup's output layout too (``embeddings``: table path -> its nn.Embedding): left to DTensor,
     the vocabulary-parallel lookup's partial sum was reduce-scattered into the residual stream, and
     every LayerNorm gathered it back (Megatron on 2x4: +35% of the plan's bytes, now +3.4%)."""
-
     leaves = dict(exported.leaves)
     inputs = {(op, slot): layout for op, slot, layout in exported.inputs}
     readers: dict[str, list] = {}
@@ -186,7 +182,6 @@ def _read_before_view(graph, view, op, before: tuple, after: tuple) -> tuple:
     slices the flattened input's last dim only at ``op`` (``after``): that axis splits the input's
     last dim (the same slice, taken at the hook), so DTensor multiplies the shards as planned
     (row-parallel: a partial sum) instead of gathering the weight."""
-
     if view is op:
         return before
     last_in = len(graph.tensor(view.inputs[0].tensor).shape) - 1
@@ -197,7 +192,6 @@ def _read_before_view(graph, view, op, before: tuple, after: tuple) -> tuple:
 def input_layout(graph, leaves: dict, naxes: int):
     """Batch split of the module's inputs: where the plan splits the labels' (else the first data's)
     dim 0."""
-
     data = [t.name for t in graph.tensors if t.role == "data" and t.name in leaves]
     name = "labels" if "labels" in data else (data[0] if data else None)
     if name is None:
@@ -207,7 +201,6 @@ def input_layout(graph, leaves: dict, naxes: int):
 
 def styles_of(graph, exported, linear: set, shared: set, leaves: dict) -> dict[str, str]:
     """Colwise / rowwise styles for the nn.Linear layers whose layouts are a style's (1-D mesh)."""
-
     inputs = {(op, slot): layout for op, slot, layout in exported.inputs}
     outputs = {(op, slot): layout for op, slot, layout in exported.outputs}
     styles = {}

@@ -66,7 +66,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _train(full, micro, stage_of, job, mesh, shape, coord, stage, p, size, tied, dist):
     """SGD steps of this rank's stage; (per-step losses, the collectives of step 0 on this rank)."""
-
     strategies = {k: tuple(v) for k, v in job["strategies"].items()}
     exported = export_plan(
         micro,
@@ -141,7 +140,6 @@ def _deferred(micro, ops, exported, leaf) -> dict:
     """Parameters read once on this stage, in the layout they are kept in: their gradients stay
     Partial over the micro-batches and are reduced once per step, as the 3D cost model syncs them
     (its 'grad' phase). A parameter read twice on a stage reduces at every micro-batch instead."""
-
     inputs = {(op, slot): layout for op, slot, layout in exported.inputs}
     reads: dict[str, list] = {}
     for op in ops:
@@ -157,7 +155,6 @@ def _deferred(micro, ops, exported, leaf) -> dict:
 
 def _micro_batches(run: dict, mode) -> float:
     """Every micro-batch forward, then every backward (GPipe); the sends are recorded as p2p."""
-
     micro, stage, p, size, dist = run["micro"], run["stage"], run["p"], run["size"], run["dist"]
     layouts = {micro.operator(op).outputs[k].tensor: lay for op, k, lay in run["exported"].outputs}
     rank = dist.get_rank()

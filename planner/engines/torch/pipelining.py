@@ -208,7 +208,6 @@ def schedule(stages, loss_fn):
 def _tensor_parallel_layouts(micro, exported, tp_axes, params, tables, tied) -> tuple:
     """The parameters' placements and the module inputs' and outputs' layouts on the
     tensor-parallel axes of a stage."""
-
     stage_plan = project(exported, tp_axes)
     leaves = dict(stage_plan.leaves)
     placements = {fqn: placements_source(leaves[fqn]) for fqn in sorted(params) if fqn in leaves}
@@ -246,7 +245,6 @@ def pipelining_plan(data: dict, micro, spec: str, loss: str, title: str) -> str:
     """The file's text for a 3D plan ``data`` (plan JSON) of a graph imported from ``spec``;
     ``micro`` is the graph at the micro-batch size (``interleaved:v``: ``chunk_starts``). Refuses
     stage plans that are neither data parallel nor tensor parallel on one axis."""
-
     pipe, operators = data["pipeline"], data["operators"]
     kind, chunks = parse_schedule(str(pipe.get("schedule")).lower())
     schedule = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B"}[kind]
@@ -334,7 +332,6 @@ def predicted_bytes(
     send), as bytes each device sends (``predicted.compare``), the stage mesh's axes named as the
     file's mesh dims: ``tp`` the tensor-parallel axis, ``dp`` the others (flattened); ``pp`` and
     ``tied``."""
-
     transfers = predicted_pipeline_collectives(
         micro, chunk_of, strategies, mesh, chunks, num_microbatches
     )
@@ -357,7 +354,6 @@ def predicted_bytes(
 def _tensor_parallel_axes(micro, exported) -> tuple[int, ...]:
     """The stage-mesh axis that splits parameters (none: the stages are data parallel); refused:
     two such axes, or one that also splits the batch."""
-
     leaves = dict(exported.leaves)
     split = [
         ax

@@ -269,7 +269,6 @@ def _encoder_decoder(model):
 def import_spec(spec: str, loss: str = "sum", allow_unknown: bool = False):
     """The graph of a preset or ``file.py:function`` (see ``build_spec``), imported through
     ``torch.export`` with the training ``loss`` (``sum`` or ``cross_entropy``)."""
-
     module, inputs, name = build_spec(spec)
     return import_module(module, inputs, name=name, allow_unknown=allow_unknown, loss=loss)
 

@@ -65,5 +65,4 @@ def exit_now(code: int) -> None:
 
 def local_block(value, layout, mesh_shape, coord):
     """The block of a whole tensor ``value`` that the device at ``coord`` holds in ``layout``."""
-
     return value[block(tuple(value.shape), layout, mesh_shape, coord)].contiguous()

@@ -127,7 +127,6 @@ def train_module_plan(
 ) -> TrainRun:
     """An exported PyTorch plan file (``planner export --target torch``) on ``nproc`` torchrun
     processes against its module in this process (``planner.engines.torch.module_worker``)."""
-
     job = {"plan": str(Path(path).resolve()), "steps": steps, "lr": lr, "seed": seed}
     result = run_job(job, _torchrun(nproc, "planner.engines.torch.module_worker", timeout_s))
     return TrainRun(

@@ -151,7 +151,6 @@ def _strides(shape) -> tuple[int, ...]:
 def _run_local(op, strategy, args, shape, coord, run_operator, xp, gathered_dims):
     """The operator on this rank's blocks: local sizes and offsets of its coordinate (as the
     executor)."""
-
     if gathered_dims(op, strategy):
         raise NotImplementedError(f"run-torch: operator {op.name} splits a dim it normalises over")
     sizes, offsets = dict(op.sizes), {}
