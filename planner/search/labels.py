@@ -95,6 +95,8 @@ def as_table(rows, nb: int, c, m, cols) -> tuple[np.ndarray, np.ndarray, np.ndar
     width = max(1, int(counts.max(initial=0)))
     slot = np.arange(len(rows)) - np.searchsorted(rows, rows)
     cost, mem = np.full((nb, width), np.inf), np.full((nb, width), np.inf)
-    src = np.full((nb, width), -1, dtype=np.int64)
+    # the sources are kept for every boundary of the chain: the narrowest integers that hold them
+    wide = len(cols) and int(cols.max()) >= 2**31 - 1
+    src = np.full((nb, width), -1, dtype=np.int64 if wide else np.int32)
     cost[rows, slot], mem[rows, slot], src[rows, slot] = c, m, cols
     return cost, mem, src

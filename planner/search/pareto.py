@@ -196,7 +196,7 @@ def _result(
         memory,
         tuple(choice),
         widest,
-        max(b[0].shape[1] for b in back),
+        max(b.src.shape[1] for b in back),
         int(math.ceil(bound - 1e-6)),
         time.perf_counter() - start,
         tuple(modes),
@@ -287,12 +287,30 @@ def _master(
         nb = table.shape[1]
         rows, cols, c, m, bound = fronts_by_row(rows, cols, c, m, bound, nb, label_cap, beam)
         cost, mem, src = as_table(rows, nb, c, m, cols)
-        a, p, q = np.unravel_index(np.maximum(src, 0), (max(1, len(live)), kl, kt))
-        back.append((live[a] if len(live) else a, p, q, src >= 0))
+        back.append(_Back(live, (max(1, len(live)), kl, kt), src))
     if not np.isfinite(cost[0]).any():
         return back, None, math.inf
     last = int(np.where(np.isfinite(cost[0]), cost[0], np.inf).argmin())
     return back, (0, last), float(cost[0, last])
+
+
+@dataclass(frozen=True, slots=True)
+class _Back:
+    """One boundary's back-pointers: per [state, label], the index of its (live entry state,
+    label, point) in the dense array of that shape, -1 for padding; decoded only on the path
+    recovered (a boundary holds up to states x LABEL_CAP labels: one array, not four)."""
+
+    live: np.ndarray
+    shape: tuple[int, int, int]
+    src: np.ndarray
+
+    def source(self, state: int, label: int) -> tuple[int, int, int]:
+        """(entry state, label at the boundary before, point of the table) of one label."""
+        flat = int(self.src[state, label])
+        if flat < 0:
+            raise RuntimeError("Pareto master: a back-pointer leads nowhere")
+        a, p, q = np.unravel_index(flat, self.shape)
+        return int(self.live[a]) if len(self.live) else int(a), int(p), int(q)
 
 
 def _recover(
@@ -310,9 +328,7 @@ def _recover(
     state, label = final
     explained: dict[tuple, dict[int, int]] = {}
     for k in range(len(segments) - 1, -1, -1):
-        a, p, q, valid = (arr[state, label] for arr in back[k])
-        if not valid:
-            raise RuntimeError("Pareto master: a back-pointer leads nowhere")
+        a, p, q = back[k].source(state, label)
         entry, exit_, point, mode = int(a), state, int(q), 0
         if count > 1:
             fresh, carries = unit_edges(units, k)

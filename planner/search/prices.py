@@ -53,18 +53,33 @@ MAX_PRICES_PER_PASS = 16
 PRECISION = 1e-9  # the bracket around the feasibility switch is split down to this relative width
 
 
+def finite_tables(chain: Sequence[Node]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Per distinct table (by id; the repeated layers share theirs): its costs with every
+    non-finite entry inf and its memories with every non-finite entry 0, so that cost + lam *
+    memory is inf exactly where the point is unusable."""
+    out = {}
+    for table in chain:
+        if id(table) not in out:
+            out[id(table)] = (
+                np.where(np.isfinite(table.cost), table.cost, np.inf),
+                np.where(np.isfinite(table.mem), table.mem, 0.0),
+            )
+    return out
+
+
 def priced_paths(
-    chain: Sequence[Node], lams: np.ndarray
+    chain: Sequence[Node], lams: np.ndarray, finite: dict | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For each price in ``lams``: the least priced total (cost + lam * memory) through the chain,
-    and the cost and memory of the path reaching it (first minimum, as a scalar pass would)."""
+    and the cost and memory of the path reaching it (first minimum, as a scalar pass would).
+    ``finite``: the chain's ``finite_tables``, when the caller prices it more than once."""
     lams = np.asarray(lams, dtype=np.float64)
-    distinct = {id(t): t for t in chain}  # the repeated layers share their tables
+    finite = finite if finite is not None else finite_tables(chain)
     priced = {}
-    for key, table in distinct.items():
-        mem = np.where(np.isfinite(table.mem), table.mem, 0.0)
-        value = np.stack([table.cost + lam * mem for lam in lams])  # [K, a, b, points]
-        value = np.where(np.isfinite(table.cost)[None], value, np.inf)
+    for key, (cost, mem) in finite.items():
+        # [K, a, b, points]: the same sums, element by element, as one price at a time
+        value = lams[:, None, None, None] * mem[None]
+        value += cost[None]  # one temporary: IEEE addition commutes, the same bits
         point = value.argmin(axis=-1)
         priced[key] = (np.take_along_axis(value, point[..., None], axis=-1)[..., 0], point)
     rows = np.arange(len(lams))
@@ -127,9 +142,10 @@ def lagrangian(
     split the bracket between the last price that does not fit and the first that does, down to
     ``PRECISION``. Every evaluated price gives a valid bound; the best is kept."""
     best = {"cost": math.inf, "bound": -math.inf, "lam": 0.0}
+    finite = finite_tables(chain)
 
     def at(lams: np.ndarray) -> np.ndarray:
-        value, cost, mem = priced_paths(chain, lams)
+        value, cost, mem = priced_paths(chain, lams, finite)
         for lam, v, c, m in zip(lams.tolist(), value.tolist(), cost.tolist(), mem.tolist()):
             bound = priced_bound(v, lam * limit, len(chain))
             if bound > best["bound"]:
@@ -139,9 +155,7 @@ def lagrangian(
         return mem <= limit
 
     if not at(np.zeros(1))[0]:
-        scale = max(
-            1.0, sum(float(np.nanmax(np.where(np.isfinite(t.cost), t.cost, 0))) for t in chain)
-        ) / max(1.0, sum(float(np.nanmax(np.where(np.isfinite(t.mem), t.mem, 0))) for t in chain))
+        scale = _price_scale(chain)
         largest = max(t.cost.size for t in chain)
         per_pass = int(min(MAX_PRICES_PER_PASS, max(2, PRICED_ELEMENTS // max(1, largest))))
 
@@ -158,6 +172,21 @@ def lagrangian(
 
         search_price(at, scale, per_pass, 60, stop)
     return best["lam"], best["cost"], best["bound"]
+
+
+def _price_scale(chain: Sequence[Node]) -> float:
+    """The sweep's first price: the chain's largest costs over its largest memories (each
+    distinct table's maxima once: the repeated layers share their tables)."""
+    largest: dict[int, tuple[float, float]] = {}
+    for t in chain:
+        if id(t) not in largest:
+            largest[id(t)] = (
+                float(np.max(t.cost, initial=0.0, where=np.isfinite(t.cost))),
+                float(np.max(t.mem, initial=0.0, where=np.isfinite(t.mem))),
+            )
+    cost = sum(largest[id(t)][0] for t in chain)
+    memory = sum(largest[id(t)][1] for t in chain)
+    return max(1.0, cost) / max(1.0, memory)
 
 
 def kept_lagrangian(
