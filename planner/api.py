@@ -118,7 +118,9 @@ def plan(
     # the plan report takes time too
     report_s = REPORT_SECONDS_PER_OP * len(problem.ops)
     remaining = max(0.0, time_limit_s - (time.perf_counter() - begun) - report_s)
-    result = plan_problem(problem, cluster.memory_limit, method, remaining, seed, jobs, progress)
+    result = plan_problem(
+        problem, cluster.memory_limit, method, remaining, seed=seed, jobs=jobs, progress=progress
+    )
     return replace(result, search_time_s=time.perf_counter() - start)
 
 
@@ -143,6 +145,7 @@ def plan_problem(
     memory_limit: float,
     method: str = "exact",
     time_limit_s: float = SEARCH_DEFAULTS.time_limit_s,
+    *,
     seed: int = SEARCH_DEFAULTS.seed,
     jobs: int = SEARCH_DEFAULTS.jobs,
     progress: Progress | None = None,
@@ -252,7 +255,9 @@ def compare(
     build_start = time.perf_counter()
     problem = make_problem(graph, cluster, settings)
     build_s = time.perf_counter() - build_start
-    plans = {m: plan_problem(problem, cluster.memory_limit, m, time_limit_s, seed) for m in methods}
+    plans = {
+        m: plan_problem(problem, cluster.memory_limit, m, time_limit_s, seed=seed) for m in methods
+    }
     reference = plans.get("exact")
     return [_compare_row(problem, method, p, reference, build_s) for method, p in plans.items()]
 

@@ -70,7 +70,12 @@ def stage_planner(
         if method == "exact":
             return _exact_strategies(problem, time_limit_s, seed, jobs)
         found = api.plan_problem(
-            problem, math.inf, "dp" if method == "zero" else method, time_limit_s, seed, jobs
+            problem,
+            math.inf,
+            "dp" if method == "zero" else method,
+            time_limit_s,
+            seed=seed,
+            jobs=jobs,
         )
         if found.status in ("INFEASIBLE", "UNKNOWN"):
             raise InfeasibleError(

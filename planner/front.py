@@ -79,7 +79,7 @@ def pareto_front(
         if searches == max_points:
             why = f"cut after {max_points} searches (--max-points)"
             break
-        plan = api.plan_problem(problem, limit, "exact", time_limit_s, seed)
+        plan = api.plan_problem(problem, limit, "exact", time_limit_s, seed=seed)
         searches += 1
         if plan.status == "INFEASIBLE":
             break
@@ -110,7 +110,7 @@ def _same_time(plan: Plan, after: Plan | None) -> bool:
 def _exact_first(problem, cluster, time_limit_s: float, seed: int) -> SolveResult | None:
     """The best plan by the exact search (segment decomposition, usually far faster than the
     whole-graph program), as rank 1 of the top k when it is proven OPTIMAL."""
-    plan = api.plan_problem(problem, cluster.memory_limit, "exact", time_limit_s, seed)
+    plan = api.plan_problem(problem, cluster.memory_limit, "exact", time_limit_s, seed=seed)
     if plan.status != "OPTIMAL":
         return None
     choice = tuple(

@@ -1411,10 +1411,12 @@ def _spy(monkeypatch, force_feasible: bool) -> dict:
     real_plan_problem, real_make_problem = api.plan_problem, api.make_problem
 
     def plan_problem(
-        problem, memory_limit, method="exact", time_limit_s=60.0, seed=0, jobs=1, progress=None
+        problem, memory_limit, method="exact", time_limit_s=60.0, *, seed=0, jobs=1, progress=None
     ):
         captured.update(method=method, time_limit_s=time_limit_s, seed=seed, jobs=jobs)
-        found = real_plan_problem(problem, memory_limit, method, time_limit_s, seed, jobs, progress)
+        found = real_plan_problem(
+            problem, memory_limit, method, time_limit_s, seed=seed, jobs=jobs, progress=progress
+        )
         return (
             dataclasses.replace(found, status="FEASIBLE")
             if force_feasible and found.status == "OPTIMAL"

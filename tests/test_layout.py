@@ -311,6 +311,43 @@ def test_public_api_is_small_and_documented():
     ]
 
 
+POSITIONAL_CAP = 6  # parameters a public call may take by position; the rest are keyword-only
+
+
+def _public_callables():
+    """(name, callable) of every public function and every public method of a public class."""
+    import inspect
+
+    import planner
+
+    for name in planner.__all__:
+        obj = getattr(planner, name)
+        if inspect.isfunction(obj):
+            yield name, obj
+        elif inspect.isclass(obj):
+            for attr, member in vars(obj).items():
+                if not attr.startswith("_") and inspect.isfunction(member):
+                    yield f"{name}.{attr}", member
+                elif not attr.startswith("_") and isinstance(member, (classmethod, staticmethod)):
+                    yield f"{name}.{attr}", member.__func__
+
+
+def test_public_signatures_take_at_most_six_parameters_by_position():
+    """Every public function and method: at most ``POSITIONAL_CAP`` positional-or-keyword
+    parameters (self and cls aside); the others are keyword-only, so a call reads by name."""
+    import inspect
+
+    checked, over = 0, []
+    for name, func in _public_callables():
+        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        params = inspect.signature(func).parameters.values()
+        positional = [p for p in params if p.kind in kinds and p.name not in ("self", "cls")]
+        checked += 1
+        if len(positional) > POSITIONAL_CAP:
+            over.append((name, len(positional)))
+    assert checked > 25 and not over, over
+
+
 def test_the_written_layer_order_is_the_checked_one():
     """CONTRIBUTING.md's one-line layer order names the layers of ``LAYERS``, in their order."""
     text = (ROOT / "CONTRIBUTING.md").read_text()
