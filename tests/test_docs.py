@@ -82,3 +82,45 @@ def test_the_code_map_names_every_module():
         and f"{path.stem}/" not in text
     ]
     assert not missing, f"not in the code map of docs/concepts.md: {missing}"
+
+
+def _seed_ranges(path: Path) -> dict[str, int]:
+    """Per mark ("default", "slow", "heavy"): the cases of ``path``'s tests parametrized over
+    ``range(...)`` seeds, by each test's strictest mark."""
+    import ast
+
+    counts = {"default": 0, "slow": 0, "heavy": 0}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        marks, cases = set(), 0
+        for deco in node.decorator_list:
+            text = ast.unparse(deco)
+            marks |= {m for m in ("slow", "heavy") if f"mark.{m}" in text}
+            found = re.search(r"range\((\d+)(?:, (\d+))?\)", text)
+            if "parametrize" in text and found:
+                low, high = (0, found[1]) if found[2] is None else (found[1], found[2])
+                cases = int(high) - int(low)
+        counts["heavy" if "heavy" in marks else "slow" if "slow" in marks else "default"] += cases
+    return counts
+
+
+def test_the_test_counts_the_testing_page_quotes_are_the_suites():
+    """docs/testing.md's counts of the certified search's enumeration cases and of the malformed
+    inputs are read from the test files, so the page cannot drift from them."""
+    import test_malformed
+
+    page = " ".join((ROOT / "docs" / "testing.md").read_text().split())
+    certify = _seed_ranges(ROOT / "tests" / "test_certify.py")
+    total = sum(certify.values())
+    assert (
+        f"on {total} generated cases (tests/test_certify.py: {certify['default']} in the default "
+        f"run, {certify['slow']} slow, {certify['heavy']} heavy)"
+    ) in page, certify
+    generated = test_malformed.test_generated_graph_json_is_rejected_by_field
+    examples = generated._hypothesis_internal_use_settings.max_examples
+    assert (
+        f"(tests/test_malformed.py: {len(test_malformed.GRAPH_CASES)} graph files, "
+        f"{len(test_malformed.RAW_CASES)} raw files, {len(test_malformed.CLI_CASES)} command lines"
+    ) in page
+    assert f"{examples} hypothesis-generated graphs" in page, examples
