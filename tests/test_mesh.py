@@ -59,6 +59,33 @@ def test_axis_spanning_nodes_costs_as_its_two_levels():
     assert flat < 0.25 * collective_seconds("all_reduce", 128, nic, 8e-6, gib)
 
 
+@pytest.mark.parametrize("levels", [1, 2, 3])
+def test_an_all_reduce_over_one_two_and_three_levels_is_its_hand_computed_time(levels):
+    """A 1 GiB all-reduce over every axis of gpu=8 / node=16,gpu=8 / rack=4,node=8,gpu=8 on H100
+    (NVLink 4: 450 GB/s, 2 us a step; a GPU's NDR NIC: 50 GB/s, 8 us a step), written out step by
+    step: reduce-scatter from the innermost level out, a ring all-reduce of the shard on the
+    outermost, all-gather back (``hierarchical_all_reduce``; NCCL's tree/ring over NVLink first).
+    A ring step moves (p - 1) / p of its buffer; the buffer shrinks by each inner level's size."""
+    from planner.cost.collectives import hierarchical_all_reduce
+
+    spec = {1: "gpu=8", 2: "node=16,gpu=8", 3: "rack=4,node=8,gpu=8"}[levels]
+    mesh = parse_mesh(spec, get_profile("h100-80g"))
+    gib, nv, nic, a_nv, a_nic = 2**30, 450e9, 50e9, 2e-6, 8e-6
+    by_hand = {
+        1: 2 * 7 * a_nv + 2 * 7 / 8 * gib / nv,
+        2: 2 * (7 * a_nv + 7 / 8 * gib / nv) + 2 * 15 * a_nic + 2 * 15 / 16 * (gib / 8) / nic,
+        3: 2 * (7 * a_nv + 7 / 8 * gib / nv)  # gpu level, out and back
+        + 2 * (7 * a_nic + 7 / 8 * (gib / 8) / nic)  # node level: an eighth of the buffer
+        + 2 * 3 * a_nic
+        + 2 * 3 / 4 * (gib / 64) / nic,  # the racks' ring: a 64th
+    }[levels]
+    steps = hierarchical_all_reduce("grad", list(range(levels)), gib, mesh.shape)
+    assert [c.kind for c in steps] == (
+        ["reduce_scatter"] * (levels - 1) + ["all_reduce"] + ["all_gather"] * (levels - 1)
+    )
+    assert _seconds(mesh, steps) == pytest.approx(by_hand, rel=1e-12)
+
+
 # nccl-tests' bus bandwidth of an all-reduce of S bytes over n ranks taking t seconds:
 # busbw = 2 (n - 1) / n * S / t (nccl-tests doc/PERFORMANCE.md)
 def _busbw(seconds: float, n: int, size: float) -> float:
