@@ -190,10 +190,12 @@ def test_jobs_are_capped_at_the_cpu_count(monkeypatch, caplog):
     real = api.plan_problem
 
     def spy(
-        problem, memory_limit, method="exact", time_limit_s=60.0, seed=0, jobs=1, progress=None
+        problem, memory_limit, method="exact", time_limit_s=60.0, *, seed=0, jobs=1, progress=None
     ):
         seen["jobs"] = jobs
-        return real(problem, memory_limit, method, time_limit_s, seed, jobs, progress)
+        return real(
+            problem, memory_limit, method, time_limit_s, seed=seed, jobs=jobs, progress=progress
+        )
 
     monkeypatch.setattr(api, "plan_problem", spy)
     assert main(["plan", "--model", "mlp", "--jobs", "1000", "-q"]) == 0
