@@ -165,7 +165,7 @@ CLI_CASES = [
     ("text-batch", ["plan", "--model", "mlp", "--batch", "eight"], "--batch"),
     ("bad-time-limit", ["plan", "--model", "mlp", "--time-limit", "-1"], "--time-limit"),
     ("bad-method", ["plan", "--model", "mlp", "--method", "magic"], "--method"),
-    ("bad-dtype", ["plan", "--model", "mlp", "--dtype", "fp8"], "--dtype"),
+    ("bad-dtype", ["plan", "--model", "mlp", "--dtype", "fp4"], "--dtype"),
     ("bad-zero", ["plan", "--model", "mlp", "--zero", "5"], "--zero"),
     ("missing-model", ["plan"], "--model"),
     ("unknown-command", ["frobnicate"], "command"),

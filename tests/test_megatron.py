@@ -101,6 +101,10 @@ VARIANTS = (
     dict(tp=2, pp=1, dp=4, micro_batch=1, settings=TrainingSettings(zero=3)),
     dict(tp=1, pp=2, dp=4, micro_batch=1, schedule="interleaved:2"),
     dict(tp=2, pp=2, dp=2, micro_batch=1, cuts=(3,), settings=TrainingSettings(overlap="none")),
+    # FP8 GEMMs beside bf16 tensors: --bf16 --fp8-format hybrid
+    dict(
+        tp=2, pp=2, dp=2, micro_batch=1, device="h100-80g", settings=TrainingSettings(dtype="fp8")
+    ),
 )
 
 

@@ -19,6 +19,7 @@ from planner.cli.commands import COMMANDS
 from planner.cli.argtypes import EXIT_BAD_INPUT, EXIT_INFEASIBLE
 from planner.cli.parser import build_parser
 from planner.errors import InfeasibleError, PlannerError
+from planner.cost.settings import flag_message
 from planner.outputs import check_writable
 from planner.signals import exit_code, install_handlers
 
@@ -42,7 +43,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PlannerError as exc:
         if args.debug:
             raise
-        print(f"planner: error: {exc}", file=sys.stderr)
+        # a settings field the library names at the message's start, spelled as its option
+        print(f"planner: error: {flag_message(str(exc))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: nothing half-done is written
         return exit_code(exc)

@@ -62,6 +62,7 @@ RATES = (
     "inter_node_bandwidth",
     "hbm_bandwidth",
     "vector_flops",
+    "fp8_flops",
 )
 # 1 byte costs 1 ns: the integer objective of the symbolic profile is in bytes.
 SYMBOLIC_BANDWIDTH = 1e9
@@ -98,6 +99,8 @@ class MachineProfile:
     # bytes a process holds outside its tensors (CUDA context, NCCL buffers, workspaces): not
     # derived, subtracted from memory_bytes for the plan's budget (hardware.csv says its sources)
     reserve_bytes: float = 0.0
+    # dense FP8 tensor FLOP/s (the GEMMs of ``dtype fp8``); 0: no FP8 tensor cores
+    fp8_flops: float = 0.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -132,6 +135,7 @@ class MachineProfile:
             "kernel_launch_s",
             "sm_count",
             "reserve_bytes",
+            "fp8_flops",
         ):
             value = getattr(self, name)
             if (
@@ -155,7 +159,7 @@ class MachineProfile:
                     f"profile {self.name}: field '{name}' ({getattr(self, name):g}) is below "
                     f"{MIN_RATE:g} per second: no device is that slow"
                 )
-        for name in ("hbm_bandwidth", "vector_flops"):
+        for name in ("hbm_bandwidth", "vector_flops", "fp8_flops"):
             if 0 < getattr(self, name) < MIN_RATE:
                 raise ProfileError(
                     f"profile {self.name}: field '{name}' ({getattr(self, name):g}) is below "
@@ -257,6 +261,7 @@ def load_profiles(path: Path | str | None = DEFAULT_HARDWARE_CSV) -> dict[str, M
                 vector_flops=float(row.get("fp32_vector_flops") or 0),
                 reserve_bytes=float(row.get("reserve_bytes") or 0),
                 gemm_efficiency=float(row.get("gemm_efficiency") or DEFAULT_GEMM_EFFICIENCY),
+                fp8_flops=float(row.get("peak_fp8_flops") or 0),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ProfileError(

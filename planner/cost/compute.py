@@ -24,6 +24,19 @@ them); the backward of any other op moves twice its forward bytes (read the outp
 saved input, write the input gradient) and launches two kernels. With ``roofline`` off in the
 profile, or without an HBM bandwidth (a user profile that lacks it), t = F / (P * efficiency): the
 datasheet-only model of cost model v1.
+
+Under ``dtype fp8`` a linear layer's GEMMs (a contraction with a parameter operand inside the
+repeated layers) run at the FP8 tensor peak P8 with the same efficiency and quantisation, and pay
+Transformer Engine's casts (``transformer_engine/common/transpose/cast_transpose.cu``: one fused
+kernel reads a bf16 tensor, records its amax for the per-tensor scale, and writes the FP8 copy and
+its transpose, each half the bf16 bytes; the transpose feeds the weight-gradient GEMM)::
+
+    forward:   t = max(F / (P8 * e * q), bytes / W) + k + 2 * in_bytes / W + (inputs) k
+    backward:  the two GEMMs at P8, plus 2 * out_bytes / W + k  (the output gradient's cast)
+
+in_bytes: the local bf16 bytes of the GEMM's inputs; out_bytes: of its output (its gradient has the
+same size). The attention core, the embedding and layers outside the repeated ones stay bf16 (TE's
+FP8 covers the transformer layers' linear modules; Megatron-LM's output layer is not one of them).
 """
 
 from __future__ import annotations
@@ -39,6 +52,15 @@ from planner.ir.ops import REGISTRY
 
 TILE = 128  # output tile edge of the large cuBLAS/CUTLASS BF16 kernels (documented assumption)
 K_TILE = 64  # reduction step of those kernels
+
+
+@dataclass(frozen=True, slots=True)
+class Fp8Casts:
+    """An FP8 GEMM's casts: the local bytes (at the storage dtype) of its inputs, cast before the
+    forward GEMM, and of its output, whose gradient is cast before the backward GEMMs."""
+
+    input_bytes: float
+    output_bytes: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,10 +114,18 @@ def quantisation(m: int, n: int, k: int, g: int, sm_count: int) -> float:
 
 
 def contraction_seconds(
-    flops: float, m: int, n: int, k: int, g: int, profile: MachineProfile, backward_factor: float
+    flops: float,
+    m: int,
+    n: int,
+    k: int,
+    g: int,
+    profile: MachineProfile,
+    backward_factor: float,
+    fp8: bool = False,
 ) -> tuple[float, float]:
-    """Forward and backward compute seconds of a contraction's GEMMs (no memory term)."""
-    rate = profile.peak_flops * profile.gemm_efficiency
+    """Forward and backward compute seconds of a contraction's GEMMs (no memory term); ``fp8``:
+    at the FP8 tensor peak."""
+    rate = (profile.fp8_flops if fp8 else profile.peak_flops) * profile.gemm_efficiency
     fwd = flops / (rate * quantisation(m, n, k, g, profile.sm_count))
     half = flops * backward_factor / 2  # data gradient and weight gradient: equal FLOPs
     dgrad = half / (rate * quantisation(m, k, n, g, profile.sm_count))
@@ -110,11 +140,13 @@ def op_seconds(
     profile: MachineProfile,
     flops: float,
     io_bytes: float,
+    fp8: Fp8Casts | None = None,
 ) -> ComputeTime:
     """Forward and backward seconds of one pass of ``op`` on one device (``flops`` and ``io_bytes``
-    local to the device)."""
+    local to the device); ``fp8``: a linear layer's GEMMs in FP8 and their casts (module text)."""
     if not (profile.roofline and profile.hbm_bandwidth > 0):
-        rate = profile.flops_per_second
+        peak = profile.fp8_flops if fp8 is not None else profile.peak_flops
+        rate = peak * profile.efficiency
         return ComputeTime(flops / rate, flops * op.backward_factor / rate)
     family = REGISTRY[op.kind].category
     if family == "view":
@@ -123,10 +155,25 @@ def op_seconds(
     launch = profile.kernel_launch_s
     if family == "contraction" and len(op.inputs) > 1:
         m, n, k, g = gemm_shape(op, local_sizes(op, strategy, mesh))
-        fwd, bwd = contraction_seconds(flops, m, n, k, g, profile, op.backward_factor)
-        return ComputeTime(max(fwd, memory_s) + launch, max(bwd, 2 * memory_s) + 2 * launch)
+        fwd, bwd = contraction_seconds(
+            flops, m, n, k, g, profile, op.backward_factor, fp8 is not None
+        )
+        cast_fwd, cast_bwd = (0.0, 0.0) if fp8 is None else _cast_seconds(op, fp8, profile)
+        return ComputeTime(
+            max(fwd, memory_s) + launch + cast_fwd, max(bwd, 2 * memory_s) + 2 * launch + cast_bwd
+        )
     vector = profile.vector_flops if profile.vector_flops > 0 else profile.peak_flops
     fwd = flops / vector
     return ComputeTime(
         max(fwd, memory_s) + launch, max(fwd * op.backward_factor, 2 * memory_s) + 2 * launch
+    )
+
+
+def _cast_seconds(op: Operator, fp8: Fp8Casts, profile: MachineProfile) -> tuple[float, float]:
+    """Forward and backward seconds of an FP8 GEMM's fused cast-transposes: each reads its bf16
+    tensor and writes two FP8 copies of half its bytes (module text), one kernel per tensor."""
+    launch = profile.kernel_launch_s
+    return (
+        2 * fp8.input_bytes / profile.hbm_bandwidth + len(op.inputs) * launch,
+        2 * fp8.output_bytes / profile.hbm_bandwidth + launch,
     )

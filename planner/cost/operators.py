@@ -26,7 +26,7 @@ from dataclasses import replace
 from planner.cluster.mesh import Mesh
 from planner.cluster.profiles import MachineProfile
 from planner.cost.collectives import Collective, collective_seconds, hierarchical_all_reduce
-from planner.cost.compute import op_seconds
+from planner.cost.compute import Fp8Casts, op_seconds
 from planner.cost.records import CostRecord, Memory, merge_comm
 from planner.cost.settings import AUTO, TrainingSettings
 from planner.cost.strategy import (
@@ -38,7 +38,9 @@ from planner.cost.strategy import (
     parallel_degree,
     shard_factor,
 )
+from planner.errors import SettingsError
 from planner.ir.graph import Graph, Operator
+from planner.ir.ops import REGISTRY
 from planner.cost.operands import OperandInfo
 
 
@@ -63,16 +65,17 @@ def op_cost(
     if inputs and inputs[0].grad_free:  # a loss summed over split dims: the scalar is all-reduced
         split = [ax for ax, dim in enumerate(strategy) if dim is not None and mesh_shape[ax] > 1]
         comm.extend(hierarchical_all_reduce("fwd", split, settings.elem_bytes, mesh_shape))
-    memory, param_comm, io_bytes, opt_bytes = _inputs_cost(
+    memory, param_comm, in_bytes, opt_bytes = _inputs_cost(
         op, strategy, mesh_shape, settings, inputs
     )
-    for operand, layout in zip(op.outputs, output_layouts(op, strategy)):
-        io_bytes += (
-            math.prod(op.operand_shape(operand))
-            / shard_factor(layout, mesh_shape)
-            * settings.elem_bytes
-        )
-    time = op_seconds(op, strategy, mesh, profile, fwd, io_bytes)
+    out_bytes = sum(
+        math.prod(op.operand_shape(operand))
+        / shard_factor(layout, mesh_shape)
+        * settings.elem_bytes
+        for operand, layout in zip(op.outputs, output_layouts(op, strategy))
+    )
+    casts = _fp8_casts(op, settings, profile, inputs, in_bytes, out_bytes)
+    time = op_seconds(op, strategy, mesh, profile, fwd, in_bytes + out_bytes, casts)
     rerun = bool(inputs) and inputs[0].rerun
     bwd_s = time.bwd_s + (time.fwd_s if rerun else 0.0)
     opt_s = (
@@ -94,6 +97,32 @@ def op_cost(
         hidden_sync,
         time.fwd_s if rerun else 0.0,
     )
+
+
+def _fp8_casts(
+    op: Operator,
+    settings: TrainingSettings,
+    profile: MachineProfile,
+    inputs: tuple[OperandInfo, ...],
+    in_bytes: float,
+    out_bytes: float,
+) -> Fp8Casts | None:
+    """Under dtype fp8, a linear layer's casts (``planner.cost.compute``): a contraction of an
+    activation with a parameter inside the repeated layers; None for every other operator."""
+    if settings.dtype != "fp8":
+        return None
+    if profile.fp8_flops <= 0:
+        raise SettingsError(
+            f"dtype: fp8 needs FP8 tensor cores, and device {profile.name} has none (its "
+            "profile's fp8_flops, the hardware table's peak_fp8_flops, is 0)"
+        )
+    linear = (
+        REGISTRY[op.kind].category == "contraction"
+        and len(op.inputs) > 1
+        and op.layer is not None
+        and any(info.role == "param" for info in inputs)
+    )
+    return Fp8Casts(in_bytes, out_bytes) if linear else None
 
 
 def _inputs_cost(op: Operator, strategy: Strategy, mesh_shape, settings: TrainingSettings, inputs):

@@ -7,7 +7,9 @@ from dataclasses import dataclass, field, fields
 
 from planner.errors import SettingsError
 
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+# fp8: weights, activations and gradients kept in bf16 (2 bytes), the transformer layers' linear
+# layers' GEMMs run in FP8 (Transformer Engine's recipe; ``planner.cost.compute``)
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
 DTYPES = tuple(DTYPE_BYTES)
 OPTIMIZERS = ("adam", "sgd")
 INTEGER_BYTES = 4
@@ -16,9 +18,11 @@ OPTIMIZER_BYTES = {
     ("adam", "bf16"): 12,
     ("adam", "fp16"): 12,
     ("adam", "fp32"): 8,
+    ("adam", "fp8"): 12,
     ("sgd", "bf16"): 8,
     ("sgd", "fp16"): 8,
     ("sgd", "fp32"): 4,
+    ("sgd", "fp8"): 8,
 }
 OVERLAP = ("none", "grad", "full")
 # the kernel of the loss's backward pass (its buffers: planner.pipeline.layer_costs)
@@ -81,7 +85,12 @@ class TrainingSettings:
 
     dtype: str = field(
         default="bf16",
-        metadata=_option("--dtype", "element type of weights, activations and gradients", DTYPES),
+        metadata=_option(
+            "--dtype",
+            "element type of weights, activations and gradients; fp8: bf16 kept, the linear "
+            "layers' GEMMs in FP8 (devices with FP8 tensor cores)",
+            DTYPES,
+        ),
     )
     optimizer: str = field(
         default="adam", metadata=_option("--optimizer", "optimizer (its state)", OPTIMIZERS)

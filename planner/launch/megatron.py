@@ -49,7 +49,7 @@ SCRIPT = {"gpt": "pretrain_gpt.py", "llama": "pretrain_gpt.py"}
 # Megatron-LM flags whose effect the cost model does not have: a line that sets them is refused
 UNSUPPORTED = (
     "--num-experts",
-    "--fp8-format",
+    "--fp8-param-gather",
     "--cpu-offloading",
     "--recompute-modules",
     "--decoder-first-pipeline-num-layers",
@@ -185,10 +185,13 @@ def _settings_args(settings: TrainingSettings, chunk: int) -> list[str]:
         args.append("--overlap-grad-reduce")
         if settings.overlap == "full" and settings.zero == 1:
             args.append("--overlap-param-gather")
+    if settings.dtype == "fp8":
+        # bf16 tensors, the linear layers' GEMMs in FP8: E4M3 forward, E5M2 gradients
+        args += ["--fp8-format", "hybrid"]
     if settings.dtype != "fp32":
-        args.append(f"--{settings.dtype}")
+        args.append("--bf16" if settings.dtype == "fp8" else f"--{settings.dtype}")
         # Megatron-LM's gradient buffer: fp32 under bf16 unless told, fp16 under fp16 unless told
-        if settings.dtype == "bf16" and not settings.fp32_grads:
+        if settings.dtype in ("bf16", "fp8") and not settings.fp32_grads:
             args.append("--grad-reduce-in-bf16")
         elif settings.dtype == "fp16" and settings.fp32_grads:
             args.append("--accumulate-allreduce-grads-in-fp32")

@@ -56,6 +56,9 @@ INERT = frozenset(
         "--seed", "--init-method-std", "--init-method-xavier-uniform", "--use-cpu-initialization",
         "--distributed-backend", "--distributed-timeout-minutes", "--local-rank", "--local_rank",
         "--rotary-base", "--norm-epsilon", "--layernorm-epsilon",
+        # FP8 scaling bookkeeping (a per-tensor amax history and its reduction, a margin): the
+        # casts are priced whatever scale they pick (planner/cost/compute.py)
+        "--fp8-amax-history-len", "--fp8-amax-compute-algo", "--fp8-margin", "--fp8-interval",
         # the same model under either name
         "--use-mcore-models", "--use-legacy-models",
     }

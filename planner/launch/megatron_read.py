@@ -77,6 +77,8 @@ _TEXT_FLAGS = (
     ("tokenizer_type", None),  # the vocabulary where --vocab-size is not given
     ("tokenizer_model", None),
     ("ckpt_format", None),  # read, no effect on a step
+    ("fp8_format", None),  # e4m3 or hybrid: the linear layers' GEMMs in FP8 (dtype fp8)
+    ("fp8_recipe", "delayed"),  # per-tensor scales (delayed, tensorwise) are priced
 )
 
 
@@ -183,7 +185,8 @@ def _refuse_unmodelled(words: list[str]) -> None:
     if refused:
         raise SettingsError(
             f"--from-megatron: {refused[0].split('=')[0]} is not modelled yet (context and "
-            "expert parallelism, FP8, offload, recompute modules, first/last-stage layer counts)"
+            "expert parallelism, FP8 parameter gathers, offload, recompute modules, first/last-"
+            "stage layer counts)"
         )
 
 
@@ -291,7 +294,11 @@ CHOICES = {
     "recompute_granularity": (None, "full", "selective"),
     "recompute_method": (None, "uniform", "block"),
     "data_parallel_sharding_strategy": ("no_shard", "optim", "optim_grads", "optim_grads_params"),
+    "fp8_format": (None, "e4m3", "hybrid"),
+    "fp8_recipe": ("delayed", "tensorwise", "mxfp8", "blockwise", "custom"),
 }
+# FP8 recipes with one scale per tensor: Transformer Engine's cast-transpose kernels, as priced
+PER_TENSOR_FP8 = ("delayed", "tensorwise")
 
 
 def _check_choices(args) -> None:
@@ -318,6 +325,24 @@ def _block_recompute(args, dp: int) -> TrainingSettings:
     modes = block_modes(args.num_layers, chunk, min(args.recompute_num_layers, chunk))
     plain = argparse.Namespace(**{**vars(args), "recompute_granularity": None})
     return replace(_settings(plain, dp), recompute=AUTO, layer_recompute=modes)
+
+
+def _fp8(args, dtype: str) -> str:
+    """``fp8`` under ``--fp8-format`` (beside ``--bf16``: bf16 tensors, FP8 GEMMs), else
+    ``dtype``; recipes that scale per block (MXFP8, blockwise) are refused."""
+    if args.fp8_format is None:
+        return dtype
+    if dtype != "bf16":
+        raise SettingsError(
+            "--fp8-format: FP8 is priced beside --bf16 (bf16 tensors kept, the linear layers' "
+            f"GEMMs in FP8); this line keeps {dtype}"
+        )
+    if args.fp8_recipe not in PER_TENSOR_FP8:
+        raise SettingsError(
+            f"--fp8-recipe: {args.fp8_recipe!r} scales per block, which the planner does not "
+            f"price (per-tensor recipes: {', '.join(PER_TENSOR_FP8)})"
+        )
+    return "fp8"
 
 
 def _settings(args, dp: int) -> TrainingSettings:
@@ -349,7 +374,7 @@ def _settings(args, dp: int) -> TrainingSettings:
     )
     grad_bytes = 4 if fp32_grads or dtype == "fp32" else 2
     return TrainingSettings(
-        dtype=dtype,
+        dtype=_fp8(args, dtype),
         optimizer=args.optimizer,
         zero=zero,
         recompute=recompute,
