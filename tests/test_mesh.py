@@ -86,6 +86,21 @@ def test_an_all_reduce_over_one_two_and_three_levels_is_its_hand_computed_time(l
     assert _seconds(mesh, steps) == pytest.approx(by_hand, rel=1e-12)
 
 
+def test_an_nvl72_rack_is_one_nvlink_domain():
+    """gb200-nvl72: 72 GPUs share NVLink 5 (900 GB/s a direction), so `--mesh 144` is two racks of
+    72 (`node=2,gpu=72`), an axis of 72 stays on NVLink, and dp=144 beside tp=1 runs as its two
+    levels (72 members in each rack: NVLink, then each GPU's 50 GB/s NIC for the 1/72 shard)."""
+    gb200 = get_profile("gb200-nvl72")
+    assert (gb200.gpus_per_node, gb200.peak_flops, gb200.fp8_flops) == (72, 2.5e15, 5e15)
+    mesh = parse_mesh("144", gb200)
+    assert mesh == parse_mesh("node=2,gpu=72", gb200) and mesh.shape == (2, 72)
+    assert [a.bandwidth for a in mesh.axes] == [50e9, 900e9]
+    assert parse_mesh("dp=2,tp=72", gb200).axes[1].bandwidth == 900e9
+    wide = parse_mesh("pp=1,dp=144,tp=1", gb200).axes[1]
+    per_byte = 71 / 72 / 900e9 + 1 / (2 * 72) / 50e9  # (p-1)/p / B of the two levels
+    assert wide.bandwidth == pytest.approx(143 / 144 / per_byte, rel=1e-12)
+
+
 # nccl-tests' bus bandwidth of an all-reduce of S bytes over n ranks taking t seconds:
 # busbw = 2 (n - 1) / n * S / t (nccl-tests doc/PERFORMANCE.md)
 def _busbw(seconds: float, n: int, size: float) -> float:
