@@ -79,13 +79,14 @@ def fronts_by_row(rows, cols, c, m, bound, nb: int, label_cap: int, beam: int | 
 
 def _by_state_and_memory(rows, m, c, nb: int) -> tuple[np.ndarray, np.ndarray | None]:
     """An order by (state, memory, cost, position); or by (state, memory, position) and that key,
-    one quicksort of unique int64s (a tenth of the time), when it fits: the same result once the
-    caller keeps the cheapest point per key."""
+    one stable sort of int64s (a tenth of the time), when it fits: the same result once the
+    caller keeps the cheapest point per key. (The stable sort is the order of the unique keys
+    key * n + position, in half the time: the candidates come in runs it merges.)"""
     top = float(m.max()) + 1.0
     if nb * top * len(m) < 2.0**62 and nb * top < 2.0**53:
         # integers held exactly in float64
         key = rows.astype(np.int64) * int(top) + m.astype(np.int64)
-        return np.argsort(key * len(m) + np.arange(len(m)), kind="quicksort"), key
+        return np.argsort(key, kind="stable"), key
     return np.lexsort((c, m, rows)), None
 
 
