@@ -55,17 +55,21 @@ def fronts_by_row(rows, cols, c, m, bound, nb: int, label_cap: int, beam: int | 
     if not len(c):
         return rows, cols, c, m, bound
     order, key = _by_state_and_memory(rows, m, c, nb)
-    rows, cols, c, m, bound = rows[order], cols[order], c[order], m[order], bound[order]
-    span = float(c.max() - c.min()) + 1.0
-    shifted = (c - c.min()) + (nb - rows) * span
-    keep = np.ones(len(c), dtype=bool)
+    # the filter reads the rows and costs in that order; the five arrays are gathered once, at
+    # the positions it keeps
+    state, cost = rows[order], c[order]
+    span = float(cost.max() - cost.min()) + 1.0
+    shifted = (cost - cost.min()) + (nb - state) * span
+    keep = np.ones(len(cost), dtype=bool)
     keep[1:] = shifted[1:] < np.minimum.accumulate(shifted)[:-1]
     if key is not None:
         # sorted by (state, memory, position) only: of the points kept for one (state, memory),
         # each is cheaper than the one before, so the last is the one a sort by cost would keep
         kept = np.flatnonzero(keep)
-        keep[kept[:-1][key[order][kept[:-1]] == key[order][kept[1:]]]] = False
-    rows, cols, c, m, bound = rows[keep], cols[keep], c[keep], m[keep], bound[keep]
+        sorted_key = key[order[kept]]
+        keep[kept[:-1][sorted_key[:-1] == sorted_key[1:]]] = False
+    at = order[keep]
+    rows, cols, c, m, bound = rows[at], cols[at], c[at], m[at], bound[at]
     counts = np.bincount(rows, minlength=nb)
     if beam is not None and counts.max() > beam:
         by_bound = np.lexsort((bound, rows))
