@@ -27,12 +27,13 @@ def candidates(
         finite = np.flatnonzero(np.isfinite(cost[a]))
         weight = cost[a, finite] + price * mem[a, finite]
         order = np.argsort(weight, kind="stable")
-        # [exit state, point]
-        point = table.cost[a] + (price * table.mem[a] if price else 0.0) + reach[:, None]
-        room, ok = np.full(point.shape, -np.inf), np.isfinite(point)
-        room[ok] = upper + margin + price * limit - point[ok]
-        counts = np.searchsorted(weight[order], room.ravel(), side="right")
-        flat = np.repeat(np.arange(counts.size), counts)
+        # [exit state, point], flat; only the finite points can have partners (the padding of
+        # the fronts and the states that cannot finish have none)
+        point = (table.cost[a] + (price * table.mem[a] if price else 0.0) + reach[:, None]).ravel()
+        ok = np.flatnonzero(np.isfinite(point))
+        room = upper + margin + price * limit - point[ok]
+        counts = np.searchsorted(weight[order], room, side="right")
+        flat = np.repeat(ok, counts)
         label = finite[order[np.arange(len(flat)) - np.repeat(np.cumsum(counts) - counts, counts)]]
         b, q = np.divmod(flat, kt)
         parts.append(
